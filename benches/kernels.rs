@@ -1,0 +1,62 @@
+//! Distance kernels (scalar reference vs `wide` SIMD) and top-k selection.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use quiver::store::kernels::{self, scalar};
+use quiver::store::topk::{Candidate, TopK};
+
+fn floats(seed: u64, n: usize) -> Vec<f32> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+fn bench_kernels(c: &mut Criterion) {
+    let mut group = c.benchmark_group("kernels");
+    for dims in [7usize, 128, 768, 1536] {
+        let (a, b) = (floats(1, dims), floats(2, dims));
+        group.throughput(Throughput::Bytes((dims * 4) as u64));
+        group.bench_with_input(BenchmarkId::new("dot/scalar", dims), &dims, |bench, _| {
+            bench.iter(|| scalar::dot(black_box(&a), black_box(&b)))
+        });
+        group.bench_with_input(BenchmarkId::new("dot/simd", dims), &dims, |bench, _| {
+            bench.iter(|| kernels::dot(black_box(&a), black_box(&b)))
+        });
+        group.bench_with_input(BenchmarkId::new("l2/scalar", dims), &dims, |bench, _| {
+            bench.iter(|| scalar::l2_squared(black_box(&a), black_box(&b)))
+        });
+        group.bench_with_input(BenchmarkId::new("l2/simd", dims), &dims, |bench, _| {
+            bench.iter(|| kernels::l2_squared(black_box(&a), black_box(&b)))
+        });
+    }
+    group.finish();
+}
+
+fn bench_topk(c: &mut Criterion) {
+    let distances = floats(3, 100_000);
+    let mut group = c.benchmark_group("topk");
+    group.throughput(Throughput::Elements(distances.len() as u64));
+    for k in [10usize, 100, 1000] {
+        let mut top = TopK::new();
+        group.bench_with_input(BenchmarkId::new("100k", k), &k, |bench, &k| {
+            bench.iter(|| {
+                top.reset(k);
+                for (row, &distance) in distances.iter().enumerate() {
+                    top.push(Candidate { distance, id: row as i64, row: row as u32 });
+                }
+                black_box(top.sorted().len())
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_kernels, bench_topk);
+criterion_main!(benches);

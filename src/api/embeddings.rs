@@ -1,0 +1,239 @@
+//! /api/v1/embeddings: search, insert, upsert, retrieve, delete.
+
+use std::fmt;
+
+use super::envelope::Envelope;
+use super::error::{ApiError, IndexOp};
+use super::{find, json, ApiLimits, Scratch};
+use crate::store::{Mutation, Store, VectorError};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Write {
+    Insert,
+    Upsert,
+}
+
+impl Write {
+    fn verb(self) -> &'static str {
+        match self {
+            Write::Insert => "inserted",
+            Write::Upsert => "upserted",
+        }
+    }
+}
+
+/// Why one item of an insert or upsert was not applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skip {
+    Vector(VectorError),
+    AlreadyExists,
+    RepeatedInRequest,
+}
+
+struct SkipReason(i64, Skip);
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let SkipReason(id, skip) = self;
+        match skip {
+            Skip::Vector(error) => write!(f, "{error}"),
+            Skip::AlreadyExists => write!(f, "embedding with ID {id} already exists"),
+            Skip::RepeatedInRequest => write!(f, "embedding with ID {id} appears more than once in this request"),
+        }
+    }
+}
+
+pub fn search(
+    store: &Store,
+    scratch: &mut Scratch,
+    limits: ApiLimits,
+    name: &str,
+    body: &mut [u8],
+    out: &mut Vec<u8>,
+    keep_alive: bool,
+) -> Result<(), ApiError> {
+    let k = scratch.decoder.search(body, limits.k_max, &mut scratch.query)?;
+    let index = find(store, name, IndexOp::Fetch)?;
+    index
+        .check_vector(&scratch.query)
+        .map_err(|error| ApiError::SearchFailed { reason: format!("queryVector: {error}") })?;
+    index.search(&scratch.query, k, &mut scratch.top);
+
+    let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("Similarity search performed successfully."));
+    let out = envelope.data();
+    out.extend_from_slice(b"{\"nearest_neighbors\":{");
+    for (rank, hit) in scratch.top.sorted().iter().enumerate() {
+        if rank > 0 {
+            out.push(b',');
+        }
+        out.push(b'"');
+        json::write_i64(out, hit.id);
+        out.extend_from_slice(b"\":{\"metadata\":");
+        json::write_metadata(out, index.metadata_of_row(hit.row));
+        out.extend_from_slice(b",\"rank\":");
+        json::write_u64(out, rank as u64);
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"}}");
+    envelope.finish();
+    Ok(())
+}
+
+/// Insert or upsert: every item that passes its checks is applied; the rest
+/// are listed, each with its reason.
+pub fn write(
+    store: &mut Store,
+    scratch: &mut Scratch,
+    mode: Write,
+    name: &str,
+    body: &mut [u8],
+    out: &mut Vec<u8>,
+    keep_alive: bool,
+) -> Result<(), ApiError> {
+    let Scratch { decoder, batch, items, skipped, seen, .. } = scratch;
+    decoder.embeddings(body, batch)?;
+    let index = find(store, name, IndexOp::Fetch)?;
+    items.clear();
+    skipped.clear();
+    seen.clear();
+    for item in 0..batch.len() {
+        let id = batch.ids[item];
+        let item = item as u32;
+        if let Err(error) = index.check_vector(batch.vector(item as usize)) {
+            skipped.push((item, Skip::Vector(error)));
+        } else if mode == Write::Insert && index.contains(id) {
+            skipped.push((item, Skip::AlreadyExists));
+        } else if mode == Write::Insert && !seen.insert(id) {
+            skipped.push((item, Skip::RepeatedInRequest));
+        } else {
+            // Upserts of a repeated id apply in order, so the last one wins.
+            items.push(item);
+        }
+    }
+    if !items.is_empty() {
+        store.apply(&Mutation::Upsert { index: name, batch, items });
+    }
+
+    let (done, total, verb) = (items.len(), batch.len(), mode.verb());
+    let message = format_args!("{done}/{total} embeddings successfully {verb}.");
+    if skipped.is_empty() {
+        Envelope::start(out, 200, keep_alive, message).finish();
+        return Ok(());
+    }
+    let mut envelope = Envelope::start(out, 500, keep_alive, message);
+    let out = envelope.error("EMBEDDINGS_SKIPPED");
+    out.push(b'[');
+    for (n, &(item, skip)) in skipped.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        let id = batch.ids[item as usize];
+        json::write_fmt_str(out, format_args!("embedding with ID {id} was not {verb} - {}", SkipReason(id, skip)));
+    }
+    out.push(b']');
+    envelope.end_error();
+    envelope.finish();
+    Ok(())
+}
+
+pub fn retrieve(
+    store: &Store,
+    scratch: &mut Scratch,
+    name: &str,
+    body: &mut [u8],
+    out: &mut Vec<u8>,
+    keep_alive: bool,
+) -> Result<(), ApiError> {
+    let ids = &mut scratch.ids;
+    scratch.decoder.ids(body, ids)?;
+    let index = find(store, name, IndexOp::Fetch)?;
+    let found = ids.iter().filter(|&&id| index.contains(id)).count();
+    let (status, total) = (if found == ids.len() { 200 } else { 500 }, ids.len());
+    let mut envelope =
+        Envelope::start(out, status, keep_alive, format_args!("{found}/{total} embeddings successfully retrieved."));
+    let data = envelope.data();
+    data.extend_from_slice(b"{\"embeddings\":[");
+    let mut first = true;
+    for &id in ids.iter() {
+        let Some((vector, metadata)) = index.get(id) else { continue };
+        if !first {
+            data.push(b',');
+        }
+        first = false;
+        data.extend_from_slice(b"{\"id\":");
+        json::write_i64(data, id);
+        data.extend_from_slice(b",\"data\":");
+        json::write_f32_array(data, vector);
+        data.extend_from_slice(b",\"metadata\":");
+        json::write_metadata(data, metadata);
+        data.push(b'}');
+    }
+    data.extend_from_slice(b"]}");
+    if status != 200 {
+        write_missing(&mut envelope, ids.iter().copied().filter(|&id| !index.contains(id)), "retrieved");
+    }
+    envelope.finish();
+    Ok(())
+}
+
+pub fn delete(
+    store: &mut Store,
+    scratch: &mut Scratch,
+    name: &str,
+    body: &mut [u8],
+    out: &mut Vec<u8>,
+    keep_alive: bool,
+) -> Result<(), ApiError> {
+    let Scratch { decoder, ids, seen, batch, .. } = scratch;
+    decoder.ids(body, ids)?;
+    let index = find(store, name, IndexOp::Fetch)?;
+    // `batch.ids` is free scratch here: it collects the ids to delete, in order.
+    let deletable = &mut batch.ids;
+    deletable.clear();
+    seen.clear();
+    for &id in ids.iter() {
+        if index.contains(id) && seen.insert(id) {
+            deletable.push(id);
+        }
+    }
+    if !deletable.is_empty() {
+        store.apply(&Mutation::Delete { index: name, ids: deletable });
+    }
+    let (done, total) = (deletable.len(), ids.len());
+    let message = format_args!("{done}/{total} embeddings successfully deleted.");
+    if done == total {
+        Envelope::start(out, 200, keep_alive, message).finish();
+        return Ok(());
+    }
+    let mut envelope = Envelope::start(out, 500, keep_alive, message);
+    // Missing: ids that were not deleted by this request (absent, or repeated).
+    let mut deleted = deletable.iter().peekable();
+    let missing = ids.iter().copied().filter(move |&id| {
+        if deleted.peek() == Some(&&id) {
+            deleted.next();
+            false
+        } else {
+            true
+        }
+    });
+    write_missing(&mut envelope, missing, "deleted");
+    envelope.finish();
+    Ok(())
+}
+
+/// `"error":{"code":"EMBEDDINGS_SKIPPED","description":["embedding with ID 7 was not <verb> - ..."]}`.
+fn write_missing(envelope: &mut Envelope<'_>, missing: impl Iterator<Item = i64>, verb: &str) {
+    let out = envelope.error("EMBEDDINGS_SKIPPED");
+    out.push(b'[');
+    for (n, id) in missing.enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        json::write_fmt_str(
+            out,
+            format_args!("embedding with ID {id} was not {verb} - embedding with ID {id} does not exist"),
+        );
+    }
+    out.push(b']');
+    envelope.end_error();
+}

@@ -1,0 +1,169 @@
+//! Every way a request can fail, each mapped to exactly one envelope
+//! (status, error.code, message, description).
+
+use std::fmt;
+
+use super::envelope::Envelope;
+use crate::http::HttpError;
+use crate::store::Metric;
+
+/// Which operation failed to find its index (the envelope code differs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexOp {
+    Fetch,
+    Delete,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum ApiError {
+    /// The body is not what the endpoint takes; `detail` says exactly what is wrong.
+    BadBody {
+        detail: String,
+    },
+    NoApiKey,
+    InvalidApiKey,
+    NotFound {
+        path: String,
+    },
+    MethodNotAllowed {
+        path: String,
+        allow: &'static str,
+    },
+    IndexNotFound {
+        name: String,
+        op: IndexOp,
+    },
+    IndexNameInvalid {
+        name: String,
+    },
+    IndexExists {
+        name: String,
+    },
+    InvalidMetric {
+        metric: String,
+    },
+    SearchFailed {
+        reason: String,
+    },
+    Http {
+        error: HttpError,
+        body_bytes_max: usize,
+    },
+    Timeout,
+    TooManyConnections,
+}
+
+impl ApiError {
+    pub fn bad_body(detail: impl fmt::Display) -> ApiError {
+        ApiError::BadBody { detail: detail.to_string() }
+    }
+
+    pub fn status(&self) -> u16 {
+        match self {
+            ApiError::BadBody { .. } | ApiError::SearchFailed { .. } => 400,
+            ApiError::NoApiKey | ApiError::InvalidApiKey => 401,
+            ApiError::NotFound { .. } => 404,
+            ApiError::MethodNotAllowed { .. } => 405,
+            ApiError::IndexNotFound { .. }
+            | ApiError::IndexNameInvalid { .. }
+            | ApiError::IndexExists { .. }
+            | ApiError::InvalidMetric { .. } => 500,
+            ApiError::Http { error: HttpError::Malformed(_), .. } => 400,
+            ApiError::Http { error: HttpError::BodyTooLarge, .. } => 413,
+            ApiError::Http { error: HttpError::HeadTooLarge, .. } => 431,
+            ApiError::Timeout => 408,
+            ApiError::TooManyConnections => 503,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::BadBody { .. } => "INVALID_REQUEST_BODY",
+            ApiError::NoApiKey => "NO_API_KEY_PROVIDED",
+            ApiError::InvalidApiKey => "INVALID_API_KEY",
+            ApiError::NotFound { .. } => "NOT_FOUND",
+            ApiError::MethodNotAllowed { .. } => "METHOD_NOT_ALLOWED",
+            ApiError::IndexNotFound { op: IndexOp::Fetch, .. } => "INDEX_NOT_FETCHED",
+            ApiError::IndexNotFound { op: IndexOp::Delete, .. } => "INDEX_NOT_DELETED",
+            ApiError::IndexNameInvalid { .. } | ApiError::IndexExists { .. } => "INDEX_NOT_CREATED",
+            ApiError::InvalidMetric { .. } => "INVALID_SIMILARITY_METRIC",
+            ApiError::SearchFailed { .. } => "SIMILARITY_SEARCH_ERROR",
+            ApiError::Http { error: HttpError::Malformed(_), .. } => "MALFORMED_HTTP_REQUEST",
+            ApiError::Http { error: HttpError::BodyTooLarge, .. } => "REQUEST_TOO_LARGE",
+            ApiError::Http { error: HttpError::HeadTooLarge, .. } => "HEADERS_TOO_LARGE",
+            ApiError::Timeout => "REQUEST_TIMEOUT",
+            ApiError::TooManyConnections => "TOO_MANY_CONNECTIONS",
+        }
+    }
+
+    fn message(&self) -> &'static str {
+        match self {
+            ApiError::BadBody { .. } | ApiError::Http { error: HttpError::Malformed(_), .. } => "Bad request",
+            ApiError::NoApiKey => "No API key provided.",
+            ApiError::InvalidApiKey => "Invalid API key.",
+            ApiError::NotFound { .. } => "Not found",
+            ApiError::MethodNotAllowed { .. } => "Method not allowed",
+            ApiError::IndexNotFound { op: IndexOp::Fetch, .. } => "An error occurred while fetching the index.",
+            ApiError::IndexNotFound { op: IndexOp::Delete, .. } => "An error occurred while deleting the index.",
+            ApiError::IndexNameInvalid { .. } | ApiError::IndexExists { .. } | ApiError::InvalidMetric { .. } => {
+                "An error occurred while creating the index."
+            }
+            ApiError::SearchFailed { .. } => "An error occurred during the similarity search.",
+            ApiError::Http { error: HttpError::BodyTooLarge, .. } => "Request too large",
+            ApiError::Http { error: HttpError::HeadTooLarge, .. } => "Request header fields too large",
+            ApiError::Timeout => "Request timeout",
+            ApiError::TooManyConnections => "Service unavailable",
+        }
+    }
+
+    /// Whether the connection must close after this answer (the request's
+    /// bytes can no longer be trusted to frame the next one).
+    pub fn closes_connection(&self) -> bool {
+        matches!(self, ApiError::Http { .. } | ApiError::Timeout | ApiError::TooManyConnections)
+    }
+
+    pub fn write(&self, out: &mut Vec<u8>, keep_alive: bool) {
+        let keep_alive = keep_alive && !self.closes_connection();
+        let allow = match self {
+            ApiError::MethodNotAllowed { allow, .. } => Some(*allow),
+            _ => None,
+        };
+        let mut envelope =
+            Envelope::start_with_allow(out, self.status(), keep_alive, allow, format_args!("{}", self.message()));
+        if let ApiError::BadBody { detail } = self {
+            super::json::write_str(envelope.error(self.code()), "The body you provided in your request is invalid.");
+            envelope.detail(detail);
+            envelope.finish();
+            return;
+        }
+        envelope.simple_error(self.code(), format_args!("{self}"));
+    }
+}
+
+/// The description of the error.
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ApiError::BadBody { detail } => write!(f, "The body you provided in your request is invalid: {detail}"),
+            ApiError::NoApiKey => f.write_str("the X-Service-API-Key header is missing or empty"),
+            ApiError::InvalidApiKey => f.write_str("the X-Service-API-Key header does not hold this server's API key"),
+            ApiError::NotFound { path } => write!(f, "there is no endpoint at '{path}'"),
+            ApiError::MethodNotAllowed { path, allow } => write!(f, "'{path}' accepts only {allow}"),
+            ApiError::IndexNotFound { name, .. } => write!(f, "index '{name}' does not exist"),
+            ApiError::IndexNameInvalid { name } => {
+                write!(f, "index name '{name}' is invalid: it must be 3 to 32 characters of a-z, 0-9 and '-'")
+            }
+            ApiError::IndexExists { name } => write!(f, "index '{name}' already exists"),
+            ApiError::InvalidMetric { metric } => {
+                write!(f, "metric '{metric}' is not supported; allowed values: {}", Metric::ALLOWED)
+            }
+            ApiError::SearchFailed { reason } => f.write_str(reason),
+            ApiError::Http { error: HttpError::BodyTooLarge, body_bytes_max } => {
+                write!(f, "the request body is larger than the limit of {body_bytes_max} bytes")
+            }
+            ApiError::Http { error, .. } => write!(f, "{error}"),
+            ApiError::Timeout => f.write_str("the request was not received in time"),
+            ApiError::TooManyConnections => f.write_str("the server has too many open connections; try again later"),
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! /api/v1/indexes: create, stats, list, delete.
+
+use super::envelope::Envelope;
+use super::error::{ApiError, IndexOp};
+use super::{find, json, ApiLimits, Scratch};
+use crate::limits::{INDEX_NAME_BYTES_MAX, INDEX_NAME_BYTES_MIN};
+use crate::store::{Metric, Mutation, Store};
+
+/// `^[a-z0-9-]{3,32}$`
+pub fn is_valid_name(name: &str) -> bool {
+    (INDEX_NAME_BYTES_MIN..=INDEX_NAME_BYTES_MAX).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+pub fn create(
+    store: &mut Store,
+    scratch: &mut Scratch,
+    limits: ApiLimits,
+    name: &str,
+    body: &mut [u8],
+    out: &mut Vec<u8>,
+    keep_alive: bool,
+) -> Result<(), ApiError> {
+    let (dims, metric) = scratch.decoder.create(body, limits.dimensions_max)?;
+    if !is_valid_name(name) {
+        return Err(ApiError::IndexNameInvalid { name: name.to_owned() });
+    }
+    let metric = Metric::parse(&metric).ok_or(ApiError::InvalidMetric { metric })?;
+    if store.index(name).is_some() {
+        return Err(ApiError::IndexExists { name: name.to_owned() });
+    }
+    store.apply(&Mutation::CreateIndex { name, dims, metric });
+    Envelope::start(out, 200, keep_alive, format_args!("Index '{name}' created successfully.")).finish();
+    Ok(())
+}
+
+pub fn stats(store: &Store, name: &str, out: &mut Vec<u8>, keep_alive: bool) -> Result<(), ApiError> {
+    let index = find(store, name, IndexOp::Fetch)?;
+    let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("Index '{name}' fetched successfully."));
+    let out = envelope.data();
+    out.extend_from_slice(b"{\"index_name\":");
+    json::write_str(out, name);
+    out.extend_from_slice(b",\"dimensions\":");
+    json::write_u64(out, index.dims() as u64);
+    out.extend_from_slice(b",\"metric\":");
+    json::write_str(out, index.metric().name());
+    out.extend_from_slice(b",\"count\":");
+    json::write_u64(out, index.len() as u64);
+    out.push(b'}');
+    envelope.finish();
+    Ok(())
+}
+
+pub fn list(store: &Store, out: &mut Vec<u8>, keep_alive: bool) {
+    let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("Indexes listed successfully."));
+    let out = envelope.data();
+    out.extend_from_slice(b"{\"indexes\":[");
+    for (i, name) in store.names().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        json::write_str(out, name);
+    }
+    out.extend_from_slice(b"]}");
+    envelope.finish();
+}
+
+pub fn delete(store: &mut Store, name: &str, out: &mut Vec<u8>, keep_alive: bool) -> Result<(), ApiError> {
+    find(store, name, IndexOp::Delete)?;
+    store.apply(&Mutation::DropIndex { name });
+    Envelope::start(out, 200, keep_alive, format_args!("Index '{name}' successfully deleted.")).finish();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn name_rule() {
+        for good in ["abc", "a-1", "0123456789abcdefghij0123456789ab"] {
+            assert!(is_valid_name(good), "{good}");
+        }
+        for bad in ["ab", "ABC", "a_b", "a b", "abc/", "0123456789abcdefghij0123456789abc", "ä-bc"] {
+            assert!(!is_valid_name(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The API: routes a parsed request to its endpoint, which decodes the body,
+//! reads or changes the store, and writes the envelope.
+//!
+//! `App::admit` runs when a request's head is in (routing and the API key,
+//! before any body byte is looked at); `App::handle` runs when its body is in.
+//! All scratch buffers live here and are reused: the loop is single-threaded,
+//! so one set serves every connection.
+
+pub mod decode;
+pub mod embeddings;
+pub mod envelope;
+pub mod error;
+pub mod health;
+pub mod indexes;
+pub mod json;
+
+use std::ops::Range;
+
+use ahash::AHashSet;
+
+use crate::auth::{self, KeyCheck};
+use crate::http::{Head, Method};
+use crate::store::topk::TopK;
+use crate::store::{Batch, Store};
+pub use error::{ApiError, IndexOp};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Health,
+    ListIndexes,
+    CreateIndex,
+    IndexStats,
+    DeleteIndex,
+    Search,
+    Upsert,
+    Insert,
+    Retrieve,
+    DeleteEmbeddings,
+}
+
+/// A routed request: its endpoint and where the index name sits in the path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub endpoint: Endpoint,
+    pub name: Range<usize>,
+}
+
+/// Limits the API enforces on bodies.
+#[derive(Clone, Copy, Debug)]
+pub struct ApiLimits {
+    pub dimensions_max: usize,
+    pub k_max: usize,
+}
+
+/// Buffers reused by every request.
+#[derive(Default)]
+pub struct Scratch {
+    pub decoder: decode::Decoder,
+    pub batch: Batch,
+    pub query: Vec<f32>,
+    pub ids: Vec<i64>,
+    pub items: Vec<u32>,
+    pub skipped: Vec<(u32, embeddings::Skip)>,
+    pub seen: AHashSet<i64>,
+    pub top: TopK,
+}
+
+pub struct App {
+    store: Store,
+    api_key: Vec<u8>,
+    limits: ApiLimits,
+    scratch: Scratch,
+    health: health::Health,
+}
+
+/// Finds the endpoint for a method and path: 404 for an unknown path, 405
+/// (with the allowed method) for a known path asked with another method.
+pub fn route(method: Method, path: &str) -> Result<Target, ApiError> {
+    let not_found = || ApiError::NotFound { path: path.to_owned() };
+    let rest = path.strip_prefix("/api/v1/").ok_or_else(not_found)?;
+    let mut segments = rest.split('/');
+    let parts = (segments.next(), segments.next(), segments.next(), segments.next());
+    let name_at = |name: &str| {
+        let start = name.as_ptr() as usize - path.as_ptr() as usize;
+        start..start + name.len()
+    };
+    let (endpoint, allowed, name) = match parts {
+        (Some("health"), None, None, None) => (Endpoint::Health, Method::Get, 0..0),
+        (Some("indexes"), Some("list"), None, None) => (Endpoint::ListIndexes, Method::Get, 0..0),
+        (Some("indexes"), Some(name), Some(action), None) => {
+            let (endpoint, allowed) = match action {
+                "create" => (Endpoint::CreateIndex, Method::Put),
+                "stats" => (Endpoint::IndexStats, Method::Get),
+                "delete" => (Endpoint::DeleteIndex, Method::Delete),
+                _ => return Err(not_found()),
+            };
+            (endpoint, allowed, name_at(name))
+        }
+        (Some("embeddings"), Some(name), Some(action), None) => {
+            let (endpoint, allowed) = match action {
+                "search" => (Endpoint::Search, Method::Post),
+                "upsert" => (Endpoint::Upsert, Method::Put),
+                "insert" => (Endpoint::Insert, Method::Put),
+                "retrieve" => (Endpoint::Retrieve, Method::Post),
+                "delete" => (Endpoint::DeleteEmbeddings, Method::Delete),
+                _ => return Err(not_found()),
+            };
+            (endpoint, allowed, name_at(name))
+        }
+        _ => return Err(not_found()),
+    };
+    if method != allowed {
+        let allow = match allowed {
+            Method::Get => "GET",
+            Method::Put => "PUT",
+            Method::Post => "POST",
+            Method::Delete | Method::Other => "DELETE",
+        };
+        return Err(ApiError::MethodNotAllowed { path: path.to_owned(), allow });
+    }
+    Ok(Target { endpoint, name })
+}
+
+impl App {
+    pub fn new(store: Store, api_key: String, limits: ApiLimits) -> App {
+        App { store, api_key: api_key.into_bytes(), limits, scratch: Scratch::default(), health: health::Health::new() }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Decides on a request from its head alone: where it goes, and whether
+    /// its key lets it in. Runs before any byte of the body is read.
+    pub fn admit(&self, head: &Head) -> Result<Target, ApiError> {
+        let target = route(head.method, &head.path)?;
+        if target.endpoint == Endpoint::Health {
+            return Ok(target);
+        }
+        match auth::check(&self.api_key, &head.api_key) {
+            KeyCheck::Ok => Ok(target),
+            KeyCheck::Missing => Err(ApiError::NoApiKey),
+            KeyCheck::Wrong => Err(ApiError::InvalidApiKey),
+        }
+    }
+
+    /// Answers an admitted request whose body is complete.
+    pub fn handle(&mut self, target: &Target, head: &Head, body: &mut [u8], out: &mut Vec<u8>) {
+        let name = &head.path[target.name.clone()];
+        let keep_alive = head.keep_alive;
+        let App { store, limits, scratch, health, .. } = self;
+        let result = match target.endpoint {
+            Endpoint::Health => {
+                health.write(out, keep_alive);
+                Ok(())
+            }
+            Endpoint::ListIndexes => {
+                indexes::list(store, out, keep_alive);
+                Ok(())
+            }
+            Endpoint::CreateIndex => indexes::create(store, scratch, *limits, name, body, out, keep_alive),
+            Endpoint::IndexStats => indexes::stats(store, name, out, keep_alive),
+            Endpoint::DeleteIndex => indexes::delete(store, name, out, keep_alive),
+            Endpoint::Search => embeddings::search(store, scratch, *limits, name, body, out, keep_alive),
+            Endpoint::Upsert => {
+                embeddings::write(store, scratch, embeddings::Write::Upsert, name, body, out, keep_alive)
+            }
+            Endpoint::Insert => {
+                embeddings::write(store, scratch, embeddings::Write::Insert, name, body, out, keep_alive)
+            }
+            Endpoint::Retrieve => embeddings::retrieve(store, scratch, name, body, out, keep_alive),
+            Endpoint::DeleteEmbeddings => embeddings::delete(store, scratch, name, body, out, keep_alive),
+        };
+        if let Err(error) = result {
+            error.write(out, keep_alive);
+        }
+    }
+}
+
+/// The index named `name`, or the error its endpoint reports.
+fn find<'a>(store: &'a Store, name: &str, op: IndexOp) -> Result<&'a crate::store::Index, ApiError> {
+    store.index(name).ok_or_else(|| ApiError::IndexNotFound { name: name.to_owned(), op })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_and_their_refusals() {
+        let target = route(Method::Put, "/api/v1/indexes/abc/create").unwrap();
+        assert_eq!(target.endpoint, Endpoint::CreateIndex);
+        assert_eq!(&"/api/v1/indexes/abc/create"[target.name], "abc");
+        assert_eq!(route(Method::Get, "/api/v1/indexes/list").unwrap().endpoint, Endpoint::ListIndexes);
+        assert_eq!(route(Method::Delete, "/api/v1/embeddings/x/delete").unwrap().endpoint, Endpoint::DeleteEmbeddings);
+        assert!(matches!(route(Method::Get, "/api/v1/nope"), Err(ApiError::NotFound { .. })));
+        assert!(matches!(route(Method::Get, "/api/v1/health/"), Err(ApiError::NotFound { .. })));
+        assert!(matches!(route(Method::Get, "/api/v1/indexes/a/create/x"), Err(ApiError::NotFound { .. })));
+        assert!(matches!(route(Method::Get, "/"), Err(ApiError::NotFound { .. })));
+        assert_eq!(
+            route(Method::Post, "/api/v1/embeddings/x/upsert"),
+            Err(ApiError::MethodNotAllowed { path: "/api/v1/embeddings/x/upsert".into(), allow: "PUT" })
+        );
+    }
+}

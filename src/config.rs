@@ -1,0 +1,67 @@
+//! Command-line flags, turned into the `Config` the server runs with.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::limits;
+
+/// quiver: a vector database server with exact k-nearest-neighbour search.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "quiver", version, about)]
+pub struct Config {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub host: String,
+
+    /// Port to listen on (0 picks a free port; the log says which).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+
+    /// Directory holding the data and the API key file.
+    #[arg(long, default_value = "./data")]
+    pub data_dir: PathBuf,
+
+    /// API key clients must send in X-Service-API-Key. Default: $QUIVER_API_KEY,
+    /// else the key in <data-dir>/api_key.txt, else a newly generated one.
+    #[arg(long, env = "QUIVER_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+
+    /// Largest request body in bytes (larger: 413).
+    #[arg(long, default_value_t = limits::BODY_BYTES_MAX_DEFAULT)]
+    pub body_bytes_max: usize,
+
+    /// Largest request head (request line and headers) in bytes (larger: 431).
+    #[arg(long, default_value_t = limits::HEAD_BYTES_MAX_DEFAULT)]
+    pub head_bytes_max: usize,
+
+    /// Most open client connections (more: 503 and closed).
+    #[arg(long, default_value_t = limits::CONNECTIONS_MAX_DEFAULT)]
+    pub connections_max: usize,
+
+    /// Close a connection idle this long, in milliseconds.
+    #[arg(long, default_value_t = limits::IDLE_TIMEOUT_MS_DEFAULT)]
+    pub idle_timeout_ms: u64,
+
+    /// Answer 408 and close when a request is not complete after this long, in milliseconds.
+    #[arg(long, default_value_t = limits::REQUEST_TIMEOUT_MS_DEFAULT)]
+    pub request_timeout_ms: u64,
+
+    /// Largest vector dimensionality an index may be created with.
+    #[arg(long, default_value_t = limits::DIMENSIONS_MAX_DEFAULT)]
+    pub dimensions_max: usize,
+
+    /// Largest k a search may ask for.
+    #[arg(long, default_value_t = limits::K_MAX_DEFAULT)]
+    pub k_max: usize,
+}
+
+impl Config {
+    /// The configuration a test or benchmark starts from: defaults, a given data directory.
+    pub fn with_data_dir(data_dir: PathBuf) -> Config {
+        let mut config = Config::parse_from(["quiver"]);
+        config.data_dir = data_dir;
+        config.api_key = None;
+        config
+    }
+}

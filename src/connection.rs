@@ -1,0 +1,319 @@
+//! One client socket: its buffers, its parser, and where it stands.
+//!
+//! A connection never closes itself: `service` and `flush` report what
+//! should happen and the loop in `server.rs` acts on it.
+
+use std::io::{self, Write};
+use std::net::Shutdown;
+use std::time::{Duration, Instant};
+
+use mio::net::TcpStream;
+
+use crate::api::{ApiError, App, Target};
+use crate::http::{Event, Framing, Parser, ReadBuf};
+use crate::limits::{
+    READ_BUF_INITIAL_BYTES, READ_BUF_KEEP_BYTES_MAX, READ_BYTES_PER_TICK_MAX, READ_CHUNK_BYTES, REQUESTS_PER_TICK_MAX,
+    WRITE_PENDING_BYTES_MAX,
+};
+
+/// How long a closing connection keeps reading (and discarding) what the
+/// client is still sending, so that our last answer is not lost to a reset.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// What `service` left the connection needing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Nothing to do until the socket is ready again.
+    Waiting,
+    /// It used its share of this tick and has more to do.
+    MoreWork,
+    /// Close it now, without writing anything more.
+    Close,
+}
+
+/// What `flush` left the connection needing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flushed {
+    /// Everything is written.
+    All,
+    /// The socket took part of it; wait for it to be writable.
+    Partly,
+    /// Close it now.
+    Close,
+}
+
+pub struct Connection {
+    socket: TcpStream,
+    read: ReadBuf,
+    parser: Parser,
+    /// Replies not yet sent. Invariant: `written <= write.len()`.
+    write: Vec<u8>,
+    written: usize,
+    /// The verdict on the current request, taken when its head arrived.
+    admitted: Option<Result<Target, ApiError>>,
+    /// Edge-triggered readiness: the socket may hold unread bytes.
+    pub readable: bool,
+    /// No more requests are read: the answer in `write` is the last one.
+    closing: bool,
+    /// `service` stopped because too many replies wait to be sent.
+    blocked_on_write: bool,
+    /// Set once our side is shut down; the connection only drains input until then.
+    linger_until: Option<Instant>,
+    last_activity: Instant,
+    request_started: Option<Instant>,
+}
+
+impl Connection {
+    pub fn new(socket: TcpStream, head_bytes_max: usize, body_bytes_max: usize, now: Instant) -> Connection {
+        Connection {
+            socket,
+            read: ReadBuf::with_capacity(READ_BUF_INITIAL_BYTES),
+            parser: Parser::new(head_bytes_max, body_bytes_max),
+            write: Vec::new(),
+            written: 0,
+            admitted: None,
+            readable: true,
+            closing: false,
+            blocked_on_write: false,
+            linger_until: None,
+            last_activity: now,
+            request_started: None,
+        }
+    }
+
+    pub fn socket(&mut self) -> &mut TcpStream {
+        &mut self.socket
+    }
+
+    fn write_pending_bytes(&self) -> usize {
+        debug_assert!(self.written <= self.write.len());
+        self.write.len() - self.written
+    }
+
+    pub fn has_output(&self) -> bool {
+        self.write_pending_bytes() > 0
+    }
+
+    /// Between requests, with nothing received and nothing to send.
+    pub fn is_idle(&self) -> bool {
+        self.parser.is_idle() && self.read.is_empty() && !self.has_output()
+    }
+
+    /// Reads and answers requests until the socket is drained, this tick's
+    /// share is used, or the replies wait on a slow reader.
+    pub fn service(&mut self, app: &mut App, body_bytes_max: usize, shutting_down: bool, now: Instant) -> Progress {
+        if let Some(until) = self.linger_until {
+            return self.drain_lingering(until, now);
+        }
+        let (mut requests, mut read_bytes) = (0, 0);
+        self.blocked_on_write = false;
+        loop {
+            if self.closing {
+                return Progress::Waiting;
+            }
+            if self.write_pending_bytes() > WRITE_PENDING_BYTES_MAX {
+                self.blocked_on_write = true;
+                return Progress::Waiting;
+            }
+            match self.parser.advance(&mut self.read) {
+                Event::Head => {
+                    self.request_started.get_or_insert(now);
+                    self.on_head(app, shutting_down);
+                }
+                Event::Request => {
+                    self.answer(app);
+                    requests += 1;
+                    if requests >= REQUESTS_PER_TICK_MAX {
+                        return Progress::MoreWork;
+                    }
+                }
+                Event::Error(error) => {
+                    self.refuse(&ApiError::Http { error, body_bytes_max });
+                    return Progress::Waiting;
+                }
+                Event::NeedMore => {
+                    if !self.read.is_empty() || !self.parser.is_idle() {
+                        self.request_started.get_or_insert(now);
+                    }
+                    if !self.readable {
+                        return Progress::Waiting;
+                    }
+                    if read_bytes >= READ_BYTES_PER_TICK_MAX {
+                        return Progress::MoreWork;
+                    }
+                    match self.read.read_from(&mut self.socket, READ_CHUNK_BYTES) {
+                        Ok(0) => return self.on_peer_closed(),
+                        Ok(n) => {
+                            read_bytes += n;
+                            self.last_activity = now;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            self.readable = false;
+                            return Progress::Waiting;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(_) => return Progress::Close,
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_head(&mut self, app: &mut App, shutting_down: bool) {
+        if shutting_down {
+            self.parser.head.keep_alive = false;
+        }
+        let verdict = app.admit(&self.parser.head);
+        let has_body = self.parser.head.framing != Framing::None;
+        match &verdict {
+            Ok(_) if has_body && self.parser.head.expect_continue => {
+                crate::http::response::write_continue(&mut self.write);
+            }
+            Ok(_) => {}
+            Err(error) if has_body && self.parser.head.expect_continue => {
+                // The client waits for our word before sending the body: refuse
+                // now and close, rather than wait for a body it will not send.
+                let error = error.clone();
+                self.refuse(&error);
+                return;
+            }
+            Err(_) => self.parser.discard_body(),
+        }
+        self.admitted = Some(verdict);
+    }
+
+    fn answer(&mut self, app: &mut App) {
+        let verdict = self.admitted.take().expect("a request's head is admitted before its body");
+        let (head, body) = self.parser.request(&mut self.read);
+        let keep_alive = head.keep_alive;
+        match verdict {
+            Ok(target) => app.handle(&target, head, body, &mut self.write),
+            Err(error) => error.write(&mut self.write, keep_alive),
+        }
+        self.parser.finish(&mut self.read);
+        self.read.shrink_when_idle(READ_BUF_KEEP_BYTES_MAX, READ_BUF_INITIAL_BYTES);
+        self.request_started = None;
+        if !keep_alive {
+            self.closing = true;
+        }
+    }
+
+    /// Answers with an error that ends the connection.
+    pub fn refuse(&mut self, error: &ApiError) {
+        error.write(&mut self.write, false);
+        self.closing = true;
+        self.request_started = None;
+    }
+
+    fn on_peer_closed(&mut self) -> Progress {
+        self.readable = false;
+        if self.read.is_empty() && self.parser.is_idle() {
+            // A clean end between requests: send what is owed, then close.
+            self.closing = true;
+            Progress::Waiting
+        } else {
+            // The client ended mid-request: there is nobody to answer.
+            Progress::Close
+        }
+    }
+
+    fn drain_lingering(&mut self, until: Instant, now: Instant) -> Progress {
+        if now >= until {
+            return Progress::Close;
+        }
+        let mut scratch = [0u8; 4096];
+        loop {
+            match io::Read::read(&mut self.socket, &mut scratch) {
+                Ok(0) => return Progress::Close,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.readable = false;
+                    return Progress::Waiting;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Progress::Close,
+            }
+        }
+    }
+
+    /// Sends buffered replies until done or the socket is full.
+    pub fn flush(&mut self, now: Instant) -> Flushed {
+        while self.written < self.write.len() {
+            match self.socket.write(&self.write[self.written..]) {
+                Ok(0) => return Flushed::Close,
+                Ok(n) => {
+                    self.written += n;
+                    self.last_activity = now;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Flushed::Partly,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Flushed::Close,
+            }
+        }
+        self.write.clear();
+        self.written = 0;
+        if self.write.capacity() > READ_BUF_KEEP_BYTES_MAX {
+            self.write = Vec::new();
+        }
+        if self.closing && self.linger_until.is_none() {
+            if self.readable || !self.read.is_empty() || !self.parser.is_idle() {
+                // The client may still be sending: stop our side, read what
+                // comes, close on its end or after a while.
+                let _ = self.socket.shutdown(Shutdown::Write);
+                self.linger_until = Some(now + LINGER);
+                return Flushed::All;
+            }
+            return Flushed::Close;
+        }
+        Flushed::All
+    }
+
+    /// True when `service` stopped for a backlog of replies that has now
+    /// shrunk: no readiness event will come for it, so the loop must return.
+    pub fn resumable(&self) -> bool {
+        self.blocked_on_write && self.write_pending_bytes() <= WRITE_PENDING_BYTES_MAX
+    }
+
+    pub fn is_lingering(&self) -> bool {
+        self.linger_until.is_some()
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.closing
+    }
+
+    /// What the periodic sweep decides for this connection.
+    pub fn check_timeouts(&mut self, now: Instant, idle_timeout: Duration, request_timeout: Duration) -> Timeout {
+        if let Some(until) = self.linger_until {
+            return if now >= until { Timeout::Close } else { Timeout::None };
+        }
+        if self.has_output() {
+            // A client that does not take its replies is as slow as one that
+            // does not send its request.
+            return if now.duration_since(self.last_activity) > request_timeout {
+                Timeout::Close
+            } else {
+                Timeout::None
+            };
+        }
+        if let Some(started) = self.request_started {
+            if now.duration_since(started) > request_timeout && !self.closing {
+                self.refuse(&ApiError::Timeout);
+                return Timeout::Answered;
+            }
+            return Timeout::None;
+        }
+        if self.is_idle() && now.duration_since(self.last_activity) > idle_timeout {
+            return Timeout::Close;
+        }
+        Timeout::None
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timeout {
+    None,
+    /// A 408 was queued; flush it, then close.
+    Answered,
+    Close,
+}

@@ -1,0 +1,9 @@
+//! HTTP/1.x framing: request heads and bodies in, response heads out.
+//! Knows nothing of the API's routes or of the store.
+
+pub mod buffer;
+pub mod request;
+pub mod response;
+
+pub use buffer::ReadBuf;
+pub use request::{Event, Framing, Head, HttpError, Method, Parser};

@@ -1,0 +1,535 @@
+//! A resumable HTTP/1.x request parser.
+//!
+//! "Need more bytes" is a state, not an error: the parser keeps where it is
+//! between calls, so a request split at any byte parses exactly as the whole.
+//! Heads are parsed by httparse once their terminating blank line is in;
+//! bodies are framed by `Content-Length` (left in the read buffer, so they can
+//! be decoded in place) or `Transfer-Encoding: chunked` (de-chunked into a
+//! reused buffer). This module knows nothing of routes or of the store.
+
+use std::fmt;
+
+use super::buffer::ReadBuf;
+use crate::limits::HEADERS_COUNT_MAX;
+
+/// Chunk-size lines (with extensions) and trailer lines longer than this are refused.
+const CHUNK_LINE_BYTES_MAX: usize = 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Put,
+    Post,
+    Delete,
+    Other,
+}
+
+impl Method {
+    fn parse(name: &str) -> Method {
+        match name {
+            "GET" => Method::Get,
+            "PUT" => Method::Put,
+            "POST" => Method::Post,
+            "DELETE" => Method::Delete,
+            _ => Method::Other,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    None,
+    Length(usize),
+    Chunked,
+}
+
+/// What the parser knows of the current request once its head is in.
+/// The strings are reused from request to request.
+#[derive(Debug)]
+pub struct Head {
+    pub method: Method,
+    /// The request target without its query string.
+    pub path: String,
+    pub http10: bool,
+    /// Whether the connection stays open after this request's answer.
+    pub keep_alive: bool,
+    pub expect_continue: bool,
+    /// The `X-Service-API-Key` value; empty when absent.
+    pub api_key: Vec<u8>,
+    pub framing: Framing,
+}
+
+impl Head {
+    fn new() -> Head {
+        Head {
+            method: Method::Other,
+            path: String::new(),
+            http10: false,
+            keep_alive: true,
+            expect_continue: false,
+            api_key: Vec::new(),
+            framing: Framing::None,
+        }
+    }
+}
+
+/// Why the bytes on a connection cannot be taken as a request. After any of
+/// these the connection is answered once and closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HttpError {
+    Malformed(&'static str),
+    HeadTooLarge,
+    BodyTooLarge,
+}
+
+impl fmt::Display for HttpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HttpError::Malformed(why) => write!(f, "malformed HTTP request: {why}"),
+            HttpError::HeadTooLarge => f.write_str("request head too large"),
+            HttpError::BodyTooLarge => f.write_str("request body too large"),
+        }
+    }
+}
+
+/// What `advance` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Nothing more can be done until more bytes arrive.
+    NeedMore,
+    /// A head was parsed into `head`; its body (if any) is not in yet.
+    Head,
+    /// The request is complete: `request` gives its head and body; call `finish` after.
+    Request,
+    Error(HttpError),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Head {
+        scanned: usize,
+    },
+    /// Content-Length body, left in the read buffer until it is all there.
+    Length {
+        len: usize,
+    },
+    /// Content-Length body being thrown away as it arrives.
+    Discarding {
+        remaining: usize,
+    },
+    ChunkSize,
+    ChunkData {
+        remaining: usize,
+    },
+    ChunkDataEnd,
+    Trailers {
+        bytes: usize,
+    },
+    /// Complete; `body_len` bytes at the front of the read buffer (Length) or in `chunked`.
+    Complete {
+        in_read_buf: usize,
+    },
+    Failed,
+}
+
+pub struct Parser {
+    pub head: Head,
+    state: State,
+    /// De-chunked body of the current request.
+    chunked: Vec<u8>,
+    /// Bytes of a chunked body count even when discarded.
+    chunked_len: usize,
+    discard: bool,
+    head_bytes_max: usize,
+    body_bytes_max: usize,
+}
+
+impl Parser {
+    pub fn new(head_bytes_max: usize, body_bytes_max: usize) -> Parser {
+        Parser {
+            head: Head::new(),
+            state: State::Head { scanned: 0 },
+            chunked: Vec::new(),
+            chunked_len: 0,
+            discard: false,
+            head_bytes_max,
+            body_bytes_max,
+        }
+    }
+
+    /// True between requests, when no byte of a next request has been taken.
+    pub fn is_idle(&self) -> bool {
+        self.state == State::Head { scanned: 0 }
+    }
+
+    /// Throws the body of the current request away as it arrives (for a
+    /// request refused at its head). Call right after `Event::Head`.
+    pub fn discard_body(&mut self) {
+        self.discard = true;
+        if let State::Length { len } = self.state {
+            self.state = State::Discarding { remaining: len };
+        }
+    }
+
+    /// Moves the parse as far as the buffered bytes allow.
+    pub fn advance(&mut self, buf: &mut ReadBuf) -> Event {
+        loop {
+            let step = match self.state {
+                State::Head { scanned } => self.parse_head(buf, scanned),
+                State::Length { len } => {
+                    if buf.pending().len() >= len {
+                        self.state = State::Complete { in_read_buf: len };
+                        return Event::Request;
+                    }
+                    buf.reserve_pending(len);
+                    return Event::NeedMore;
+                }
+                State::Discarding { remaining } => {
+                    let n = remaining.min(buf.pending().len());
+                    buf.consume(n);
+                    if n == remaining {
+                        self.state = State::Complete { in_read_buf: 0 };
+                        return Event::Request;
+                    }
+                    self.state = State::Discarding { remaining: remaining - n };
+                    return Event::NeedMore;
+                }
+                State::ChunkSize => self.parse_chunk_size(buf),
+                State::ChunkData { remaining } => self.take_chunk_data(buf, remaining),
+                State::ChunkDataEnd => match buf.pending() {
+                    [b'\r', b'\n', ..] => {
+                        buf.consume(2);
+                        self.state = State::ChunkSize;
+                        Ok(None)
+                    }
+                    [b'\n', ..] => {
+                        buf.consume(1);
+                        self.state = State::ChunkSize;
+                        Ok(None)
+                    }
+                    [] | [b'\r'] => return Event::NeedMore,
+                    _ => Err(HttpError::Malformed("chunk data not followed by CRLF")),
+                },
+                State::Trailers { bytes } => self.skip_trailer_line(buf, bytes),
+                State::Complete { .. } => return Event::Request,
+                State::Failed => return Event::Error(HttpError::Malformed("connection failed")),
+            };
+            match step {
+                Ok(None) => continue,
+                Ok(Some(event)) => return event,
+                Err(error) => {
+                    self.state = State::Failed;
+                    return Event::Error(error);
+                }
+            }
+        }
+    }
+
+    /// The complete request's head and body. Only valid after `Event::Request`.
+    pub fn request<'a>(&'a mut self, buf: &'a mut ReadBuf) -> (&'a Head, &'a mut [u8]) {
+        match self.state {
+            State::Complete { in_read_buf } if self.head.framing == Framing::Chunked => {
+                debug_assert_eq!(in_read_buf, 0);
+                (&self.head, &mut self.chunked)
+            }
+            State::Complete { in_read_buf } => (&self.head, &mut buf.pending_mut()[..in_read_buf]),
+            _ => panic!("request before it is complete"),
+        }
+    }
+
+    /// Consumes the complete request and readies the parser for the next one.
+    pub fn finish(&mut self, buf: &mut ReadBuf) {
+        let State::Complete { in_read_buf } = self.state else {
+            panic!("finish before the request is complete");
+        };
+        buf.consume(in_read_buf);
+        self.chunked.clear();
+        if self.chunked.capacity() > crate::limits::READ_BUF_KEEP_BYTES_MAX {
+            self.chunked = Vec::new();
+        }
+        self.chunked_len = 0;
+        self.discard = false;
+        self.state = State::Head { scanned: 0 };
+    }
+
+    fn parse_head(&mut self, buf: &mut ReadBuf, scanned: usize) -> Result<Option<Event>, HttpError> {
+        let pending = buf.pending();
+        // Blank lines before a request line are allowed (RFC 9112 2.2).
+        let leading = pending.iter().take_while(|&&b| b == b'\r' || b == b'\n').count();
+        if leading > 0 {
+            buf.consume(leading);
+            return Ok(None);
+        }
+        let Some(head_len) = find_head_end(pending, scanned) else {
+            if pending.len() > self.head_bytes_max {
+                return Err(HttpError::HeadTooLarge);
+            }
+            // Resume the search where it stopped, less a terminator's length.
+            self.state = State::Head { scanned: pending.len().saturating_sub(3) };
+            return Ok(Some(Event::NeedMore));
+        };
+        if head_len > self.head_bytes_max {
+            return Err(HttpError::HeadTooLarge);
+        }
+        let mut headers = [httparse::EMPTY_HEADER; HEADERS_COUNT_MAX];
+        let mut request = httparse::Request::new(&mut headers);
+        match request.parse(&pending[..head_len]) {
+            Ok(httparse::Status::Complete(_)) => {}
+            Ok(httparse::Status::Partial) => return Err(HttpError::Malformed("incomplete request head")),
+            Err(httparse::Error::TooManyHeaders) => return Err(HttpError::HeadTooLarge),
+            Err(_) => return Err(HttpError::Malformed("invalid request line or header")),
+        }
+        read_head(&request, &mut self.head, self.body_bytes_max)?;
+        buf.consume(head_len);
+        self.state = match self.head.framing {
+            Framing::None => State::Complete { in_read_buf: 0 },
+            Framing::Length(len) => State::Length { len },
+            Framing::Chunked => State::ChunkSize,
+        };
+        Ok(Some(Event::Head))
+    }
+
+    fn parse_chunk_size(&mut self, buf: &mut ReadBuf) -> Result<Option<Event>, HttpError> {
+        let pending = buf.pending();
+        match httparse::parse_chunk_size(pending) {
+            Ok(httparse::Status::Complete((consumed, size))) => {
+                buf.consume(consumed);
+                let size = usize::try_from(size).map_err(|_| HttpError::BodyTooLarge)?;
+                if size == 0 {
+                    self.state = State::Trailers { bytes: 0 };
+                    return Ok(None);
+                }
+                if self.chunked_len.saturating_add(size) > self.body_bytes_max {
+                    return Err(HttpError::BodyTooLarge);
+                }
+                self.state = State::ChunkData { remaining: size };
+                Ok(None)
+            }
+            Ok(httparse::Status::Partial) if pending.len() > CHUNK_LINE_BYTES_MAX => {
+                Err(HttpError::Malformed("chunk size line too long"))
+            }
+            Ok(httparse::Status::Partial) => Ok(Some(Event::NeedMore)),
+            Err(_) => Err(HttpError::Malformed("invalid chunk size")),
+        }
+    }
+
+    fn take_chunk_data(&mut self, buf: &mut ReadBuf, remaining: usize) -> Result<Option<Event>, HttpError> {
+        let available = buf.pending();
+        let n = remaining.min(available.len());
+        if n == 0 {
+            return Ok(Some(Event::NeedMore));
+        }
+        if !self.discard {
+            self.chunked.extend_from_slice(&available[..n]);
+        }
+        self.chunked_len += n;
+        buf.consume(n);
+        self.state = if n == remaining { State::ChunkDataEnd } else { State::ChunkData { remaining: remaining - n } };
+        Ok(None)
+    }
+
+    /// Trailer fields are read and ignored, up to the blank line that ends them.
+    fn skip_trailer_line(&mut self, buf: &mut ReadBuf, bytes: usize) -> Result<Option<Event>, HttpError> {
+        let pending = buf.pending();
+        let Some(newline) = pending.iter().position(|&b| b == b'\n') else {
+            if bytes + pending.len() > self.head_bytes_max {
+                return Err(HttpError::HeadTooLarge);
+            }
+            return Ok(Some(Event::NeedMore));
+        };
+        let line = &pending[..newline];
+        let blank = line.is_empty() || line == b"\r";
+        buf.consume(newline + 1);
+        if blank {
+            self.state = State::Complete { in_read_buf: 0 };
+            return Ok(Some(Event::Request));
+        }
+        let bytes = bytes + newline + 1;
+        if bytes > self.head_bytes_max {
+            return Err(HttpError::HeadTooLarge);
+        }
+        self.state = State::Trailers { bytes };
+        Ok(None)
+    }
+}
+
+/// Where the head ends (just past its blank line), searching from `from`.
+/// Accepts CRLF and bare LF line ends, as httparse does.
+fn find_head_end(bytes: &[u8], from: usize) -> Option<usize> {
+    let mut i = from;
+    while let Some(offset) = bytes.get(i..)?.iter().position(|&b| b == b'\n') {
+        let newline = i + offset;
+        match bytes.get(newline + 1..) {
+            Some([b'\n', ..]) => return Some(newline + 2),
+            Some([b'\r', b'\n', ..]) => return Some(newline + 3),
+            _ => i = newline + 1,
+        }
+    }
+    None
+}
+
+fn read_head(request: &httparse::Request<'_, '_>, head: &mut Head, body_bytes_max: usize) -> Result<(), HttpError> {
+    let method = request.method.ok_or(HttpError::Malformed("no method"))?;
+    let target = request.path.ok_or(HttpError::Malformed("no request target"))?;
+    let version = request.version.ok_or(HttpError::Malformed("no HTTP version"))?;
+    head.method = Method::parse(method);
+    head.path.clear();
+    head.path.push_str(target.split('?').next().unwrap_or(""));
+    head.http10 = version == 0;
+    head.api_key.clear();
+    head.expect_continue = false;
+
+    let mut length: Option<usize> = None;
+    let mut chunked = false;
+    let mut connection_close = false;
+    let mut connection_keep_alive = false;
+    for header in request.headers.iter() {
+        let name = header.name;
+        let value = header.value;
+        if name.eq_ignore_ascii_case("content-length") {
+            let parsed = parse_content_length(value)?;
+            if length.is_some_and(|l| l != parsed) {
+                return Err(HttpError::Malformed("conflicting Content-Length headers"));
+            }
+            length = Some(parsed);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            let codings = std::str::from_utf8(value).map_err(|_| HttpError::Malformed("invalid Transfer-Encoding"))?;
+            for coding in codings.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+                if chunked || !coding.eq_ignore_ascii_case("chunked") {
+                    return Err(HttpError::Malformed("unsupported Transfer-Encoding (only chunked is accepted)"));
+                }
+                chunked = true;
+            }
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                connection_close |= token.eq_ignore_ascii_case(b"close");
+                connection_keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
+        } else if name.eq_ignore_ascii_case("expect") {
+            head.expect_continue = value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+        } else if name.eq_ignore_ascii_case("x-service-api-key") {
+            head.api_key.clear();
+            head.api_key.extend_from_slice(value.trim_ascii());
+        }
+    }
+    if chunked && length.is_some() {
+        // Both framings at once is how requests are smuggled past proxies.
+        return Err(HttpError::Malformed("both Content-Length and Transfer-Encoding"));
+    }
+    head.framing = match (chunked, length) {
+        (true, _) => Framing::Chunked,
+        (false, Some(0) | None) => Framing::None,
+        (false, Some(len)) if len > body_bytes_max => return Err(HttpError::BodyTooLarge),
+        (false, Some(len)) => Framing::Length(len),
+    };
+    head.keep_alive = if head.http10 { connection_keep_alive && !connection_close } else { !connection_close };
+    Ok(())
+}
+
+fn parse_content_length(value: &[u8]) -> Result<usize, HttpError> {
+    let digits = value.trim_ascii();
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(HttpError::Malformed("invalid Content-Length"));
+    }
+    Ok(digits.iter().fold(0usize, |n, d| n * 10 + usize::from(d - b'0')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Parsed = Result<(Method, String, Vec<u8>), HttpError>;
+
+    /// Feeds `bytes` in pieces of `step` and collects (method, path, body) or the error.
+    fn parse_all(bytes: &[u8], step: usize) -> Vec<Parsed> {
+        let mut parser = Parser::new(1024, 1 << 20);
+        let mut buf = ReadBuf::with_capacity(16);
+        let mut out = Vec::new();
+        for piece in bytes.chunks(step.max(1)) {
+            buf.extend(piece);
+            loop {
+                match parser.advance(&mut buf) {
+                    Event::NeedMore => break,
+                    Event::Head => continue,
+                    Event::Request => {
+                        let (head, body) = parser.request(&mut buf);
+                        out.push(Ok((head.method, head.path.clone(), body.to_vec())));
+                        parser.finish(&mut buf);
+                    }
+                    Event::Error(e) => {
+                        out.push(Err(e));
+                        return out;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    const PIPELINE: &[u8] = b"GET /a?x=1 HTTP/1.1\r\nHost: h\r\n\r\n\
+        PUT /b HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello\
+        POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n\
+        3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: t\r\n\r\n\
+        DELETE /d HTTP/1.0\r\n\r\n";
+
+    #[test]
+    fn pipelined_requests_parse_the_same_at_every_split() {
+        let whole = parse_all(PIPELINE, PIPELINE.len());
+        assert_eq!(
+            whole,
+            vec![
+                Ok((Method::Get, "/a".into(), vec![])),
+                Ok((Method::Put, "/b".into(), b"hello".to_vec())),
+                Ok((Method::Post, "/c".into(), b"abcde".to_vec())),
+                Ok((Method::Delete, "/d".into(), vec![])),
+            ]
+        );
+        for step in 1..PIPELINE.len() {
+            assert_eq!(parse_all(PIPELINE, step), whole, "step {step}");
+        }
+    }
+
+    #[test]
+    fn limits_and_malformations_are_errors() {
+        let big_head = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(2000));
+        assert_eq!(parse_all(big_head.as_bytes(), 7), vec![Err(HttpError::HeadTooLarge)]);
+        let big_body = b"PUT / HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n";
+        assert_eq!(parse_all(big_body, 100), vec![Err(HttpError::BodyTooLarge)]);
+        let both = b"PUT / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert!(matches!(parse_all(both, 100)[0], Err(HttpError::Malformed(_))));
+        assert!(matches!(parse_all(b"\x00\x01garbage\r\n\r\n", 100)[0], Err(HttpError::Malformed(_))));
+        let bad_chunk = b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n";
+        assert!(matches!(parse_all(bad_chunk, 100)[0], Err(HttpError::Malformed(_))));
+        let many: String = (0..70).map(|i| format!("H{i}: v\r\n")).collect();
+        let many = format!("GET / HTTP/1.1\r\n{many}\r\n");
+        assert_eq!(parse_all(many.as_bytes(), 1000), vec![Err(HttpError::HeadTooLarge)]);
+    }
+
+    #[test]
+    fn head_fields() {
+        let mut parser = Parser::new(1024, 1024);
+        let mut buf = ReadBuf::with_capacity(64);
+        buf.extend(b"PUT /x HTTP/1.0\r\nConnection: Keep-Alive\r\nexpect: 100-continue\r\nX-Service-Api-Key:  k1 \r\nContent-Length: 2\r\n\r\n");
+        assert_eq!(parser.advance(&mut buf), Event::Head);
+        assert!(parser.head.http10 && parser.head.keep_alive && parser.head.expect_continue);
+        assert_eq!(parser.head.api_key, b"k1");
+        assert_eq!(parser.head.framing, Framing::Length(2));
+        assert_eq!(parser.advance(&mut buf), Event::NeedMore);
+    }
+
+    #[test]
+    fn discarded_bodies_are_skipped() {
+        let mut parser = Parser::new(1024, 1024);
+        let mut buf = ReadBuf::with_capacity(64);
+        buf.extend(b"PUT /x HTTP/1.1\r\nContent-Length: 3\r\n\r\nab");
+        assert_eq!(parser.advance(&mut buf), Event::Head);
+        parser.discard_body();
+        assert_eq!(parser.advance(&mut buf), Event::NeedMore);
+        buf.extend(b"cGET /y HTTP/1.1\r\n\r\n");
+        assert_eq!(parser.advance(&mut buf), Event::Request);
+        assert!(parser.request(&mut buf).1.is_empty());
+        parser.finish(&mut buf);
+        assert_eq!(parser.advance(&mut buf), Event::Head);
+        assert_eq!(parser.head.path, "/y");
+    }
+}

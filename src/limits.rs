@@ -1,0 +1,73 @@
+//! Every limit the server enforces, with the reason for its default.
+//!
+//! The ones a client can push against are flags (see `config.rs`); the rest are
+//! internal budgets that keep one connection from starving the others.
+
+/// Largest request body. A 1,000 x 768 insert is about 7 MiB of JSON; 256 MiB
+/// leaves room for bulk loads while bounding what one client can make us hold.
+pub const BODY_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
+
+/// Largest request head (request line + headers). Clients of this API send a
+/// handful of short headers; 16 KiB is what common proxies allow.
+pub const HEAD_BYTES_MAX_DEFAULT: usize = 16 * 1024;
+
+/// Most headers in one request; more is a 431, like an oversized head.
+pub const HEADERS_COUNT_MAX: usize = 64;
+
+/// Most connections open at once. Each holds buffers; beyond this a new
+/// connection is answered 503 and closed.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
+
+/// A connection with no request in progress is closed after this long.
+pub const IDLE_TIMEOUT_MS_DEFAULT: u64 = 60_000;
+
+/// A request whose bytes are not all in after this long (a slow or stalled
+/// client) is answered 408 and its connection closed.
+pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+
+/// Largest vector dimensionality. 65,536 f32 is 256 KiB a vector.
+pub const DIMENSIONS_MAX_DEFAULT: usize = 65_536;
+
+/// Largest `k` a search may ask for.
+pub const K_MAX_DEFAULT: usize = 10_000;
+
+/// Index names: `^[a-z0-9-]{3,32}$`.
+pub const INDEX_NAME_BYTES_MIN: usize = 3;
+pub const INDEX_NAME_BYTES_MAX: usize = 32;
+
+/// Bytes asked of the socket per `read` call.
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Bytes read from one connection per tick before the others get a turn.
+pub const READ_BYTES_PER_TICK_MAX: usize = 4 * 1024 * 1024;
+
+/// Requests handled for one connection per tick before the others get a turn.
+pub const REQUESTS_PER_TICK_MAX: usize = 32;
+
+/// A connection whose unsent replies exceed this is not read from until the
+/// client has taken them: a pipelining client that never reads cannot make
+/// us buffer without bound.
+pub const WRITE_PENDING_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// A connection's read buffer grown past this by a large body is given back
+/// when the connection goes idle.
+pub const READ_BUF_KEEP_BYTES_MAX: usize = 1024 * 1024;
+
+/// Initial read buffer: enough for a head and a small body.
+pub const READ_BUF_INITIAL_BYTES: usize = 16 * 1024;
+
+/// Most time spent flushing replies at shutdown before giving up on a client.
+pub const SHUTDOWN_DRAIN_MS: u64 = 5_000;
+
+/// How often the health figures are resampled at most.
+pub const HEALTH_SAMPLE_INTERVAL_MS: u64 = 1_000;
+
+/// How often idle and slow connections are looked for.
+pub const TIMEOUT_SWEEP_INTERVAL_MS: u64 = 250;
+
+const _: () = assert!(HEAD_BYTES_MAX_DEFAULT <= BODY_BYTES_MAX_DEFAULT);
+const _: () = assert!(READ_BUF_INITIAL_BYTES >= HEAD_BYTES_MAX_DEFAULT);
+const _: () = assert!(READ_CHUNK_BYTES <= READ_BYTES_PER_TICK_MAX);
+const _: () = assert!(INDEX_NAME_BYTES_MIN <= INDEX_NAME_BYTES_MAX);
+// A single vector of the largest dimensionality must fit in a body.
+const _: () = assert!(DIMENSIONS_MAX_DEFAULT * 16 < BODY_BYTES_MAX_DEFAULT);

@@ -1,0 +1,269 @@
+//! The event loop: one thread, one mio `Poll`.
+//!
+//! Each tick has a fixed order: take readiness events; read and answer every
+//! complete request on every ready connection (each within its share of the
+//! tick); then write the replies. Durable writes will sync the log between the
+//! last two steps, so that no write is acknowledged before it is on disk.
+
+use std::fs;
+use std::io::{self, Write};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use mio::net::TcpListener;
+use mio::{Events, Interest, Poll, Token};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook_mio::v1_0::Signals;
+use slab::Slab;
+
+use crate::api::{ApiError, ApiLimits, App};
+use crate::auth;
+use crate::config::Config;
+use crate::connection::{Connection, Flushed, Progress, Timeout};
+use crate::limits::{SHUTDOWN_DRAIN_MS, TIMEOUT_SWEEP_INTERVAL_MS};
+use crate::store::Store;
+
+const LISTENER: Token = Token(0);
+const SIGNALS: Token = Token(1);
+const FIRST_CONNECTION: usize = 2;
+
+fn token_of(key: usize) -> Token {
+    Token(key + FIRST_CONNECTION)
+}
+
+/// Starts the server and runs it until SIGTERM or SIGINT.
+pub fn run(config: Config) -> io::Result<()> {
+    let started = Instant::now();
+    fs::create_dir_all(&config.data_dir).map_err(|e| {
+        io::Error::new(e.kind(), format!("cannot create data directory {}: {e}", config.data_dir.display()))
+    })?;
+    let (api_key, key_source) = auth::load_or_create(&config.data_dir, config.api_key.as_deref())?;
+    let address = resolve(&config.host, config.port)?;
+    let listener =
+        TcpListener::bind(address).map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
+    let local = listener.local_addr()?;
+    let key_source = match key_source {
+        auth::KeySource::Flag => "from --api-key or QUIVER_API_KEY",
+        auth::KeySource::KeyFile => "from the key file",
+        auth::KeySource::Generated => "newly generated",
+    };
+    log(format_args!(
+        "listening on {local}, data directory {}, API key {api_key} ({key_source}, kept in {}), started in {} ms",
+        config.data_dir.display(),
+        config.data_dir.join(auth::KEY_FILE).display(),
+        started.elapsed().as_millis()
+    ));
+    let limits = ApiLimits { dimensions_max: config.dimensions_max, k_max: config.k_max };
+    let app = App::new(Store::new(), api_key, limits);
+    Server::new(config, listener, app)?.run()
+}
+
+/// One line on standard error, as operators and tests read it.
+pub fn log(message: std::fmt::Arguments<'_>) {
+    let _ = writeln!(io::stderr().lock(), "quiver: {message}");
+}
+
+fn resolve(host: &str, port: u16) -> io::Result<SocketAddr> {
+    (host, port)
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("cannot resolve host {host}")))
+}
+
+struct Server {
+    poll: Poll,
+    listener: TcpListener,
+    signals: Signals,
+    connections: Slab<Connection>,
+    app: App,
+    config: Config,
+    /// Connections to service this tick, and those carried to the next.
+    ready: Vec<usize>,
+    carried: Vec<usize>,
+    /// Connections with replies to send after this tick's requests.
+    to_flush: Vec<usize>,
+    shutdown_deadline: Option<Instant>,
+}
+
+impl Server {
+    fn new(config: Config, mut listener: TcpListener, app: App) -> io::Result<Server> {
+        let poll = Poll::new()?;
+        poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+        let mut signals = Signals::new([SIGTERM, SIGINT])?;
+        poll.registry().register(&mut signals, SIGNALS, Interest::READABLE)?;
+        Ok(Server {
+            poll,
+            listener,
+            signals,
+            connections: Slab::with_capacity(config.connections_max),
+            app,
+            config,
+            ready: Vec::new(),
+            carried: Vec::new(),
+            to_flush: Vec::new(),
+            shutdown_deadline: None,
+        })
+    }
+
+    fn run(mut self) -> io::Result<()> {
+        let mut events = Events::with_capacity(1024);
+        let sweep_interval = Duration::from_millis(TIMEOUT_SWEEP_INTERVAL_MS);
+        let mut next_sweep = Instant::now() + sweep_interval;
+        loop {
+            let timeout = if self.carried.is_empty() { Some(sweep_interval) } else { Some(Duration::ZERO) };
+            match self.poll.poll(&mut events, timeout) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            let now = Instant::now();
+            self.ready.append(&mut self.carried);
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept(now),
+                    SIGNALS => self.on_signal(now),
+                    Token(t) => {
+                        let key = t - FIRST_CONNECTION;
+                        if let Some(connection) = self.connections.get_mut(key) {
+                            if event.is_readable() || event.is_read_closed() || event.is_error() {
+                                connection.readable = true;
+                            }
+                            self.ready.push(key);
+                        }
+                    }
+                }
+            }
+            self.tick(now);
+            if now >= next_sweep {
+                self.sweep(now);
+                next_sweep = now + sweep_interval;
+            }
+            if let Some(deadline) = self.shutdown_deadline {
+                self.close_idle();
+                if self.connections.is_empty() || now >= deadline {
+                    log(format_args!("shut down ({} connections cut off)", self.connections.len()));
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Answers every ready connection, then sends the replies.
+    fn tick(&mut self, now: Instant) {
+        self.ready.sort_unstable();
+        self.ready.dedup();
+        let shutting_down = self.shutdown_deadline.is_some();
+        for i in 0..self.ready.len() {
+            let key = self.ready[i];
+            let Some(connection) = self.connections.get_mut(key) else { continue };
+            match connection.service(&mut self.app, self.config.body_bytes_max, shutting_down, now) {
+                Progress::Waiting => {}
+                Progress::MoreWork => self.carried.push(key),
+                Progress::Close => {
+                    self.close(key);
+                    continue;
+                }
+            }
+            self.to_flush.push(key);
+        }
+        self.ready.clear();
+        // (The write-ahead log's one sync per tick goes here.)
+        for i in 0..self.to_flush.len() {
+            let key = self.to_flush[i];
+            self.flush(key, now);
+        }
+        self.to_flush.clear();
+    }
+
+    fn flush(&mut self, key: usize, now: Instant) {
+        let Some(connection) = self.connections.get_mut(key) else { return };
+        match connection.flush(now) {
+            Flushed::All | Flushed::Partly if connection.resumable() => self.carried.push(key),
+            Flushed::All | Flushed::Partly => {}
+            Flushed::Close => self.close(key),
+        }
+    }
+
+    fn accept(&mut self, now: Instant) {
+        if self.shutdown_deadline.is_some() {
+            return;
+        }
+        loop {
+            let (mut socket, _) = match self.listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Out of descriptors or the like: keep serving who we have.
+                    log(format_args!("accept failed: {e}"));
+                    return;
+                }
+            };
+            if self.connections.len() >= self.config.connections_max {
+                // A best-effort answer on a fresh socket, whose buffer takes it whole.
+                let mut reply = Vec::new();
+                ApiError::TooManyConnections.write(&mut reply, false);
+                let _ = socket.write(&reply);
+                continue;
+            }
+            let _ = socket.set_nodelay(true);
+            let entry = self.connections.vacant_entry();
+            let key = entry.key();
+            let interest = Interest::READABLE | Interest::WRITABLE;
+            if let Err(e) = self.poll.registry().register(&mut socket, token_of(key), interest) {
+                log(format_args!("cannot register a connection: {e}"));
+                continue;
+            }
+            entry.insert(Connection::new(socket, self.config.head_bytes_max, self.config.body_bytes_max, now));
+            self.ready.push(key);
+        }
+    }
+
+    fn on_signal(&mut self, now: Instant) {
+        if self.signals.pending().next().is_some() && self.shutdown_deadline.is_none() {
+            log(format_args!("shutting down: answering requests in flight"));
+            let _ = self.poll.registry().deregister(&mut self.listener);
+            self.shutdown_deadline = Some(now + Duration::from_millis(SHUTDOWN_DRAIN_MS));
+        }
+    }
+
+    /// Closes connections stalled past their limits.
+    fn sweep(&mut self, now: Instant) {
+        let idle = Duration::from_millis(self.config.idle_timeout_ms);
+        let request = Duration::from_millis(self.config.request_timeout_ms);
+        let mut expired = Vec::new();
+        for (key, connection) in self.connections.iter_mut() {
+            match connection.check_timeouts(now, idle, request) {
+                Timeout::None => {}
+                Timeout::Answered => self.to_flush.push(key),
+                Timeout::Close => expired.push(key),
+            }
+        }
+        for key in expired {
+            self.close(key);
+        }
+        for i in 0..self.to_flush.len() {
+            let key = self.to_flush[i];
+            self.flush(key, now);
+        }
+        self.to_flush.clear();
+    }
+
+    /// During shutdown: closes every connection with nothing in flight.
+    fn close_idle(&mut self) {
+        let idle: Vec<usize> = self
+            .connections
+            .iter()
+            .filter(|(_, c)| c.is_idle() || (c.is_closing() && !c.has_output()) || c.is_lingering())
+            .map(|(key, _)| key)
+            .collect();
+        for key in idle {
+            self.close(key);
+        }
+    }
+
+    fn close(&mut self, key: usize) {
+        let mut connection = self.connections.remove(key);
+        let _ = self.poll.registry().deregister(connection.socket());
+    }
+}

@@ -1,0 +1,301 @@
+//! One index: dense rows of vectors, ids and metadata, and an id -> row map.
+//!
+//! Row `r` owns `vectors[r*dims .. (r+1)*dims]`, `ids[r]`, `metadata[r]` and,
+//! for cosine, `inverse_norms[r]`. Deleting swaps the last row into the hole,
+//! so the arrays stay dense and a scan never skips tombstones.
+
+use std::fmt;
+
+use ahash::AHashMap;
+
+use super::kernels;
+use super::topk::{Candidate, TopK};
+
+/// How nearness is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Metric {
+    /// Cosine similarity, larger is nearer.
+    Cosine,
+    /// Squared Euclidean distance, smaller is nearer.
+    L2,
+    /// Inner product, larger is nearer.
+    Ip,
+}
+
+impl Metric {
+    pub const ALLOWED: &'static str = "cosine, l2, ip";
+
+    pub fn parse(name: &str) -> Option<Metric> {
+        match name {
+            "cosine" => Some(Metric::Cosine),
+            "l2" => Some(Metric::L2),
+            "ip" => Some(Metric::Ip),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::Cosine => "cosine",
+            Metric::L2 => "l2",
+            Metric::Ip => "ip",
+        }
+    }
+}
+
+/// Why one vector cannot be stored in (or searched against) an index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VectorError {
+    WrongDimensions { expected: usize, got: usize },
+    NotFinite { position: usize },
+    ZeroForCosine,
+}
+
+impl fmt::Display for VectorError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VectorError::WrongDimensions { expected, got } => {
+                write!(f, "expected {expected} dimensions, got {got}")
+            }
+            VectorError::NotFinite { position } => {
+                write!(f, "value at position {position} is not a finite 32-bit float")
+            }
+            VectorError::ZeroForCosine => {
+                write!(f, "an all-zero vector has no direction in a cosine index")
+            }
+        }
+    }
+}
+
+pub struct Index {
+    dims: usize,
+    metric: Metric,
+    vectors: Vec<f32>,
+    /// Cosine only: 1/|v| per row, so the stored vector stays exactly as given.
+    inverse_norms: Vec<f32>,
+    ids: Vec<i64>,
+    /// Each row's metadata as a JSON object text, ready to copy into a reply;
+    /// empty for `{}`.
+    metadata: Vec<Box<[u8]>>,
+    rows: AHashMap<i64, u32>,
+}
+
+impl Index {
+    pub fn new(dims: usize, metric: Metric) -> Index {
+        assert!(dims > 0);
+        Index {
+            dims,
+            metric,
+            vectors: Vec::new(),
+            inverse_norms: Vec::new(),
+            ids: Vec::new(),
+            metadata: Vec::new(),
+            rows: AHashMap::new(),
+        }
+    }
+
+    pub fn dims(&self) -> usize {
+        self.dims
+    }
+
+    pub fn metric(&self) -> Metric {
+        self.metric
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    pub fn contains(&self, id: i64) -> bool {
+        self.rows.contains_key(&id)
+    }
+
+    /// Checks a vector against this index: length, finiteness, and (cosine) a direction.
+    pub fn check_vector(&self, vector: &[f32]) -> Result<(), VectorError> {
+        if vector.len() != self.dims {
+            return Err(VectorError::WrongDimensions { expected: self.dims, got: vector.len() });
+        }
+        if let Some(position) = vector.iter().position(|x| !x.is_finite()) {
+            return Err(VectorError::NotFinite { position });
+        }
+        if self.metric == Metric::Cosine && vector.iter().all(|&x| x == 0.0) {
+            return Err(VectorError::ZeroForCosine);
+        }
+        Ok(())
+    }
+
+    /// Stores or replaces the embedding `id`. The vector must have passed `check_vector`.
+    pub fn upsert(&mut self, id: i64, vector: &[f32], metadata: &[u8]) {
+        debug_assert_eq!(self.check_vector(vector), Ok(()));
+        let inverse_norm = match self.metric {
+            Metric::Cosine => kernels::inverse_norm(vector),
+            Metric::L2 | Metric::Ip => 0.0,
+        };
+        match self.rows.get(&id) {
+            Some(&row) => {
+                let row = row as usize;
+                self.vectors[row * self.dims..(row + 1) * self.dims].copy_from_slice(vector);
+                if self.metric == Metric::Cosine {
+                    self.inverse_norms[row] = inverse_norm;
+                }
+                if *self.metadata[row] != *metadata {
+                    self.metadata[row] = metadata.into();
+                }
+            }
+            None => {
+                let row = u32::try_from(self.ids.len()).expect("an index holds at most 2^32 rows");
+                self.vectors.extend_from_slice(vector);
+                if self.metric == Metric::Cosine {
+                    self.inverse_norms.push(inverse_norm);
+                }
+                self.ids.push(id);
+                self.metadata.push(metadata.into());
+                self.rows.insert(id, row);
+            }
+        }
+    }
+
+    /// Removes the embedding `id`; false if there was none.
+    pub fn delete(&mut self, id: i64) -> bool {
+        let Some(row) = self.rows.remove(&id) else {
+            return false;
+        };
+        let row = row as usize;
+        let last = self.ids.len() - 1;
+        if row != last {
+            let (dims, moved_id) = (self.dims, self.ids[last]);
+            self.vectors.copy_within(last * dims..(last + 1) * dims, row * dims);
+            self.rows.insert(moved_id, row as u32);
+        }
+        self.vectors.truncate(last * self.dims);
+        self.ids.swap_remove(row);
+        self.metadata.swap_remove(row);
+        if self.metric == Metric::Cosine {
+            self.inverse_norms.swap_remove(row);
+        }
+        true
+    }
+
+    /// The stored vector and metadata text of `id`.
+    pub fn get(&self, id: i64) -> Option<(&[f32], &[u8])> {
+        let row = *self.rows.get(&id)? as usize;
+        Some((&self.vectors[row * self.dims..(row + 1) * self.dims], &self.metadata[row]))
+    }
+
+    pub fn metadata_of_row(&self, row: u32) -> &[u8] {
+        &self.metadata[row as usize]
+    }
+
+    /// Exact search: leaves the `k` nearest rows in `top`. The query must have
+    /// passed `check_vector`.
+    pub fn search(&self, query: &[f32], k: usize, top: &mut TopK) {
+        top.reset(k.min(self.len()));
+        let rows = self.vectors.chunks_exact(self.dims).zip(&self.ids).enumerate();
+        match self.metric {
+            Metric::Cosine => {
+                // Scaling the query does not change the order; doing it once
+                // keeps the similarities comparable in magnitude to 1.
+                let query_scale = kernels::inverse_norm(query);
+                for (row, (vector, &id)) in rows {
+                    let similarity = kernels::dot(query, vector) * self.inverse_norms[row];
+                    offer(top, -(similarity * query_scale), id, row);
+                }
+            }
+            Metric::Ip => {
+                for (row, (vector, &id)) in rows {
+                    offer(top, -kernels::dot(query, vector), id, row);
+                }
+            }
+            Metric::L2 => {
+                for (row, (vector, &id)) in rows {
+                    offer(top, kernels::l2_squared(query, vector), id, row);
+                }
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn offer(top: &mut TopK, distance: f32, id: i64, row: usize) {
+    if let Some(threshold) = top.threshold() {
+        // Strictly farther than the farthest kept: cannot enter (ties still
+        // go to `push`, which breaks them by id).
+        if distance > threshold {
+            return;
+        }
+    }
+    top.push(Candidate { distance, id, row: row as u32 });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids_of(index: &Index, query: &[f32], k: usize) -> Vec<i64> {
+        let mut top = TopK::new();
+        index.search(query, k, &mut top);
+        top.sorted().iter().map(|c| c.id).collect()
+    }
+
+    #[test]
+    fn swap_remove_keeps_rows_consistent() {
+        let mut index = Index::new(2, Metric::L2);
+        for id in 0..5 {
+            index.upsert(id, &[id as f32, 0.0], format!("{{\"n\":\"{id}\"}}").as_bytes());
+        }
+        assert!(index.delete(1));
+        assert!(!index.delete(1));
+        assert_eq!(index.len(), 4);
+        for id in [0, 2, 3, 4] {
+            let (vector, metadata) = index.get(id).unwrap();
+            assert_eq!(vector, &[id as f32, 0.0]);
+            assert_eq!(metadata, format!("{{\"n\":\"{id}\"}}").as_bytes());
+        }
+        assert_eq!(ids_of(&index, &[1.0, 0.0], 2), vec![0, 2]);
+    }
+
+    #[test]
+    fn upsert_replaces_in_place() {
+        let mut index = Index::new(1, Metric::Ip);
+        index.upsert(7, &[1.0], b"");
+        index.upsert(7, &[3.0], b"{\"a\":\"b\"}");
+        assert_eq!(index.len(), 1);
+        assert_eq!(index.get(7).unwrap(), (&[3.0f32][..], &b"{\"a\":\"b\"}"[..]));
+    }
+
+    #[test]
+    fn metrics_rank_as_documented() {
+        let mut cosine = Index::new(2, Metric::Cosine);
+        let mut ip = Index::new(2, Metric::Ip);
+        let mut l2 = Index::new(2, Metric::L2);
+        for (id, v) in [(1, [1.0, 0.0]), (2, [10.0, 1.0]), (3, [0.0, 1.0])] {
+            cosine.upsert(id, &v, b"");
+            ip.upsert(id, &v, b"");
+            l2.upsert(id, &v, b"");
+        }
+        assert_eq!(ids_of(&cosine, &[1.0, 0.0], 3), vec![1, 2, 3]);
+        assert_eq!(ids_of(&ip, &[1.0, 0.0], 3), vec![2, 1, 3]);
+        assert_eq!(ids_of(&l2, &[1.0, 0.0], 3), vec![1, 3, 2]);
+    }
+
+    #[test]
+    fn cosine_keeps_the_stored_vector_exact() {
+        let mut index = Index::new(3, Metric::Cosine);
+        let v = [0.1f32, 3.0e-7, 12345.678];
+        index.upsert(1, &v, b"");
+        assert_eq!(index.get(1).unwrap().0, &v);
+    }
+
+    #[test]
+    fn check_vector_reports_each_problem() {
+        let index = Index::new(2, Metric::Cosine);
+        assert_eq!(index.check_vector(&[1.0]), Err(VectorError::WrongDimensions { expected: 2, got: 1 }));
+        assert_eq!(index.check_vector(&[1.0, f32::INFINITY]), Err(VectorError::NotFinite { position: 1 }));
+        assert_eq!(index.check_vector(&[0.0, -0.0]), Err(VectorError::ZeroForCosine));
+        assert_eq!(Index::new(2, Metric::L2).check_vector(&[0.0, 0.0]), Ok(()));
+    }
+}

@@ -1,0 +1,127 @@
+//! The in-memory state: named indexes of embeddings.
+//!
+//! Reads go straight to an [`Index`]. Every change goes through
+//! [`Store::apply`] as a [`Mutation`] that has already been validated, so a
+//! write-ahead log can record exactly what is applied, in the order applied.
+//! This module knows nothing of HTTP, JSON or sockets.
+
+pub mod index;
+pub mod kernels;
+pub mod topk;
+
+use std::collections::BTreeMap;
+
+pub use index::{Index, Metric, VectorError};
+
+/// Decoded embeddings of one request, in flat reusable buffers.
+///
+/// Item `i` has id `ids[i]`, vector `values[vector_spans[i]]` and metadata
+/// text `metadata[metadata_spans[i]]` (a JSON object, empty for `{}`).
+#[derive(Default, Debug)]
+pub struct Batch {
+    pub ids: Vec<i64>,
+    pub values: Vec<f32>,
+    pub vector_spans: Vec<(u32, u32)>,
+    pub metadata: Vec<u8>,
+    pub metadata_spans: Vec<(u32, u32)>,
+}
+
+impl Batch {
+    pub fn clear(&mut self) {
+        self.ids.clear();
+        self.values.clear();
+        self.vector_spans.clear();
+        self.metadata.clear();
+        self.metadata_spans.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    pub fn vector(&self, item: usize) -> &[f32] {
+        let (start, len) = self.vector_spans[item];
+        &self.values[start as usize..(start + len) as usize]
+    }
+
+    pub fn metadata(&self, item: usize) -> &[u8] {
+        let (start, len) = self.metadata_spans[item];
+        &self.metadata[start as usize..(start + len) as usize]
+    }
+}
+
+/// A validated change to the store.
+#[derive(Clone, Copy, Debug)]
+pub enum Mutation<'a> {
+    CreateIndex {
+        name: &'a str,
+        dims: usize,
+        metric: Metric,
+    },
+    DropIndex {
+        name: &'a str,
+    },
+    /// Stores the listed items of `batch` (each already checked against the index).
+    Upsert {
+        index: &'a str,
+        batch: &'a Batch,
+        items: &'a [u32],
+    },
+    /// Removes the given ids (each known to exist).
+    Delete {
+        index: &'a str,
+        ids: &'a [i64],
+    },
+}
+
+/// All indexes, by name; a `BTreeMap` so listing is sorted without work.
+#[derive(Default)]
+pub struct Store {
+    indexes: BTreeMap<String, Index>,
+}
+
+impl Store {
+    pub fn new() -> Store {
+        Store::default()
+    }
+
+    pub fn index(&self, name: &str) -> Option<&Index> {
+        self.indexes.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.indexes.keys().map(String::as_str)
+    }
+
+    /// Applies a validated mutation. Panics if it was not validated: that is
+    /// our bug, not the client's.
+    pub fn apply(&mut self, mutation: &Mutation<'_>) {
+        match *mutation {
+            Mutation::CreateIndex { name, dims, metric } => {
+                let previous = self.indexes.insert(name.to_owned(), Index::new(dims, metric));
+                assert!(previous.is_none(), "create of existing index {name}");
+            }
+            Mutation::DropIndex { name } => {
+                self.indexes.remove(name).expect("drop of missing index");
+            }
+            Mutation::Upsert { index, batch, items } => {
+                let index = self.indexes.get_mut(index).expect("upsert into missing index");
+                for &item in items {
+                    let item = item as usize;
+                    index.upsert(batch.ids[item], batch.vector(item), batch.metadata(item));
+                }
+            }
+            Mutation::Delete { index, ids } => {
+                let index = self.indexes.get_mut(index).expect("delete from missing index");
+                for &id in ids {
+                    let existed = index.delete(id);
+                    assert!(existed, "delete of missing id {id}");
+                }
+            }
+        }
+    }
+}
