@@ -118,9 +118,12 @@ impl Connection {
             match self.parser.advance(&mut self.read) {
                 Event::Head => {
                     self.request_started.get_or_insert(now);
-                    self.on_head(app, shutting_down);
+                    self.on_head(app);
                 }
                 Event::Request => {
+                    if shutting_down {
+                        self.parser.head.keep_alive = false;
+                    }
                     self.answer(app);
                     requests += 1;
                     if requests >= REQUESTS_PER_TICK_MAX {
@@ -159,10 +162,7 @@ impl Connection {
         }
     }
 
-    fn on_head(&mut self, app: &mut App, shutting_down: bool) {
-        if shutting_down {
-            self.parser.head.keep_alive = false;
-        }
+    fn on_head(&mut self, app: &mut App) {
         let verdict = app.admit(&self.parser.head);
         let has_body = self.parser.head.framing != Framing::None;
         match &verdict {

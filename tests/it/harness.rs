@@ -1,0 +1,271 @@
+//! Starts the real `quiver` binary on a free port with a temporary data
+//! directory, and talks to it with a small raw-TCP HTTP client.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub const KEY: &str = "test-key-0123456789";
+
+pub struct Server {
+    pub child: Child,
+    pub addr: SocketAddr,
+    /// The start-up log line, for tests that read it.
+    pub log_line: String,
+    dir: Option<tempfile::TempDir>,
+    data_dir: PathBuf,
+}
+
+impl Server {
+    pub fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    /// Starts with the test key and extra flags.
+    pub fn start_with(extra: &[&str]) -> Server {
+        let mut args = vec!["--api-key", KEY];
+        args.extend_from_slice(extra);
+        Server::start_raw(&args, &[])
+    }
+
+    /// Starts with exactly these flags and environment (plus host, port and data directory).
+    pub fn start_raw(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let data_dir = dir.path().join("data");
+        Server::start_in(Some(dir), data_dir, args, env)
+    }
+
+    pub fn start_in(dir: Option<tempfile::TempDir>, data_dir: PathBuf, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_quiver"));
+        command.args(["--host", "127.0.0.1", "--port", "0", "--data-dir"]).arg(&data_dir).args(args);
+        command.env_remove("QUIVER_API_KEY");
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("start quiver");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut log_line = String::new();
+        loop {
+            log_line.clear();
+            if stderr.read_line(&mut log_line).unwrap() == 0 {
+                panic!("quiver exited before listening: {:?}", child.wait());
+            }
+            if log_line.contains("listening on ") {
+                break;
+            }
+        }
+        let addr = log_line.split("listening on ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+        // Keep draining the log so the server never blocks on a full pipe.
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        Server { child, addr, log_line, dir, data_dir }
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    pub fn connect(&self) -> Client {
+        Client::connect(self.addr)
+    }
+
+    /// One request on a fresh connection, with the test key.
+    pub fn call(&self, method: &str, path: &str, body: Option<&str>) -> Response {
+        self.connect().call(method, path, body)
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        // SAFETY: signals our own child process.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        self.dir.take();
+        status
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub head: String,
+    pub body: Value,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("")
+    }
+
+    pub fn message(&self) -> &str {
+        self.body["message"].as_str().unwrap_or("")
+    }
+
+    pub fn detail(&self) -> &str {
+        self.body["error"]["detail"].as_str().unwrap_or("")
+    }
+
+    /// Asserts the envelope is consistent with the HTTP status.
+    pub fn check_envelope(&self) {
+        assert_eq!(self.body["status"].as_u64(), Some(u64::from(self.status)), "{self:?}");
+        assert!(self.body["message"].is_string(), "{self:?}");
+        assert_eq!(self.header("content-type"), Some("application/json"), "{self:?}");
+        if self.status >= 400 {
+            assert!(self.body["error"]["code"].is_string(), "{self:?}");
+            assert!(
+                self.body["error"]["description"].is_string() || self.body["error"]["description"].is_array(),
+                "{self:?}"
+            );
+        }
+    }
+}
+
+pub struct Client {
+    pub stream: TcpStream,
+    buffered: Vec<u8>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        stream.set_nodelay(true).unwrap();
+        Client { stream, buffered: Vec::new() }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    /// A request with the test key and a Content-Length body.
+    pub fn call(&mut self, method: &str, path: &str, body: Option<&str>) -> Response {
+        self.call_with(method, path, &[("X-Service-API-Key", KEY)], body)
+    }
+
+    pub fn call_with(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Response {
+        self.send(&request_bytes(method, path, headers, body));
+        self.read_response()
+    }
+
+    /// Reads one response (skipping any 100 Continue).
+    pub fn read_response(&mut self) -> Response {
+        loop {
+            let response = self.read_one();
+            if response.status != 100 {
+                return response;
+            }
+        }
+    }
+
+    fn fill(&mut self) -> usize {
+        let mut chunk = [0u8; 65536];
+        let n = self.stream.read(&mut chunk).expect("read from quiver");
+        self.buffered.extend_from_slice(&chunk[..n]);
+        n
+    }
+
+    fn read_one(&mut self) -> Response {
+        let head_end = loop {
+            if let Some(at) = self.buffered.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+            assert!(
+                self.fill() > 0,
+                "connection closed before a response: {:?}",
+                String::from_utf8_lossy(&self.buffered)
+            );
+        };
+        let head = String::from_utf8(self.buffered[..head_end].to_vec()).unwrap();
+        let status: u16 = head[9..12].parse().unwrap();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case("content-length")))
+            .map(|(_, v)| v.trim().parse().unwrap())
+            .unwrap_or(0);
+        while self.buffered.len() < head_end + length {
+            assert!(self.fill() > 0, "connection closed inside a response body");
+        }
+        let body_bytes: Vec<u8> = self.buffered.drain(..head_end + length).skip(head_end).collect();
+        let body = if body_bytes.is_empty() { Value::Null } else { serde_json::from_slice(&body_bytes).unwrap() };
+        Response { status, head, body }
+    }
+
+    /// True when the server closed the connection (EOF or reset, with nothing
+    /// more sent); false when it stays open and silent for a moment.
+    pub fn is_closed(&mut self) -> bool {
+        if !self.buffered.is_empty() {
+            return false;
+        }
+        self.stream.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        let closed = match self.stream.read(&mut [0u8; 1]) {
+            Ok(n) => n == 0,
+            Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+        };
+        self.stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        closed
+    }
+}
+
+pub fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Vec<u8> {
+    let mut text = format!("{method} {path} HTTP/1.1\r\nHost: test\r\n");
+    for (name, value) in headers {
+        text.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if let Some(body) = body {
+        text.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    text.push_str("\r\n");
+    let mut bytes = text.into_bytes();
+    if let Some(body) = body {
+        bytes.extend_from_slice(body.as_bytes());
+    }
+    bytes
+}
+
+/// splitmix64, for reproducible test data.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn float(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// Creates an index, asserting success.
+pub fn create_index(server: &Server, name: &str, dims: usize, metric: &str) {
+    let r = server.call(
+        "PUT",
+        &format!("/api/v1/indexes/{name}/create"),
+        Some(&format!(r#"{{"dimensions":{dims},"metric":"{metric}"}}"#)),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+}

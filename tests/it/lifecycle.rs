@@ -1,0 +1,123 @@
+//! The process: the API key's sources and file, the start-up log, `--help`,
+//! and a clean shutdown on SIGTERM.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
+use crate::harness::{request_bytes, Server};
+
+fn key_file(server: &Server) -> (String, u32) {
+    let path = server.data_dir().join("api_key.txt");
+    let key = std::fs::read_to_string(&path).unwrap().trim().to_owned();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    (key, mode)
+}
+
+fn status_with_key(server: &Server, key: &str) -> u16 {
+    server.connect().call_with("GET", "/api/v1/indexes/list", &[("X-Service-API-Key", key)], None).status
+}
+
+#[test]
+fn a_generated_key_is_logged_kept_0600_and_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let server = Server::start_in(None, data_dir.clone(), &[], &[]);
+    let (key, mode) = key_file(&server);
+    assert!(key.len() >= 32 && key.bytes().all(|b| b.is_ascii_hexdigit()), "{key}");
+    assert_eq!(mode, 0o600);
+    assert!(server.log_line.contains(&key), "the start-up log shows the key: {}", server.log_line);
+    assert!(server.log_line.contains(&data_dir.display().to_string()));
+    assert_eq!(status_with_key(&server, &key), 200);
+    drop(server);
+
+    // A restart on the same directory keeps the key.
+    let server = Server::start_in(None, data_dir, &[], &[]);
+    assert_eq!(key_file(&server).0, key);
+    assert_eq!(status_with_key(&server, &key), 200);
+}
+
+#[test]
+fn flag_beats_environment_beats_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    std::fs::create_dir_all(&data_dir).unwrap();
+    std::fs::write(data_dir.join("api_key.txt"), "from-file\n").unwrap();
+
+    let server = Server::start_in(None, data_dir.clone(), &[], &[]);
+    assert_eq!(status_with_key(&server, "from-file"), 200);
+    drop(server);
+
+    let server = Server::start_in(None, data_dir.clone(), &[], &[("QUIVER_API_KEY", "from-env")]);
+    assert_eq!(status_with_key(&server, "from-env"), 200);
+    assert_eq!(status_with_key(&server, "from-file"), 401);
+    assert_eq!(key_file(&server), ("from-env".to_owned(), 0o600), "the key in use is written to the file");
+    drop(server);
+
+    let server = Server::start_in(None, data_dir, &["--api-key", "from-flag"], &[("QUIVER_API_KEY", "from-env")]);
+    assert_eq!(status_with_key(&server, "from-flag"), 200);
+    assert_eq!(status_with_key(&server, "from-env"), 401);
+}
+
+#[test]
+fn help_lists_every_flag_with_its_default() {
+    let output = Command::new(env!("CARGO_BIN_EXE_quiver")).arg("--help").output().unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    for flag in [
+        "--host",
+        "--port",
+        "--data-dir",
+        "--api-key",
+        "--body-bytes-max",
+        "--head-bytes-max",
+        "--connections-max",
+        "--idle-timeout-ms",
+        "--request-timeout-ms",
+        "--dimensions-max",
+        "--k-max",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help");
+    }
+    for default in ["0.0.0.0", "8080", "./data", "268435456", "16384", "10000", "65536"] {
+        assert!(help.contains(&format!("[default: {default}]")), "default {default} missing from --help");
+    }
+}
+
+#[test]
+fn sigterm_answers_what_is_in_flight_and_exits_0() {
+    let server = Server::start();
+    let mut client = server.connect();
+    // A request whose body is still arriving when the signal comes.
+    let request = request_bytes(
+        "PUT",
+        "/api/v1/indexes/late/create",
+        &[("X-Service-API-Key", crate::harness::KEY)],
+        Some(r#"{"dimensions":2,"metric":"l2"}"#),
+    );
+    let (first, rest) = request.split_at(request.len() - 5);
+    client.send(first);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // SAFETY: signals our own child process.
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    client.send(rest);
+    let r = client.read_response();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("connection"), Some("close"));
+    let status = server.terminate();
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn a_busy_port_is_a_clear_start_up_error() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = holder.local_addr().unwrap().port().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_quiver"))
+        .args(["--host", "127.0.0.1", "--port", &port, "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot listen on"));
+}

@@ -1,0 +1,16 @@
+//! quiver's integration tests: the real binary, a real socket, a real data
+//! directory. Each module covers one concern.
+
+/// Starting the server and a raw-TCP client.
+mod harness;
+
+/// Every row of CONTRACT.md: statuses, codes and messages.
+mod contract;
+/// HTTP framing: pipelining, splits, chunked, 100-continue, limits, slow clients.
+mod http_framing;
+/// The process: API key sources, start-up log, --help, shutdown.
+mod lifecycle;
+/// Malformed bodies: 400 with a precise detail, nothing applied.
+mod malformed;
+/// Search results checked against a brute-force oracle.
+mod search_oracle;

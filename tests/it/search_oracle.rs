@@ -1,0 +1,226 @@
+//! Every search checked against a brute-force oracle computed here in f64:
+//! random data, three metrics, many dimensions, with deletes and upserts in
+//! between, and k from 1 to more than the count.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::harness::{create_index, Client, Rng, Server};
+
+#[derive(Clone, Copy, PartialEq)]
+enum Metric {
+    Cosine,
+    L2,
+    Ip,
+}
+
+impl Metric {
+    fn name(self) -> &'static str {
+        match self {
+            Metric::Cosine => "cosine",
+            Metric::L2 => "l2",
+            Metric::Ip => "ip",
+        }
+    }
+
+    /// Nearness: larger is nearer for every metric.
+    fn nearness(self, q: &[f32], v: &[f32]) -> f64 {
+        let dot: f64 = q.iter().zip(v).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+        match self {
+            Metric::Ip => dot,
+            Metric::L2 => -q.iter().zip(v).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum::<f64>(),
+            Metric::Cosine => {
+                let norm = |x: &[f32]| x.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>().sqrt();
+                dot / (norm(q) * norm(v))
+            }
+        }
+    }
+}
+
+/// The model: id -> (vector, metadata value).
+type Model = BTreeMap<i64, (Vec<f32>, String)>;
+
+fn vector(rng: &mut Rng, dims: usize) -> Vec<f32> {
+    loop {
+        let v: Vec<f32> = (0..dims).map(|_| rng.float()).collect();
+        if v.iter().any(|&x| x != 0.0) {
+            return v;
+        }
+    }
+}
+
+fn write_batch(client: &mut Client, index: &str, endpoint: &str, items: &[(i64, Vec<f32>, String)]) {
+    let embeddings: Vec<Value> =
+        items.iter().map(|(id, v, tag)| serde_json::json!({"id": id, "data": v, "metadata": {"tag": tag}})).collect();
+    let body = serde_json::json!({ "embeddings": embeddings }).to_string();
+    let r = client.call("PUT", &format!("/api/v1/embeddings/{index}/{endpoint}"), Some(&body));
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
+/// Asserts that the server's hits are the true k nearest, in order.
+fn check_search(client: &mut Client, index: &str, metric: Metric, model: &Model, query: &[f32], k: usize) {
+    let body = serde_json::json!({"queryVector": query, "k": k}).to_string();
+    let r = client.call("POST", &format!("/api/v1/embeddings/{index}/search"), Some(&body));
+    assert_eq!(r.status, 200, "{r:?}");
+    let hits = r.body["data"]["nearest_neighbors"].as_object().unwrap();
+    let expected_len = k.min(model.len());
+    assert_eq!(hits.len(), expected_len, "k={k} n={}", model.len());
+
+    let mut by_rank = vec![None; hits.len()];
+    for (id, hit) in hits {
+        let id: i64 = id.parse().unwrap();
+        let rank = hit["rank"].as_u64().unwrap() as usize;
+        assert!(by_rank[rank].is_none(), "rank {rank} given twice");
+        by_rank[rank] = Some(id);
+        let (_, tag) = model.get(&id).unwrap_or_else(|| panic!("id {id} is not live"));
+        assert_eq!(hit["metadata"]["tag"].as_str(), Some(tag.as_str()));
+    }
+    let ranked: Vec<i64> = by_rank.into_iter().map(Option::unwrap).collect();
+
+    // The oracle: every live embedding's nearness, best first, ties by id.
+    let mut oracle: Vec<(f64, i64)> = model.iter().map(|(&id, (v, _))| (metric.nearness(query, v), id)).collect();
+    oracle.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let scale = oracle.iter().map(|(s, _)| s.abs()).fold(1.0, f64::max);
+    let tolerance = 1e-5 * scale;
+    for (rank, &id) in ranked.iter().enumerate() {
+        let got = metric.nearness(query, &model[&id].0);
+        let want = oracle[rank].0;
+        // Ranked hits carry the oracle's rank-th nearness (f32 rounding aside):
+        // the set is the true top k and the order is nearest first.
+        assert!(
+            (got - want).abs() <= tolerance,
+            "rank {rank}: id {id} has {got}, oracle has {want} (id {})",
+            oracle[rank].1
+        );
+    }
+    // Exact agreement where the data leaves no doubt: equal to the oracle
+    // wherever neighbouring scores are farther apart than the tolerance.
+    for rank in 0..expected_len {
+        let separated = |r: usize| r >= oracle.len() || (oracle[r].0 - oracle[rank].0).abs() > 2.0 * tolerance;
+        if (rank == 0 || separated(rank - 1)) && separated(rank + 1) {
+            assert_eq!(ranked[rank], oracle[rank].1, "rank {rank} of k={k}");
+        }
+    }
+}
+
+fn run_oracle(metric: Metric, dims: usize, count: usize, seed: u64) {
+    let server = Server::start();
+    let index = format!("{}-{dims}", metric.name());
+    create_index(&server, &index, dims, metric.name());
+    let mut client = server.connect();
+    let mut rng = Rng(seed);
+    let mut model = Model::new();
+
+    let items: Vec<(i64, Vec<f32>, String)> =
+        (0..count as i64).map(|id| (id * 3 - 50, vector(&mut rng, dims), format!("t{id}"))).collect();
+    for chunk in items.chunks(97) {
+        write_batch(&mut client, &index, "insert", chunk);
+    }
+    for (id, v, tag) in items {
+        model.insert(id, (v, tag));
+    }
+    let ks = [1, 2, 5, 10, count / 2, count, count + 7];
+    for round in 0..3 {
+        for &k in &ks {
+            let query = vector(&mut rng, dims);
+            check_search(&mut client, &index, metric, &model, &query, k.max(1));
+        }
+        // A query equal to a stored vector finds it first (not under ip, where
+        // a longer vector can be nearer, nor cosine in one dimension, where
+        // every vector of the same sign has similarity 1).
+        if metric == Metric::L2 || (metric == Metric::Cosine && dims >= 3) {
+            let (&id, (v, _)) = model.iter().nth(rng.below(model.len() as u64) as usize).unwrap();
+            let v = v.clone();
+            check_search(&mut client, &index, metric, &model, &v, 3);
+            let body = serde_json::json!({"queryVector": v, "k": 1}).to_string();
+            let r = client.call("POST", &format!("/api/v1/embeddings/{index}/search"), Some(&body));
+            assert_eq!(r.body["data"]["nearest_neighbors"][id.to_string()]["rank"], 0, "round {round}");
+        }
+        // Deletes (some of them absent ids), upserts of existing and new ids.
+        let live: Vec<i64> = model.keys().copied().collect();
+        let doomed: Vec<i64> = (0..count / 5).map(|_| live[rng.below(live.len() as u64) as usize]).collect();
+        let body = serde_json::json!({ "ids": doomed }).to_string();
+        client.call("DELETE", &format!("/api/v1/embeddings/{index}/delete"), Some(&body));
+        for id in &doomed {
+            model.remove(id);
+        }
+        let changes: Vec<(i64, Vec<f32>, String)> = (0..count / 4)
+            .map(|n| {
+                let id = if n % 2 == 0 {
+                    live[rng.below(live.len() as u64) as usize]
+                } else {
+                    100_000 + round * 1000 + n as i64
+                };
+                (id, vector(&mut rng, dims), format!("u{round}-{n}"))
+            })
+            .collect();
+        write_batch(&mut client, &index, "upsert", &changes);
+        for (id, v, tag) in changes {
+            model.insert(id, (v, tag));
+        }
+    }
+    // Finally delete everything: an empty index answers with no neighbours.
+    let all: Vec<i64> = model.keys().copied().collect();
+    let r = client.call(
+        "DELETE",
+        &format!("/api/v1/embeddings/{index}/delete"),
+        Some(&serde_json::json!({"ids": all}).to_string()),
+    );
+    assert_eq!(r.status, 200);
+    model.clear();
+    check_search(&mut client, &index, metric, &model, &vector(&mut rng, dims), 5);
+}
+
+#[test]
+fn cosine_matches_the_oracle() {
+    for (n, dims) in [1, 3, 7, 8, 9, 31].into_iter().enumerate() {
+        run_oracle(Metric::Cosine, dims, 120, 10 + n as u64);
+    }
+}
+
+#[test]
+fn l2_matches_the_oracle() {
+    for (n, dims) in [1, 3, 7, 8, 9, 31].into_iter().enumerate() {
+        run_oracle(Metric::L2, dims, 120, 20 + n as u64);
+    }
+}
+
+#[test]
+fn ip_matches_the_oracle() {
+    for (n, dims) in [1, 3, 7, 8, 9, 31].into_iter().enumerate() {
+        run_oracle(Metric::Ip, dims, 120, 30 + n as u64);
+    }
+}
+
+#[test]
+fn dims_768_match_the_oracle_in_every_metric() {
+    for (n, metric) in [Metric::Cosine, Metric::L2, Metric::Ip].into_iter().enumerate() {
+        run_oracle(metric, 768, 300, 40 + n as u64);
+    }
+}
+
+#[test]
+fn equal_scores_rank_by_id_ascending() {
+    let server = Server::start();
+    for metric in ["cosine", "l2", "ip"] {
+        let index = format!("ties-{metric}");
+        create_index(&server, &index, 3, metric);
+        let mut client = server.connect();
+        // Identical vectors under shuffled ids, plus one clearly nearer.
+        let items: Vec<(i64, Vec<f32>, String)> = [42, -7, 13, 8, 1000, 0]
+            .into_iter()
+            .map(|id| (id, vec![0.5, 0.25, -1.0], format!("{id}")))
+            .chain([(99, vec![1.0, 1.0, 1.0], "near".to_owned())])
+            .collect();
+        write_batch(&mut client, &index, "insert", &items);
+        let body = r#"{"queryVector":[1.0,1.0,1.0],"k":5}"#;
+        let r = client.call("POST", &format!("/api/v1/embeddings/{index}/search"), Some(body));
+        let hits = r.body["data"]["nearest_neighbors"].as_object().unwrap();
+        let mut ranked: Vec<(u64, i64)> =
+            hits.iter().map(|(id, h)| (h["rank"].as_u64().unwrap(), id.parse().unwrap())).collect();
+        ranked.sort();
+        let ids: Vec<i64> = ranked.into_iter().map(|(_, id)| id).collect();
+        assert_eq!(ids, vec![99, -7, 0, 8, 13], "{metric}");
+    }
+}
