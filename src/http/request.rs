@@ -434,36 +434,44 @@ fn parse_content_length(value: &[u8]) -> Result<usize, HttpError> {
     Ok(digits.iter().fold(0usize, |n, d| n * 10 + usize::from(d - b'0')))
 }
 
+/// One request as `parse_in_pieces` reports it: method, path and body, or the
+/// error that ended the connection.
+pub type Parsed = Result<(Method, String, Vec<u8>), HttpError>;
+
+/// Feeds `bytes` to a parser `piece_bytes` at a time, as a socket might
+/// deliver them, and lists what it parsed. The split must not matter: this is
+/// the property the unit tests and the `http_request` fuzz target check.
+pub fn parse_in_pieces(bytes: &[u8], piece_bytes: usize, head_bytes_max: usize, body_bytes_max: usize) -> Vec<Parsed> {
+    let mut parser = Parser::new(head_bytes_max, body_bytes_max);
+    let mut buf = ReadBuf::with_capacity(16);
+    let mut out = Vec::new();
+    for piece in bytes.chunks(piece_bytes.max(1)) {
+        buf.extend(piece);
+        loop {
+            match parser.advance(&mut buf) {
+                Event::NeedMore => break,
+                Event::Head => continue,
+                Event::Request => {
+                    let (head, body) = parser.request(&mut buf);
+                    out.push(Ok((head.method, head.path.clone(), body.to_vec())));
+                    parser.finish(&mut buf);
+                }
+                Event::Error(e) => {
+                    out.push(Err(e));
+                    return out;
+                }
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    type Parsed = Result<(Method, String, Vec<u8>), HttpError>;
-
-    /// Feeds `bytes` in pieces of `step` and collects (method, path, body) or the error.
     fn parse_all(bytes: &[u8], step: usize) -> Vec<Parsed> {
-        let mut parser = Parser::new(1024, 1 << 20);
-        let mut buf = ReadBuf::with_capacity(16);
-        let mut out = Vec::new();
-        for piece in bytes.chunks(step.max(1)) {
-            buf.extend(piece);
-            loop {
-                match parser.advance(&mut buf) {
-                    Event::NeedMore => break,
-                    Event::Head => continue,
-                    Event::Request => {
-                        let (head, body) = parser.request(&mut buf);
-                        out.push(Ok((head.method, head.path.clone(), body.to_vec())));
-                        parser.finish(&mut buf);
-                    }
-                    Event::Error(e) => {
-                        out.push(Err(e));
-                        return out;
-                    }
-                }
-            }
-        }
-        out
+        parse_in_pieces(bytes, step, 1024, 1 << 20)
     }
 
     const PIPELINE: &[u8] = b"GET /a?x=1 HTTP/1.1\r\nHost: h\r\n\r\n\

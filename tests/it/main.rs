@@ -12,5 +12,7 @@ mod http_framing;
 mod lifecycle;
 /// Malformed bodies: 400 with a precise detail, nothing applied.
 mod malformed;
+/// The README's curl examples, as written.
+mod readme;
 /// Search results checked against a brute-force oracle.
 mod search_oracle;

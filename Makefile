@@ -1,0 +1,43 @@
+# quiver: `make run` builds and starts the server; `make test` runs every test.
+# Both work on a fresh machine with a Rust toolchain; `make tools` checks it.
+
+CARGO      ?= cargo
+PORT       ?= 8080
+DATA_DIR   ?= ./data
+# The server is built for this machine's CPU (AVX2/FMA/AVX-512 where present),
+# in its own target directory so it never invalidates the baseline test build.
+NATIVE      = RUSTFLAGS="-C target-cpu=native" CARGO_TARGET_DIR=target/native
+SERVER_BIN  = target/native/release/quiver
+
+.PHONY: run build test lint bench tools clean
+
+run: tools
+	$(NATIVE) $(CARGO) build --release --locked
+	$(SERVER_BIN) --port $(PORT) --data-dir $(DATA_DIR)
+
+build: tools
+	$(NATIVE) $(CARGO) build --release --locked
+
+# Everything on the baseline target (what any x86-64 runs), then the library's
+# unit tests again built for this CPU, so the SIMD paths the server uses are
+# checked against their scalar references too.
+test: tools
+	$(CARGO) test --locked
+	$(NATIVE) $(CARGO) test --locked --lib
+
+lint: tools
+	$(CARGO) fmt --check
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+bench: tools
+	$(NATIVE) $(CARGO) bench --locked
+
+tools:
+	@command -v $(CARGO) >/dev/null 2>&1 || { \
+	  echo "quiver needs a Rust toolchain (cargo). Install it with:"; \
+	  echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh"; \
+	  exit 1; }
+	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt clippy
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,58 @@
+//! The README's curl examples, run as written against a real server.
+
+use std::process::Command;
+
+use crate::harness::Server;
+
+/// The commands of the README's first `sh` block after "Using it with curl",
+/// with continuation lines (and quoted arguments spanning lines) joined.
+fn readme_commands() -> Vec<String> {
+    let readme = include_str!("../../README.md");
+    let section = readme.split("## Using it with curl").nth(1).expect("the curl section");
+    let block = section.split("```sh\n").nth(1).unwrap().split("```").next().unwrap();
+    let mut commands = Vec::new();
+    let mut current = String::new();
+    for line in block.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match line.strip_suffix('\\') {
+            Some(part) => current.push_str(part),
+            None => {
+                current.push_str(line);
+                // A single-quoted argument may go on over several lines.
+                if current.matches('\'').count() % 2 == 1 {
+                    current.push(' ');
+                    continue;
+                }
+                commands.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    commands
+}
+
+#[test]
+fn every_curl_example_works_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    // The examples read the key from `data/api_key.txt` relative to where they run.
+    let server = Server::start_in(None, dir.path().join("data"), &[], &[]);
+    let commands = readme_commands();
+    let (setup, calls): (Vec<_>, Vec<_>) = commands.iter().partition(|c| !c.starts_with("curl"));
+    assert_eq!(setup.len(), 2, "{setup:?}");
+    assert_eq!(calls.len(), 10, "one example per endpoint");
+    let prelude =
+        setup.iter().map(|c| c.replace("127.0.0.1:8080", &server.addr.to_string())).collect::<Vec<_>>().join("; ");
+    for call in calls {
+        let output = Command::new("bash")
+            .arg("-c")
+            .arg(format!("{prelude}; {call}"))
+            .current_dir(dir.path())
+            .output()
+            .expect("bash and curl");
+        let reply: serde_json::Value = serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|e| panic!("{call}: {e}: {}", String::from_utf8_lossy(&output.stdout)));
+        assert_eq!(reply["status"], 200, "{call}: {reply}");
+    }
+}
