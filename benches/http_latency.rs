@@ -1,0 +1,93 @@
+//! End-to-end latency over HTTP against the release server: inserts of
+//! 1,000 x 768 embeddings into a cosine index until it holds 10,000, then
+//! k=10 searches of it. Prints the median and 90th percentile of each.
+//!
+//! Run with `make bench` (or `cargo bench --bench http_latency`).
+
+#[allow(dead_code)]
+#[path = "../tests/it/harness.rs"]
+mod harness;
+
+use std::time::{Duration, Instant};
+
+use harness::{create_index, Rng, Server};
+
+const DIMS: usize = 768;
+const BATCH: usize = 1_000;
+const BATCHES: usize = 10;
+const SEARCHES: usize = 200;
+
+fn vector_text(rng: &mut Rng, out: &mut String) {
+    out.push('[');
+    for d in 0..DIMS {
+        if d > 0 {
+            out.push(',');
+        }
+        out.push_str(&rng.float().to_string());
+    }
+    out.push(']');
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort();
+    samples[((samples.len() - 1) as f64 * p).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn main() {
+    // `cargo bench` passes flags such as `--bench`; this program takes none.
+    let server = Server::start();
+    create_index(&server, "bench", DIMS, "cosine");
+    let mut client = server.connect();
+    let mut rng = Rng(7);
+
+    let mut inserts = Vec::new();
+    let mut body_bytes = 0;
+    for batch in 0..BATCHES {
+        let mut body = String::from(r#"{"embeddings":["#);
+        for i in 0..BATCH {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(&format!(r#"{{"id":{},"metadata":{{"n":"{i}"}},"data":"#, batch * BATCH + i));
+            vector_text(&mut rng, &mut body);
+            body.push('}');
+        }
+        body.push_str("]}");
+        body_bytes = body.len();
+        let started = Instant::now();
+        let r = client.call("PUT", "/api/v1/embeddings/bench/insert", Some(&body));
+        inserts.push(started.elapsed());
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+
+    let mut searches = Vec::new();
+    for _ in 0..SEARCHES {
+        let mut body = String::from(r#"{"k":10,"queryVector":"#);
+        vector_text(&mut rng, &mut body);
+        body.push('}');
+        let started = Instant::now();
+        let r = client.call("POST", "/api/v1/embeddings/bench/search", Some(&body));
+        searches.push(started.elapsed());
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+
+    let insert_p50 = percentile(&mut inserts, 0.5);
+    println!("http_latency (release server, one keep-alive client, loopback)");
+    println!(
+        "  insert 1,000 x 768 ({:.1} MB JSON): median {}, p90 {} ({:.0} MB/s, {:.0} vectors/s) over {BATCHES} runs",
+        body_bytes as f64 / 1e6,
+        ms(insert_p50),
+        ms(percentile(&mut inserts, 0.9)),
+        body_bytes as f64 / 1e6 / insert_p50.as_secs_f64(),
+        BATCH as f64 / insert_p50.as_secs_f64(),
+    );
+    println!(
+        "  search 10,000 x 768 cosine, k=10: median {}, p90 {} over {SEARCHES} runs",
+        ms(percentile(&mut searches, 0.5)),
+        ms(percentile(&mut searches, 0.9)),
+    );
+}
