@@ -3,8 +3,8 @@
 //!
 //! The SIMD kernels keep four independent 8-lane accumulators so that the
 //! floating-point adds of consecutive blocks do not wait on each other; a
-//! remainder shorter than 8 is zero-padded into one more lane block, which adds
-//! nothing to a dot product or to a squared distance.
+//! remainder shorter than 8 is summed by plain scalar code, which is cheaper
+//! than building a zero-padded lane block for it.
 
 use wide::f32x8;
 
@@ -36,11 +36,8 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     for (x, y) in (&mut x_chunks).zip(&mut y_chunks) {
         acc[0] = load(x).mul_add(load(y), acc[0]);
     }
-    let (x_tail, y_tail) = (x_chunks.remainder(), y_chunks.remainder());
-    if !x_tail.is_empty() {
-        acc[1] = f32x8::from(x_tail).mul_add(f32x8::from(y_tail), acc[1]);
-    }
-    ((acc[0] + acc[1]) + (acc[2] + acc[3])).reduce_add()
+    let tail = scalar::dot(x_chunks.remainder(), y_chunks.remainder());
+    ((acc[0] + acc[1]) + (acc[2] + acc[3])).reduce_add() + tail
 }
 
 /// Squared Euclidean distance of two equally long vectors.
@@ -64,12 +61,8 @@ pub fn l2_squared(a: &[f32], b: &[f32]) -> f32 {
         let d = load(x) - load(y);
         acc[0] = d.mul_add(d, acc[0]);
     }
-    let (x_tail, y_tail) = (x_chunks.remainder(), y_chunks.remainder());
-    if !x_tail.is_empty() {
-        let d = f32x8::from(x_tail) - f32x8::from(y_tail);
-        acc[1] = d.mul_add(d, acc[1]);
-    }
-    ((acc[0] + acc[1]) + (acc[2] + acc[3])).reduce_add()
+    let tail = scalar::l2_squared(x_chunks.remainder(), y_chunks.remainder());
+    ((acc[0] + acc[1]) + (acc[2] + acc[3])).reduce_add() + tail
 }
 
 /// The reciprocal of a vector's Euclidean norm, computed in f64 so that the
