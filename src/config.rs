@@ -54,6 +54,15 @@ pub struct Config {
     /// Largest k a search may ask for.
     #[arg(long, default_value_t = limits::K_MAX_DEFAULT)]
     pub k_max: usize,
+
+    /// Write a snapshot (in a forked process) once the log has grown this many bytes.
+    #[arg(long, default_value_t = limits::SNAPSHOT_LOG_BYTES_DEFAULT)]
+    pub snapshot_log_bytes: u64,
+
+    /// If the log is damaged before its end, cut it there (dropping every record after
+    /// the damage) instead of refusing to start.
+    #[arg(long)]
+    pub repair_log: bool,
 }
 
 impl Config {

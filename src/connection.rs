@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use mio::net::TcpStream;
 
 use crate::api::{ApiError, App, Target};
+use crate::db::StorageError;
 use crate::http::{Event, Framing, Parser, ReadBuf};
 use crate::limits::{
     READ_BUF_INITIAL_BYTES, READ_BUF_KEEP_BYTES_MAX, READ_BYTES_PER_TICK_MAX, READ_CHUNK_BYTES, REQUESTS_PER_TICK_MAX,
@@ -46,9 +47,12 @@ pub struct Connection {
     socket: TcpStream,
     read: ReadBuf,
     parser: Parser,
-    /// Replies not yet sent. Invariant: `written <= write.len()`.
+    /// Replies not yet sent. Invariant: `written <= sync_mark offset (if any) <= write.len()`.
     write: Vec<u8>,
     written: usize,
+    /// Where the answer to a write starts that may not leave before the log
+    /// is synced, and whether that request kept the connection alive.
+    sync_mark: Option<(usize, bool)>,
     /// The verdict on the current request, taken when its head arrived.
     admitted: Option<Result<Target, ApiError>>,
     /// Edge-triggered readiness: the socket may hold unread bytes.
@@ -71,6 +75,7 @@ impl Connection {
             parser: Parser::new(head_bytes_max, body_bytes_max),
             write: Vec::new(),
             written: 0,
+            sync_mark: None,
             admitted: None,
             readable: true,
             closing: false,
@@ -121,12 +126,20 @@ impl Connection {
                     self.on_head(app);
                 }
                 Event::Request => {
+                    if let Some(Ok(target)) = &self.admitted {
+                        if app.must_wait(target) {
+                            // Another connection's write awaits its sync this tick.
+                            return Progress::MoreWork;
+                        }
+                    }
                     if shutting_down {
                         self.parser.head.keep_alive = false;
                     }
-                    self.answer(app);
+                    let mutated = self.answer(app);
                     requests += 1;
-                    if requests >= REQUESTS_PER_TICK_MAX {
+                    // One write per connection per tick: its answer waits for
+                    // the sync, and what follows it waits for that answer.
+                    if mutated || requests >= REQUESTS_PER_TICK_MAX {
                         return Progress::MoreWork;
                     }
                 }
@@ -182,19 +195,44 @@ impl Connection {
         self.admitted = Some(verdict);
     }
 
-    fn answer(&mut self, app: &mut App) {
+    /// Answers the complete request; returns whether it changed the store.
+    fn answer(&mut self, app: &mut App) -> bool {
         let verdict = self.admitted.take().expect("a request's head is admitted before its body");
         let (head, body) = self.parser.request(&mut self.read);
         let keep_alive = head.keep_alive;
-        match verdict {
+        let reply_at = self.write.len();
+        let mutated = match verdict {
             Ok(target) => app.handle(&target, head, body, &mut self.write),
-            Err(error) => error.write(&mut self.write, keep_alive),
+            Err(error) => {
+                error.write(&mut self.write, keep_alive);
+                false
+            }
+        };
+        if mutated {
+            debug_assert!(self.sync_mark.is_none());
+            self.sync_mark = Some((reply_at, keep_alive));
         }
         self.parser.finish(&mut self.read);
         self.read.shrink_when_idle(READ_BUF_KEEP_BYTES_MAX, READ_BUF_INITIAL_BYTES);
         self.request_started = None;
         if !keep_alive {
             self.closing = true;
+        }
+        mutated
+    }
+
+    pub fn awaits_sync(&self) -> bool {
+        self.sync_mark.is_some()
+    }
+
+    /// After the tick's sync: the held answer may go, or, if the sync
+    /// failed, is replaced by the storage error (its write was undone).
+    pub fn settle(&mut self, synced: &Result<(), StorageError>) {
+        let Some((reply_at, keep_alive)) = self.sync_mark.take() else { return };
+        if let Err(error) = synced {
+            debug_assert!(self.written <= reply_at);
+            self.write.truncate(reply_at);
+            ApiError::Storage(error.clone()).write(&mut self.write, keep_alive);
         }
     }
 
@@ -236,10 +274,12 @@ impl Connection {
         }
     }
 
-    /// Sends buffered replies until done or the socket is full.
+    /// Sends buffered replies until done or the socket is full. An answer
+    /// held for the log's sync, and what follows it, stays.
     pub fn flush(&mut self, now: Instant) -> Flushed {
-        while self.written < self.write.len() {
-            match self.socket.write(&self.write[self.written..]) {
+        let sendable = self.sync_mark.map_or(self.write.len(), |(reply_at, _)| reply_at);
+        while self.written < sendable {
+            match self.socket.write(&self.write[self.written..sendable]) {
                 Ok(0) => return Flushed::Close,
                 Ok(n) => {
                     self.written += n;
@@ -249,6 +289,9 @@ impl Connection {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => return Flushed::Close,
             }
+        }
+        if self.sync_mark.is_some() {
+            return Flushed::Partly;
         }
         self.write.clear();
         self.written = 0;

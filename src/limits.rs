@@ -59,6 +59,11 @@ pub const READ_BUF_INITIAL_BYTES: usize = 16 * 1024;
 /// Most time spent flushing replies at shutdown before giving up on a client.
 pub const SHUTDOWN_DRAIN_MS: u64 = 5_000;
 
+/// A snapshot is taken once the log has grown this much: replaying 512 MiB
+/// at start-up takes about a second, and the log never holds more than
+/// about twice this on disk.
+pub const SNAPSHOT_LOG_BYTES_DEFAULT: u64 = 512 * 1024 * 1024;
+
 /// How often the health figures are resampled at most.
 pub const HEALTH_SAMPLE_INTERVAL_MS: u64 = 1_000;
 

@@ -20,8 +20,8 @@ use crate::api::{ApiError, ApiLimits, App};
 use crate::auth;
 use crate::config::Config;
 use crate::connection::{Connection, Flushed, Progress, Timeout};
+use crate::db::{self, Database};
 use crate::limits::{SHUTDOWN_DRAIN_MS, TIMEOUT_SWEEP_INTERVAL_MS};
-use crate::store::Store;
 
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
@@ -37,6 +37,14 @@ pub fn run(config: Config) -> io::Result<()> {
     fs::create_dir_all(&config.data_dir).map_err(|e| {
         io::Error::new(e.kind(), format!("cannot create data directory {}: {e}", config.data_dir.display()))
     })?;
+    // The lock and recovery come first: a second process on the same
+    // directory must stop before it touches anything, the key file included.
+    let options = db::Options {
+        data_dir: config.data_dir.clone(),
+        snapshot_log_bytes: config.snapshot_log_bytes,
+        repair_log: config.repair_log,
+    };
+    let database = Database::open(&options).map_err(io::Error::other)?;
     let (api_key, key_source) = auth::load_or_create(&config.data_dir, config.api_key.as_deref())?;
     let address = resolve(&config.host, config.port)?;
     let listener =
@@ -54,7 +62,7 @@ pub fn run(config: Config) -> io::Result<()> {
         started.elapsed().as_millis()
     ));
     let limits = ApiLimits { dimensions_max: config.dimensions_max, k_max: config.k_max };
-    let app = App::new(Store::new(), api_key, limits);
+    let app = App::new(database, api_key, limits);
     Server::new(config, listener, app)?.run()
 }
 
@@ -141,6 +149,7 @@ impl Server {
             if let Some(deadline) = self.shutdown_deadline {
                 self.close_idle();
                 if self.connections.is_empty() || now >= deadline {
+                    self.app.shutdown();
                     log(format_args!("shut down ({} connections cut off)", self.connections.len()));
                     return Ok(());
                 }
@@ -167,12 +176,24 @@ impl Server {
             self.to_flush.push(key);
         }
         self.ready.clear();
-        // (The write-ahead log's one sync per tick goes here.)
+        // Replies that wait on no write leave before the sync...
         for i in 0..self.to_flush.len() {
             let key = self.to_flush[i];
             self.flush(key, now);
         }
+        // ...then one sync for every write of the tick, then their answers.
+        let synced = self.app.commit();
+        for i in 0..self.to_flush.len() {
+            let key = self.to_flush[i];
+            if let Some(connection) = self.connections.get_mut(key) {
+                if connection.awaits_sync() {
+                    connection.settle(&synced);
+                    self.flush(key, now);
+                }
+            }
+        }
         self.to_flush.clear();
+        self.app.maintain();
     }
 
     fn flush(&mut self, key: usize, now: Instant) {

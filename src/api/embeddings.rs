@@ -5,6 +5,7 @@ use std::fmt;
 use super::envelope::Envelope;
 use super::error::{ApiError, IndexOp};
 use super::{find, json, ApiLimits, Scratch};
+use crate::db::Database;
 use crate::store::{Mutation, Store, VectorError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,7 +83,7 @@ pub fn search(
 /// Insert or upsert: every item that passes its checks is applied; the rest
 /// are listed, each with its reason.
 pub fn write(
-    store: &mut Store,
+    db: &mut Database,
     scratch: &mut Scratch,
     mode: Write,
     name: &str,
@@ -92,7 +93,7 @@ pub fn write(
 ) -> Result<(), ApiError> {
     let Scratch { decoder, batch, items, skipped, seen, .. } = scratch;
     decoder.embeddings(body, batch)?;
-    let index = find(store, name, IndexOp::Fetch)?;
+    let index = find(db.store(), name, IndexOp::Fetch)?;
     items.clear();
     skipped.clear();
     seen.clear();
@@ -111,7 +112,7 @@ pub fn write(
         }
     }
     if !items.is_empty() {
-        store.apply(&Mutation::Upsert { index: name, batch, items });
+        db.apply(&Mutation::Upsert { index: name, batch, items }).map_err(ApiError::Storage)?;
     }
 
     let (done, total, verb) = (items.len(), batch.len(), mode.verb());
@@ -177,7 +178,7 @@ pub fn retrieve(
 }
 
 pub fn delete(
-    store: &mut Store,
+    db: &mut Database,
     scratch: &mut Scratch,
     name: &str,
     body: &mut [u8],
@@ -186,7 +187,7 @@ pub fn delete(
 ) -> Result<(), ApiError> {
     let Scratch { decoder, ids, seen, batch, .. } = scratch;
     decoder.ids(body, ids)?;
-    let index = find(store, name, IndexOp::Fetch)?;
+    let index = find(db.store(), name, IndexOp::Fetch)?;
     // `batch.ids` is free scratch here: it collects the ids to delete, in order.
     let deletable = &mut batch.ids;
     deletable.clear();
@@ -197,7 +198,7 @@ pub fn delete(
         }
     }
     if !deletable.is_empty() {
-        store.apply(&Mutation::Delete { index: name, ids: deletable });
+        db.apply(&Mutation::Delete { index: name, ids: deletable }).map_err(ApiError::Storage)?;
     }
     let (done, total) = (deletable.len(), ids.len());
     let message = format_args!("{done}/{total} embeddings successfully deleted.");

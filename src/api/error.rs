@@ -4,6 +4,7 @@
 use std::fmt;
 
 use super::envelope::Envelope;
+use crate::db::StorageError;
 use crate::http::HttpError;
 use crate::store::Metric;
 
@@ -51,6 +52,7 @@ pub enum ApiError {
     },
     Timeout,
     TooManyConnections,
+    Storage(StorageError),
 }
 
 impl ApiError {
@@ -73,6 +75,8 @@ impl ApiError {
             ApiError::Http { error: HttpError::HeadTooLarge, .. } => 431,
             ApiError::Timeout => 408,
             ApiError::TooManyConnections => 503,
+            ApiError::Storage(StorageError::Failed(_)) => 500,
+            ApiError::Storage(StorageError::ReadOnly(_)) => 503,
         }
     }
 
@@ -93,6 +97,8 @@ impl ApiError {
             ApiError::Http { error: HttpError::HeadTooLarge, .. } => "HEADERS_TOO_LARGE",
             ApiError::Timeout => "REQUEST_TIMEOUT",
             ApiError::TooManyConnections => "TOO_MANY_CONNECTIONS",
+            ApiError::Storage(StorageError::Failed(_)) => "STORAGE_ERROR",
+            ApiError::Storage(StorageError::ReadOnly(_)) => "READ_ONLY",
         }
     }
 
@@ -113,6 +119,8 @@ impl ApiError {
             ApiError::Http { error: HttpError::HeadTooLarge, .. } => "Request header fields too large",
             ApiError::Timeout => "Request timeout",
             ApiError::TooManyConnections => "Service unavailable",
+            ApiError::Storage(StorageError::Failed(_)) => "An error occurred while writing to disk.",
+            ApiError::Storage(StorageError::ReadOnly(_)) => "Writes are refused until the server is restarted.",
         }
     }
 
@@ -164,6 +172,7 @@ impl fmt::Display for ApiError {
             ApiError::Http { error, .. } => write!(f, "{error}"),
             ApiError::Timeout => f.write_str("the request was not received in time"),
             ApiError::TooManyConnections => f.write_str("the server has too many open connections; try again later"),
+            ApiError::Storage(StorageError::Failed(why) | StorageError::ReadOnly(why)) => f.write_str(why),
         }
     }
 }

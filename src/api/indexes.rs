@@ -3,6 +3,7 @@
 use super::envelope::Envelope;
 use super::error::{ApiError, IndexOp};
 use super::{find, json, ApiLimits, Scratch};
+use crate::db::Database;
 use crate::limits::{INDEX_NAME_BYTES_MAX, INDEX_NAME_BYTES_MIN};
 use crate::store::{Metric, Mutation, Store};
 
@@ -13,7 +14,7 @@ pub fn is_valid_name(name: &str) -> bool {
 }
 
 pub fn create(
-    store: &mut Store,
+    db: &mut Database,
     scratch: &mut Scratch,
     limits: ApiLimits,
     name: &str,
@@ -26,10 +27,10 @@ pub fn create(
         return Err(ApiError::IndexNameInvalid { name: name.to_owned() });
     }
     let metric = Metric::parse(&metric).ok_or(ApiError::InvalidMetric { metric })?;
-    if store.index(name).is_some() {
+    if db.store().index(name).is_some() {
         return Err(ApiError::IndexExists { name: name.to_owned() });
     }
-    store.apply(&Mutation::CreateIndex { name, dims, metric });
+    db.apply(&Mutation::CreateIndex { name, dims, metric }).map_err(ApiError::Storage)?;
     Envelope::start(out, 200, keep_alive, format_args!("Index '{name}' created successfully.")).finish();
     Ok(())
 }
@@ -65,9 +66,9 @@ pub fn list(store: &Store, out: &mut Vec<u8>, keep_alive: bool) {
     envelope.finish();
 }
 
-pub fn delete(store: &mut Store, name: &str, out: &mut Vec<u8>, keep_alive: bool) -> Result<(), ApiError> {
-    find(store, name, IndexOp::Delete)?;
-    store.apply(&Mutation::DropIndex { name });
+pub fn delete(db: &mut Database, name: &str, out: &mut Vec<u8>, keep_alive: bool) -> Result<(), ApiError> {
+    find(db.store(), name, IndexOp::Delete)?;
+    db.apply(&Mutation::DropIndex { name }).map_err(ApiError::Storage)?;
     Envelope::start(out, 200, keep_alive, format_args!("Index '{name}' successfully deleted.")).finish();
     Ok(())
 }

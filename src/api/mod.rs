@@ -19,6 +19,7 @@ use std::ops::Range;
 use ahash::AHashSet;
 
 use crate::auth::{self, KeyCheck};
+use crate::db::{Database, StorageError};
 use crate::http::{Head, Method};
 use crate::store::topk::TopK;
 use crate::store::{Batch, Store};
@@ -66,7 +67,7 @@ pub struct Scratch {
 }
 
 pub struct App {
-    store: Store,
+    db: Database,
     api_key: Vec<u8>,
     limits: ApiLimits,
     scratch: Scratch,
@@ -121,13 +122,39 @@ pub fn route(method: Method, path: &str) -> Result<Target, ApiError> {
     Ok(Target { endpoint, name })
 }
 
+impl Endpoint {
+    /// Whether answering reads indexes or embeddings (and so must not see
+    /// writes that are not yet durable).
+    pub fn reads_data(self) -> bool {
+        matches!(self, Endpoint::ListIndexes | Endpoint::IndexStats | Endpoint::Search | Endpoint::Retrieve)
+    }
+}
+
 impl App {
-    pub fn new(store: Store, api_key: String, limits: ApiLimits) -> App {
-        App { store, api_key: api_key.into_bytes(), limits, scratch: Scratch::default(), health: health::Health::new() }
+    pub fn new(db: Database, api_key: String, limits: ApiLimits) -> App {
+        App { db, api_key: api_key.into_bytes(), limits, scratch: Scratch::default(), health: health::Health::new() }
     }
 
     pub fn store(&self) -> &Store {
-        &self.store
+        self.db.store()
+    }
+
+    /// A read must wait for the next tick while writes of this one are not yet synced.
+    pub fn must_wait(&self, target: &Target) -> bool {
+        target.endpoint.reads_data() && self.db.has_uncommitted()
+    }
+
+    /// Syncs this tick's writes (see `Database::commit`).
+    pub fn commit(&mut self) -> Result<(), StorageError> {
+        self.db.commit()
+    }
+
+    pub fn maintain(&mut self) {
+        self.db.maintain();
+    }
+
+    pub fn shutdown(&mut self) {
+        self.db.shutdown();
     }
 
     /// Decides on a request from its head alone: where it goes, and whether
@@ -144,36 +171,35 @@ impl App {
         }
     }
 
-    /// Answers an admitted request whose body is complete.
-    pub fn handle(&mut self, target: &Target, head: &Head, body: &mut [u8], out: &mut Vec<u8>) {
+    /// Answers an admitted request whose body is complete. Returns whether
+    /// it changed the store (its answer must then wait for `commit`).
+    pub fn handle(&mut self, target: &Target, head: &Head, body: &mut [u8], out: &mut Vec<u8>) -> bool {
         let name = &head.path[target.name.clone()];
         let keep_alive = head.keep_alive;
-        let App { store, limits, scratch, health, .. } = self;
+        let uncommitted_before = self.db.uncommitted();
+        let App { db, limits, scratch, health, .. } = self;
         let result = match target.endpoint {
             Endpoint::Health => {
                 health.write(out, keep_alive);
                 Ok(())
             }
             Endpoint::ListIndexes => {
-                indexes::list(store, out, keep_alive);
+                indexes::list(db.store(), out, keep_alive);
                 Ok(())
             }
-            Endpoint::CreateIndex => indexes::create(store, scratch, *limits, name, body, out, keep_alive),
-            Endpoint::IndexStats => indexes::stats(store, name, out, keep_alive),
-            Endpoint::DeleteIndex => indexes::delete(store, name, out, keep_alive),
-            Endpoint::Search => embeddings::search(store, scratch, *limits, name, body, out, keep_alive),
-            Endpoint::Upsert => {
-                embeddings::write(store, scratch, embeddings::Write::Upsert, name, body, out, keep_alive)
-            }
-            Endpoint::Insert => {
-                embeddings::write(store, scratch, embeddings::Write::Insert, name, body, out, keep_alive)
-            }
-            Endpoint::Retrieve => embeddings::retrieve(store, scratch, name, body, out, keep_alive),
-            Endpoint::DeleteEmbeddings => embeddings::delete(store, scratch, name, body, out, keep_alive),
+            Endpoint::CreateIndex => indexes::create(db, scratch, *limits, name, body, out, keep_alive),
+            Endpoint::IndexStats => indexes::stats(db.store(), name, out, keep_alive),
+            Endpoint::DeleteIndex => indexes::delete(db, name, out, keep_alive),
+            Endpoint::Search => embeddings::search(db.store(), scratch, *limits, name, body, out, keep_alive),
+            Endpoint::Upsert => embeddings::write(db, scratch, embeddings::Write::Upsert, name, body, out, keep_alive),
+            Endpoint::Insert => embeddings::write(db, scratch, embeddings::Write::Insert, name, body, out, keep_alive),
+            Endpoint::Retrieve => embeddings::retrieve(db.store(), scratch, name, body, out, keep_alive),
+            Endpoint::DeleteEmbeddings => embeddings::delete(db, scratch, name, body, out, keep_alive),
         };
         if let Err(error) = result {
             error.write(out, keep_alive);
         }
+        self.db.uncommitted() > uncommitted_before
     }
 }
 

@@ -67,6 +67,12 @@ impl fmt::Display for VectorError {
     }
 }
 
+/// One row taken out of an index: its vector and metadata text.
+pub type Row = (Vec<f32>, Box<[u8]>);
+
+/// An index's rows in order: ids, vectors (row after row), metadata texts.
+pub type Parts<'a> = (&'a [i64], &'a [f32], &'a [Box<[u8]>]);
+
 pub struct Index {
     dims: usize,
     metric: Metric,
@@ -78,6 +84,17 @@ pub struct Index {
     /// empty for `{}`.
     metadata: Vec<Box<[u8]>>,
     rows: AHashMap<i64, u32>,
+}
+
+/// Shape only: an index may hold millions of vectors.
+impl fmt::Debug for Index {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Index")
+            .field("dims", &self.dims)
+            .field("metric", &self.metric)
+            .field("len", &self.len())
+            .finish()
+    }
 }
 
 impl Index {
@@ -161,11 +178,25 @@ impl Index {
 
     /// Removes the embedding `id`; false if there was none.
     pub fn delete(&mut self, id: i64) -> bool {
+        self.remove_row(id, |_, _| ())
+    }
+
+    /// Removes the embedding `id` and returns its vector and metadata.
+    pub fn remove(&mut self, id: i64) -> Option<Row> {
+        let mut removed = None;
+        self.remove_row(id, |vector, metadata| removed = Some((vector.to_vec(), metadata)));
+        removed
+    }
+
+    /// Swaps the last row into `id`'s row, handing the removed row to `take` first.
+    fn remove_row(&mut self, id: i64, take: impl FnOnce(&[f32], Box<[u8]>)) -> bool {
         let Some(row) = self.rows.remove(&id) else {
             return false;
         };
         let row = row as usize;
         let last = self.ids.len() - 1;
+        let metadata = self.metadata.swap_remove(row);
+        take(&self.vectors[row * self.dims..(row + 1) * self.dims], metadata);
         if row != last {
             let (dims, moved_id) = (self.dims, self.ids[last]);
             self.vectors.copy_within(last * dims..(last + 1) * dims, row * dims);
@@ -173,11 +204,45 @@ impl Index {
         }
         self.vectors.truncate(last * self.dims);
         self.ids.swap_remove(row);
-        self.metadata.swap_remove(row);
         if self.metric == Metric::Cosine {
             self.inverse_norms.swap_remove(row);
         }
         true
+    }
+
+    /// Builds an index from loaded rows (a snapshot). Fails if the parts do
+    /// not fit together or an id repeats.
+    pub fn from_parts(
+        dims: usize,
+        metric: Metric,
+        ids: Vec<i64>,
+        vectors: Vec<f32>,
+        metadata: Vec<Box<[u8]>>,
+    ) -> Result<Index, String> {
+        if dims == 0 || vectors.len() != ids.len() * dims || metadata.len() != ids.len() {
+            return Err(format!(
+                "{} ids, {} floats and {} metadata for {dims} dimensions",
+                ids.len(),
+                vectors.len(),
+                metadata.len()
+            ));
+        }
+        let mut rows = AHashMap::with_capacity(ids.len());
+        for (row, &id) in ids.iter().enumerate() {
+            if rows.insert(id, row as u32).is_some() {
+                return Err(format!("id {id} appears twice"));
+            }
+        }
+        let inverse_norms = match metric {
+            Metric::Cosine => vectors.chunks_exact(dims).map(kernels::inverse_norm).collect(),
+            Metric::L2 | Metric::Ip => Vec::new(),
+        };
+        Ok(Index { dims, metric, vectors, inverse_norms, ids, metadata, rows })
+    }
+
+    /// The rows, for writing a snapshot: ids, vectors (row after row), metadata texts.
+    pub fn parts(&self) -> Parts<'_> {
+        (&self.ids, &self.vectors, &self.metadata)
     }
 
     /// The stored vector and metadata text of `id`.

@@ -17,7 +17,7 @@ pub use index::{Index, Metric, VectorError};
 ///
 /// Item `i` has id `ids[i]`, vector `values[vector_spans[i]]` and metadata
 /// text `metadata[metadata_spans[i]]` (a JSON object, empty for `{}`).
-#[derive(Default, Debug)]
+#[derive(Default, Debug, PartialEq)]
 pub struct Batch {
     pub ids: Vec<i64>,
     pub values: Vec<f32>,
@@ -95,6 +95,24 @@ impl Store {
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.indexes.keys().map(String::as_str)
+    }
+
+    pub fn indexes(&self) -> impl Iterator<Item = (&str, &Index)> {
+        self.indexes.iter().map(|(name, index)| (name.as_str(), index))
+    }
+
+    pub fn index_mut(&mut self, name: &str) -> Option<&mut Index> {
+        self.indexes.get_mut(name)
+    }
+
+    /// Removes an index whole, handing it to the caller (who may put it back).
+    pub fn take_index(&mut self, name: &str) -> Option<Index> {
+        self.indexes.remove(name)
+    }
+
+    /// Puts an index in place under `name`, returning any it replaced.
+    pub fn put_index(&mut self, name: &str, index: Index) -> Option<Index> {
+        self.indexes.insert(name.to_owned(), index)
     }
 
     /// Applies a validated mutation. Panics if it was not validated: that is

@@ -5,7 +5,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -16,6 +17,8 @@ pub struct Server {
     pub addr: SocketAddr,
     /// The start-up log line, for tests that read it.
     pub log_line: String,
+    /// Everything the server has logged so far.
+    log: Arc<Mutex<String>>,
     dir: Option<tempfile::TempDir>,
     data_dir: PathBuf,
 }
@@ -49,23 +52,54 @@ impl Server {
         let mut child = command.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("start quiver");
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
         let mut log_line = String::new();
+        let mut earlier = String::new();
         loop {
             log_line.clear();
             if stderr.read_line(&mut log_line).unwrap() == 0 {
-                panic!("quiver exited before listening: {:?}", child.wait());
+                panic!("quiver exited before listening: {:?}\n{earlier}", child.wait());
             }
             if log_line.contains("listening on ") {
                 break;
             }
+            earlier.push_str(&log_line);
         }
         let addr = log_line.split("listening on ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+        earlier.push_str(&log_line);
+        let log = Arc::new(Mutex::new(earlier));
         // Keep draining the log so the server never blocks on a full pipe.
-        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-        Server { child, addr, log_line, dir, data_dir }
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            while stderr.read_line(&mut line).unwrap_or(0) > 0 {
+                sink.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+        });
+        Server { child, addr, log_line, log, dir, data_dir }
     }
 
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits until the log contains `text`.
+    pub fn wait_for_log(&self, text: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.log().contains(text) {
+            assert!(Instant::now() < deadline, "no {text:?} in the log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the server with SIGKILL, as a crash would, and waits for it.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     pub fn connect(&self) -> Client {

@@ -6,6 +6,8 @@ mod harness;
 
 /// Every row of CONTRACT.md: statuses, codes and messages.
 mod contract;
+/// Answered writes survive kill -9; torn and damaged logs; snapshots; the lock.
+mod durability;
 /// HTTP framing: pipelining, splits, chunked, 100-continue, limits, slow clients.
 mod http_framing;
 /// The process: API key sources, start-up log, --help, shutdown.

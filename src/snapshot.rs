@@ -1,0 +1,270 @@
+//! Snapshots: one compact file per index, and a manifest naming them.
+//!
+//! ```text
+//! snapshots/<generation>-<name>.snap
+//!   magic "QUIVSNP1"  version:u32  dims:u32  metric:u8  zero:[u8; 7]  count:u64
+//!   ids: i64 * count
+//!   vectors: f32 * count * dims          (row after row)
+//!   metadata: { len:u32 bytes } * count  (JSON object text; empty for {})
+//!   crc: u32                             (CRC32C of everything before it)
+//! MANIFEST
+//!   magic "QUIVMAN1"  version:u32  zero:u32  generation:u64  log_start:u64  count:u32
+//!   { len:u8 name } * count
+//!   crc: u32                             (CRC32C of everything before it)
+//! ```
+//! All little-endian. Every file is written to `<path>.tmp`, synced, renamed
+//! into place, and its directory synced. The manifest is written last: until
+//! it names a generation, that generation's files are not used.
+
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use crate::store::{Index, Metric, Store};
+use crate::wal::sync_dir;
+
+const SNAPSHOT_MAGIC: &[u8; 8] = b"QUIVSNP1";
+const MANIFEST_MAGIC: &[u8; 8] = b"QUIVMAN1";
+const VERSION: u32 = 1;
+pub const MANIFEST: &str = "MANIFEST";
+
+/// Which snapshots hold the state, and where the log resumes after them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Manifest {
+    pub generation: u64,
+    /// The first log segment not covered by the snapshots.
+    pub log_start: u64,
+    pub indexes: Vec<String>,
+}
+
+pub fn snapshot_path(dir: &Path, generation: u64, name: &str) -> PathBuf {
+    dir.join(format!("{generation:020}-{name}.snap"))
+}
+
+/// The generation a snapshot file name belongs to.
+pub fn generation_of(file_name: &str) -> Option<u64> {
+    file_name.strip_suffix(".snap")?.split('-').next()?.parse().ok()
+}
+
+/// A writer that keeps the CRC32C of everything written through it.
+struct Checksummed<W: Write> {
+    inner: W,
+    crc: u32,
+}
+
+impl<W: Write> Write for Checksummed<W> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(bytes)?;
+        self.crc = crc32c::crc32c_append(self.crc, &bytes[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Writes `path` via `path.tmp`: fill, sync, rename. The caller syncs the directory.
+fn write_file(path: &Path, fill: impl FnOnce(&mut Checksummed<BufWriter<File>>) -> io::Result<()>) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let file = File::create(&tmp)?;
+    let mut out = Checksummed { inner: BufWriter::with_capacity(1 << 20, file), crc: 0 };
+    fill(&mut out)?;
+    let crc = out.crc;
+    out.write_all(&crc.to_le_bytes())?;
+    let file = out.inner.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    fs::rename(&tmp, path)
+}
+
+pub fn write_index(path: &Path, index: &Index) -> io::Result<()> {
+    write_file(path, |out| {
+        let (ids, vectors, metadata) = index.parts();
+        out.write_all(SNAPSHOT_MAGIC)?;
+        out.write_all(&VERSION.to_le_bytes())?;
+        out.write_all(&(index.dims() as u32).to_le_bytes())?;
+        out.write_all(&[metric_code(index.metric()), 0, 0, 0, 0, 0, 0, 0])?;
+        out.write_all(&(ids.len() as u64).to_le_bytes())?;
+        out.write_all(bytemuck::cast_slice(ids))?;
+        out.write_all(bytemuck::cast_slice(vectors))?;
+        for text in metadata {
+            out.write_all(&(text.len() as u32).to_le_bytes())?;
+            out.write_all(text)?;
+        }
+        Ok(())
+    })
+}
+
+fn metric_code(metric: Metric) -> u8 {
+    match metric {
+        Metric::Cosine => 0,
+        Metric::L2 => 1,
+        Metric::Ip => 2,
+    }
+}
+
+/// A reader that keeps the CRC32C of everything read through it.
+struct Verified<R: Read> {
+    inner: R,
+    crc: u32,
+}
+
+impl<R: Read> Verified<R> {
+    fn fill(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read_exact(buf)?;
+        self.crc = crc32c::crc32c_append(self.crc, buf);
+        Ok(())
+    }
+
+    fn array<const N: usize>(&mut self) -> io::Result<[u8; N]> {
+        let mut buf = [0u8; N];
+        self.fill(&mut buf)?;
+        Ok(buf)
+    }
+}
+
+/// Loads a snapshot, reading ids and vectors straight into their arrays.
+pub fn load_index(path: &Path) -> Result<Index, String> {
+    let fail = |why: String| format!("snapshot {}: {why}", path.display());
+    let file = File::open(path).map_err(|e| fail(e.to_string()))?;
+    let length = file.metadata().map_err(|e| fail(e.to_string()))?.len();
+    let mut input = Verified { inner: io::BufReader::with_capacity(1 << 20, file), crc: 0 };
+    let read = |input: &mut Verified<_>| -> io::Result<Index> {
+        let magic: [u8; 8] = input.array()?;
+        let version = u32::from_le_bytes(input.array()?);
+        if &magic != SNAPSHOT_MAGIC || version != VERSION {
+            return Err(io::Error::other("not a quiver snapshot of a known version"));
+        }
+        let dims = u32::from_le_bytes(input.array()?) as usize;
+        let [metric, ..] = input.array::<8>()?;
+        let count = u64::from_le_bytes(input.array()?);
+        let metric = match metric {
+            0 => Metric::Cosine,
+            1 => Metric::L2,
+            2 => Metric::Ip,
+            _ => return Err(io::Error::other("unknown metric")),
+        };
+        // Refuse sizes the file cannot hold before allocating for them.
+        let row_bytes = 8 + 4 + 4 * dims as u64;
+        if dims == 0 || count.saturating_mul(row_bytes) > length {
+            return Err(io::Error::other("header does not match the file size"));
+        }
+        let count = count as usize;
+        let mut ids = vec![0i64; count];
+        input.fill(bytemuck::cast_slice_mut(&mut ids))?;
+        let mut vectors = vec![0f32; count * dims];
+        input.fill(bytemuck::cast_slice_mut(&mut vectors))?;
+        let mut metadata = Vec::with_capacity(count);
+        for _ in 0..count {
+            let len = u32::from_le_bytes(input.array()?) as usize;
+            if len as u64 > length {
+                return Err(io::Error::other("metadata longer than the file"));
+            }
+            let mut text = vec![0u8; len];
+            input.fill(&mut text)?;
+            metadata.push(text.into_boxed_slice());
+        }
+        let computed = input.crc;
+        let stored = u32::from_le_bytes(input.array()?);
+        if computed != stored {
+            return Err(io::Error::other("checksum mismatch"));
+        }
+        Index::from_parts(dims, metric, ids, vectors, metadata).map_err(io::Error::other)
+    };
+    read(&mut input).map_err(|e| fail(e.to_string()))
+}
+
+pub fn write_manifest(dir: &Path, manifest: &Manifest) -> io::Result<()> {
+    write_file(&dir.join(MANIFEST), |out| {
+        out.write_all(MANIFEST_MAGIC)?;
+        out.write_all(&VERSION.to_le_bytes())?;
+        out.write_all(&0u32.to_le_bytes())?;
+        out.write_all(&manifest.generation.to_le_bytes())?;
+        out.write_all(&manifest.log_start.to_le_bytes())?;
+        out.write_all(&(manifest.indexes.len() as u32).to_le_bytes())?;
+        for name in &manifest.indexes {
+            out.write_all(&[name.len() as u8])?;
+            out.write_all(name.as_bytes())?;
+        }
+        Ok(())
+    })?;
+    sync_dir(dir)
+}
+
+/// The manifest of `dir`, or `None` if there is none yet.
+pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>, String> {
+    let path = dir.join(MANIFEST);
+    let bytes = match fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    let damaged = || format!("{} is damaged", path.display());
+    let (body, crc) = bytes.split_at_checked(bytes.len().saturating_sub(4)).ok_or_else(damaged)?;
+    if bytes.len() < 36 || crc32c::crc32c(body).to_le_bytes() != crc || &body[..8] != MANIFEST_MAGIC {
+        return Err(damaged());
+    }
+    let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap());
+    let count = u32::from_le_bytes(body[32..36].try_into().unwrap()) as usize;
+    let mut indexes = Vec::with_capacity(count.min(body.len()));
+    let mut at = 36;
+    for _ in 0..count {
+        let len = usize::from(*body.get(at).ok_or_else(damaged)?);
+        let name = body.get(at + 1..at + 1 + len).ok_or_else(damaged)?;
+        indexes.push(String::from_utf8(name.to_vec()).map_err(|_| damaged())?);
+        at += 1 + len;
+    }
+    Ok(Some(Manifest { generation: u64_at(16), log_start: u64_at(24), indexes }))
+}
+
+/// Writes every index of `store` as generation `generation`, then the
+/// manifest that makes them current. Used by the snapshot child and at shutdown.
+pub fn write_all(
+    data_dir: &Path,
+    snapshots_dir: &Path,
+    generation: u64,
+    log_start: u64,
+    store: &Store,
+) -> io::Result<Manifest> {
+    let mut manifest = Manifest { generation, log_start, indexes: Vec::new() };
+    for (name, index) in store.indexes() {
+        write_index(&snapshot_path(snapshots_dir, generation, name), index)?;
+        manifest.indexes.push(name.to_owned());
+    }
+    sync_dir(snapshots_dir)?;
+    write_manifest(data_dir, &manifest)?;
+    Ok(manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_and_manifest_round_trip_and_detect_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut index = Index::new(3, Metric::Cosine);
+        index.upsert(4, &[1.0, 2.0, 3.0], b"{\"a\":\"b\"}");
+        index.upsert(-9, &[0.5, f32::MIN_POSITIVE, -7.0], b"");
+        let path = snapshot_path(dir.path(), 7, "idx");
+        write_index(&path, &index).unwrap();
+        let loaded = load_index(&path).unwrap();
+        assert_eq!(loaded.parts(), index.parts());
+        assert_eq!((loaded.dims(), loaded.metric()), (3, Metric::Cosine));
+        assert_eq!(generation_of("00000000000000000007-idx.snap"), Some(7));
+
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[40] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        assert!(load_index(&path).unwrap_err().contains("checksum mismatch"));
+
+        let manifest = Manifest { generation: 3, log_start: 12, indexes: vec!["a-b".into(), "xyz".into()] };
+        write_manifest(dir.path(), &manifest).unwrap();
+        assert_eq!(read_manifest(dir.path()).unwrap(), Some(manifest));
+        let manifest_path = dir.path().join(MANIFEST);
+        let mut bytes = fs::read(&manifest_path).unwrap();
+        bytes[20] ^= 1;
+        fs::write(&manifest_path, &bytes).unwrap();
+        assert!(read_manifest(dir.path()).is_err());
+    }
+}

@@ -1,0 +1,246 @@
+//! The write-ahead log: every mutation is recorded here, and synced, before
+//! its answer leaves.
+//!
+//! The log is a sequence of segment files `wal/<seq>.log`, each a 16-byte
+//! header (`QUIVWAL1`, version u32, zero u32) followed by records (see
+//! `record.rs`). Records are appended to a buffer as requests are handled;
+//! once per tick of the event loop `commit` writes the buffer and calls
+//! `fdatasync` once for all of them (group commit). A snapshot starts a new
+//! segment, and drops the segments it covers once it is safely on disk.
+
+pub mod record;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use crate::store::Mutation;
+pub use record::{DecodeError, Record};
+
+pub const SEGMENT_MAGIC: &[u8; 8] = b"QUIVWAL1";
+pub const SEGMENT_VERSION: u32 = 1;
+pub const SEGMENT_HEADER_BYTES: usize = 16;
+
+pub fn segment_path(dir: &Path, segment: u64) -> PathBuf {
+    dir.join(format!("{segment:020}.log"))
+}
+
+/// The segment numbers in `dir`, ascending.
+pub fn segments(dir: &Path) -> io::Result<Vec<u64>> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        let name = name.to_string_lossy();
+        if let Some(n) = name.strip_suffix(".log").and_then(|stem| stem.parse::<u64>().ok()) {
+            found.push(n);
+        }
+    }
+    found.sort_unstable();
+    Ok(found)
+}
+
+/// fsync a directory, so that a file created or renamed in it survives power loss.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Makes syncs fail on demand, so tests can reach the failure path without
+/// filling a disk. Only debug builds read `QUIVER_FAULT_SYNC_FAIL_AFTER=N`
+/// (the syncs after the first N fail).
+#[derive(Debug, Default)]
+struct Fault {
+    sync_fail_after: Option<u64>,
+    syncs: u64,
+}
+
+impl Fault {
+    fn from_env() -> Fault {
+        let sync_fail_after = if cfg!(debug_assertions) {
+            std::env::var("QUIVER_FAULT_SYNC_FAIL_AFTER").ok().and_then(|n| n.parse().ok())
+        } else {
+            None
+        };
+        Fault { sync_fail_after, syncs: 0 }
+    }
+
+    fn check(&mut self) -> io::Result<()> {
+        self.syncs += 1;
+        match self.sync_fail_after {
+            Some(after) if self.syncs > after => Err(io::Error::other("injected sync failure")),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The open segment being appended to.
+pub struct Log {
+    dir: PathBuf,
+    file: File,
+    segment: u64,
+    /// Bytes of the segment known to be on disk.
+    synced_bytes: u64,
+    /// Records appended since the last commit.
+    pending: Vec<u8>,
+    fault: Fault,
+}
+
+impl Log {
+    /// Starts segment `segment` in `dir` (which must not exist yet).
+    pub fn create(dir: &Path, segment: u64) -> io::Result<Log> {
+        let file = new_segment(dir, segment)?;
+        Ok(Log {
+            dir: dir.to_owned(),
+            file,
+            segment,
+            synced_bytes: SEGMENT_HEADER_BYTES as u64,
+            pending: Vec::new(),
+            fault: Fault::from_env(),
+        })
+    }
+
+    pub fn segment(&self) -> u64 {
+        self.segment
+    }
+
+    pub fn segment_bytes(&self) -> u64 {
+        self.synced_bytes
+    }
+
+    pub fn append(&mut self, mutation: &Mutation<'_>) {
+        record::encode(mutation, &mut self.pending);
+    }
+
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Writes what was appended and syncs it: one `fdatasync` for all of it.
+    /// On failure the segment is cut back to what was synced before, as far
+    /// as the disk still allows, and the appended records are dropped.
+    pub fn commit(&mut self) -> io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let result = self.fault.check().and_then(|()| {
+            self.file.write_all(&self.pending)?;
+            self.file.sync_data()
+        });
+        match result {
+            Ok(()) => {
+                self.synced_bytes += self.pending.len() as u64;
+                self.pending.clear();
+                if self.pending.capacity() > crate::limits::READ_BUF_KEEP_BYTES_MAX {
+                    self.pending = Vec::new();
+                }
+                Ok(())
+            }
+            Err(error) => {
+                self.pending.clear();
+                let _ = self.file.set_len(self.synced_bytes).and_then(|()| self.file.sync_all());
+                Err(error)
+            }
+        }
+    }
+
+    /// Closes the current segment and starts the next; returns its number.
+    /// Nothing may be pending.
+    pub fn rotate(&mut self) -> io::Result<u64> {
+        assert!(self.pending.is_empty(), "rotate with uncommitted records");
+        let next = self.segment + 1;
+        self.file = new_segment(&self.dir, next)?;
+        self.segment = next;
+        self.synced_bytes = SEGMENT_HEADER_BYTES as u64;
+        Ok(next)
+    }
+}
+
+fn new_segment(dir: &Path, segment: u64) -> io::Result<File> {
+    let path = segment_path(dir, segment);
+    let mut file = OpenOptions::new().write(true).create_new(true).open(&path)?;
+    let mut header = [0u8; SEGMENT_HEADER_BYTES];
+    header[..8].copy_from_slice(SEGMENT_MAGIC);
+    header[8..12].copy_from_slice(&SEGMENT_VERSION.to_le_bytes());
+    file.write_all(&header)?;
+    file.sync_all()?;
+    sync_dir(dir)?;
+    Ok(file)
+}
+
+/// What reading the log found, for the start-up log.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Replayed {
+    pub segments: usize,
+    pub records: u64,
+    pub bytes: u64,
+    /// `(segment, offset, bytes)` of a torn final record that was cut off.
+    pub torn_tail: Option<(u64, u64, u64)>,
+    /// `(segment, offset)` where `--repair-log` cut the log.
+    pub repaired_at: Option<(u64, u64)>,
+}
+
+/// Reads segments `from..` of `dir` in order, handing each record to `apply`.
+///
+/// A torn record at the very end of the last segment (a crash mid-append) is
+/// cut off. Damage anywhere else stops recovery with an error naming the file
+/// and offset, unless `repair` is set: then the log is cut at the damage and
+/// everything after it is dropped.
+pub fn replay(dir: &Path, from: u64, repair: bool, mut apply: impl FnMut(Record)) -> Result<Replayed, String> {
+    let all = segments(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+    let wanted: Vec<u64> = all.into_iter().filter(|&s| s >= from).collect();
+    let mut report = Replayed { segments: wanted.len(), ..Replayed::default() };
+    for (n, &segment) in wanted.iter().enumerate() {
+        let path = segment_path(dir, segment);
+        let bytes = fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let last = n + 1 == wanted.len();
+        if bytes.len() < SEGMENT_HEADER_BYTES || &bytes[..8] != SEGMENT_MAGIC {
+            if last && bytes.iter().all(|&b| b == 0) {
+                // Created, but its header never reached the disk.
+                cut(&path, 0)?;
+                report.torn_tail = Some((segment, 0, bytes.len() as u64));
+                continue;
+            }
+            return Err(format!("{} is not a quiver log segment", path.display()));
+        }
+        let mut at = SEGMENT_HEADER_BYTES;
+        while at < bytes.len() {
+            match record::decode(&bytes[at..]) {
+                Ok((record, len)) => {
+                    apply(record);
+                    report.records += 1;
+                    at += len;
+                }
+                Err(error) => {
+                    let rest = &bytes[at..];
+                    let torn = matches!(error, DecodeError::Truncated) || rest.iter().all(|&b| b == 0);
+                    if last && torn {
+                        cut(&path, at as u64)?;
+                        report.torn_tail = Some((segment, at as u64, rest.len() as u64));
+                        break;
+                    }
+                    if !repair {
+                        return Err(format!(
+                            "the log is damaged: {} at offset {at}: {error}; start with --repair-log to cut the \
+                             log there, dropping every record after it",
+                            path.display()
+                        ));
+                    }
+                    cut(&path, at as u64)?;
+                    for &later in &wanted[n + 1..] {
+                        let later = segment_path(dir, later);
+                        fs::remove_file(&later).map_err(|e| format!("cannot remove {}: {e}", later.display()))?;
+                    }
+                    report.repaired_at = Some((segment, at as u64));
+                    report.bytes += at as u64;
+                    return Ok(report);
+                }
+            }
+        }
+        report.bytes += at.min(bytes.len()) as u64;
+    }
+    Ok(report)
+}
+
+fn cut(path: &Path, len: u64) -> Result<(), String> {
+    let file = OpenOptions::new().write(true).open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    file.set_len(len).and_then(|()| file.sync_all()).map_err(|e| format!("cannot cut {}: {e}", path.display()))
+}
