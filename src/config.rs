@@ -63,6 +63,11 @@ pub struct Config {
     /// the damage) instead of refusing to start.
     #[arg(long)]
     pub repair_log: bool,
+
+    /// For measurements only: skip fdatasync. Answered writes then survive a crash of
+    /// the process but not of the machine.
+    #[arg(long)]
+    pub unsafe_no_sync: bool,
 }
 
 impl Config {

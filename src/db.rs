@@ -26,6 +26,8 @@ pub struct Options {
     pub snapshot_log_bytes: u64,
     /// Cut a damaged log at the damage instead of refusing to start.
     pub repair_log: bool,
+    /// fdatasync the log at each commit; off only to measure what syncing costs.
+    pub sync: bool,
 }
 
 /// Why a write could not be made durable.
@@ -124,7 +126,8 @@ impl Database {
 
         let segments = wal::segments(&wal_dir).map_err(|e| e.to_string())?;
         let next = segments.last().map_or(manifest.log_start, |&last| last + 1).max(manifest.log_start);
-        let log_file = Log::create(&wal_dir, next).map_err(|e| format!("cannot start log segment {next}: {e}"))?;
+        let mut log_file = Log::create(&wal_dir, next).map_err(|e| format!("cannot start log segment {next}: {e}"))?;
+        log_file.set_sync(options.sync);
         let database = Database {
             store,
             log: log_file,
@@ -138,7 +141,7 @@ impl Database {
             snapshot_log_bytes: options.snapshot_log_bytes,
             _lock: lock,
         };
-        database.remove_unused_files();
+        database.remove_unused_files(false);
         Ok(database)
     }
 
@@ -262,6 +265,7 @@ impl Database {
     /// Forks a child that writes the snapshot from its copy-on-write image
     /// of the store while this process goes on serving.
     fn start_snapshot(&mut self) {
+        let rotating = Instant::now();
         let log_start = match self.log.rotate() {
             Ok(segment) => segment,
             Err(error) => {
@@ -270,6 +274,8 @@ impl Database {
             }
         };
         let generation = self.manifest.generation + 1;
+        let rotated_ms = rotating.elapsed().as_millis();
+        let forking = Instant::now();
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
         // SAFETY: the server is single-threaded; the child only writes files
@@ -289,7 +295,15 @@ impl Database {
                 let result =
                     snapshot::write_all(&self.data_dir, &self.snapshots_dir, generation, log_start, &self.store);
                 let code = match result {
-                    Ok(_) => 0,
+                    Ok(manifest) => {
+                        // The new manifest is durable: what it supersedes can go,
+                        // here, where unlinking large files stalls nobody.
+                        for path in unused_files(&self.wal_dir, &self.snapshots_dir, &manifest, None) {
+                            let _ = fs::remove_file(path);
+                        }
+                        let _ = wal::sync_dir(&self.snapshots_dir);
+                        0
+                    }
                     Err(error) => {
                         let _ = writeln!(io::stderr(), "quiver: snapshot generation {generation} failed: {error}");
                         1
@@ -299,6 +313,10 @@ impl Database {
                 unsafe { libc::_exit(code) }
             }
             pid => {
+                log(format_args!(
+                    "snapshot generation {generation} started (log rotated in {rotated_ms} ms, child forked in {} ms)",
+                    forking.elapsed().as_millis()
+                ));
                 let indexes = self.store.names().map(str::to_owned).collect();
                 self.child = Some(SnapshotChild {
                     pid,
@@ -329,13 +347,13 @@ impl Database {
                 child.manifest.log_start
             ));
             self.manifest = child.manifest;
-            self.remove_unused_files();
+            self.remove_unused_files(true);
         } else {
             log(format_args!(
                 "snapshot generation {} failed; the previous one and the log stay in use",
                 child.manifest.generation
             ));
-            self.remove_unused_files();
+            self.remove_unused_files(true);
         }
     }
 
@@ -347,38 +365,33 @@ impl Database {
         match snapshot::write_manifest(&self.data_dir, &manifest) {
             Ok(()) => {
                 self.manifest = manifest;
-                self.remove_unused_files();
+                self.remove_unused_files(true);
             }
             Err(error) => log(format_args!("cannot rewrite the manifest: {error}")),
         }
     }
 
     /// Removes log segments and snapshot files the manifest no longer needs.
-    fn remove_unused_files(&self) {
-        let manifest = &self.manifest;
-        if let Ok(segments) = wal::segments(&self.wal_dir) {
-            for segment in segments.into_iter().filter(|&s| s < manifest.log_start) {
-                let _ = fs::remove_file(wal::segment_path(&self.wal_dir, segment));
-            }
-        }
-        let Ok(entries) = fs::read_dir(&self.snapshots_dir) else { return };
+    /// Unlinking a large file can take a tenth of a second, so while serving
+    /// this happens on a short-lived thread, never in the loop.
+    fn remove_unused_files(&self, in_background: bool) {
         let child_generation = self.child.as_ref().map(|c| c.manifest.generation);
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let generation = snapshot::generation_of(&name).or_else(|| {
-                // `<generation>-<name>.tmp`: a snapshot file being written.
-                name.strip_suffix(".tmp")?.split('-').next()?.parse().ok()
-            });
-            let in_use = generation == Some(manifest.generation)
-                && manifest.indexes.iter().any(|index| {
-                    snapshot::snapshot_path(&self.snapshots_dir, manifest.generation, index) == entry.path()
-                });
-            let being_written = generation.is_some() && generation == child_generation;
-            if !in_use && !being_written {
-                let _ = fs::remove_file(entry.path());
-            }
+        let unused = unused_files(&self.wal_dir, &self.snapshots_dir, &self.manifest, child_generation);
+        if unused.is_empty() {
+            return;
         }
-        let _ = wal::sync_dir(&self.snapshots_dir);
+        let snapshots_dir = self.snapshots_dir.clone();
+        let remove = move || {
+            for path in unused {
+                let _ = fs::remove_file(path);
+            }
+            let _ = wal::sync_dir(&snapshots_dir);
+        };
+        if in_background {
+            std::thread::spawn(remove);
+        } else {
+            remove();
+        }
     }
 
     /// At a clean shutdown: a final snapshot, so the next start loads instead of replaying.
@@ -405,12 +418,36 @@ impl Database {
         match result {
             Ok(manifest) => {
                 self.manifest = manifest;
-                self.remove_unused_files();
+                self.remove_unused_files(false);
                 log(format_args!("final snapshot written in {} ms", started.elapsed().as_millis()));
             }
             Err(error) => log(format_args!("final snapshot failed ({error}); the log keeps every write")),
         }
     }
+}
+
+/// The log segments and snapshot files that `manifest` does not need, sparing
+/// those of a snapshot generation still being written.
+fn unused_files(wal_dir: &Path, snapshots_dir: &Path, manifest: &Manifest, writing: Option<u64>) -> Vec<PathBuf> {
+    let mut unused = Vec::new();
+    if let Ok(segments) = wal::segments(wal_dir) {
+        unused.extend(segments.into_iter().filter(|&s| s < manifest.log_start).map(|s| wal::segment_path(wal_dir, s)));
+    }
+    let Ok(entries) = fs::read_dir(snapshots_dir) else { return unused };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let generation = snapshot::generation_of(&name);
+        let in_use = generation == Some(manifest.generation)
+            && manifest
+                .indexes
+                .iter()
+                .any(|index| snapshot::snapshot_path(snapshots_dir, manifest.generation, index) == entry.path());
+        let being_written = generation.is_some() && generation == writing;
+        if !in_use && !being_written {
+            unused.push(entry.path());
+        }
+    }
+    unused
 }
 
 /// Applies one replayed record. Records for an index deleted later (whose

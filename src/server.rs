@@ -43,7 +43,11 @@ pub fn run(config: Config) -> io::Result<()> {
         data_dir: config.data_dir.clone(),
         snapshot_log_bytes: config.snapshot_log_bytes,
         repair_log: config.repair_log,
+        sync: !config.unsafe_no_sync,
     };
+    if config.unsafe_no_sync {
+        log(format_args!("WARNING: --unsafe-no-sync: answered writes are not synced and can be lost on power failure"));
+    }
     let database = Database::open(&options).map_err(io::Error::other)?;
     let (api_key, key_source) = auth::load_or_create(&config.data_dir, config.api_key.as_deref())?;
     let address = resolve(&config.host, config.port)?;

@@ -41,9 +41,9 @@ pub fn snapshot_path(dir: &Path, generation: u64, name: &str) -> PathBuf {
     dir.join(format!("{generation:020}-{name}.snap"))
 }
 
-/// The generation a snapshot file name belongs to.
+/// The generation a snapshot file name (`.snap`, or `.tmp` while written) belongs to.
 pub fn generation_of(file_name: &str) -> Option<u64> {
-    file_name.strip_suffix(".snap")?.split('-').next()?.parse().ok()
+    file_name.split('-').next()?.parse().ok()
 }
 
 /// A writer that keeps the CRC32C of everything written through it.
@@ -252,6 +252,8 @@ mod tests {
         assert_eq!(loaded.parts(), index.parts());
         assert_eq!((loaded.dims(), loaded.metric()), (3, Metric::Cosine));
         assert_eq!(generation_of("00000000000000000007-idx.snap"), Some(7));
+        assert_eq!(generation_of("00000000000000000008-idx.tmp"), Some(8));
+        assert_eq!(generation_of("MANIFEST"), None);
 
         let mut bytes = fs::read(&path).unwrap();
         bytes[40] ^= 1;
