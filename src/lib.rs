@@ -8,23 +8,28 @@
 //!
 //! ```text
 //! socket -> connection (read buffer) -> http (head, body framing)
-//!        -> api (route, API key, JSON decode) -> store (flat f32 rows, SIMD scan)
+//!        -> api (route, API key, JSON decode) -> db -> store (flat f32 rows, SIMD scan)
+//!                                                   -> wal (log, one sync per tick) -> disk
 //! ```
 //!
 //! and its reply comes back the same way: the api writes the envelope straight
-//! into the connection's write buffer, and the loop sends it.
+//! into the connection's write buffer, and the loop sends it once the tick's
+//! writes are synced.
 //!
 //! - [`server`]: the single-threaded mio loop; accept, readiness, the tick, timeouts.
 //! - [`connection`]: one socket's buffers and state.
 //! - [`http`]: resumable request parsing (httparse) and the response writer.
 //! - [`api`]: routing, authentication, body decoding (simd-json) and the endpoints.
+//! - [`db`]: the durable store: apply, log, commit or undo, snapshots, recovery.
 //! - [`store`]: indexes, distance kernels (`wide` SIMD and a scalar reference), top-k.
+//! - [`wal`]: the write-ahead log's records, segments, group commit and replay.
+//! - [`snapshot`]: per-index snapshot files and the manifest.
 //! - [`auth`]: the API key.
 //! - [`limits`]: every limit, with why; [`config`]: the command line.
 //!
-//! `store` knows nothing of HTTP or sockets, and `http` nothing of the store.
-//! Every change to the store goes through `Store::apply`, the one place a
-//! write-ahead log sits in front of.
+//! `store`, `wal` and `snapshot` know nothing of HTTP or sockets, and `http`
+//! nothing of the store. Every change to the store goes through
+//! `Database::apply`, which logs it; nothing is answered before its sync.
 
 pub mod api;
 pub mod auth;
