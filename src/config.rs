@@ -23,7 +23,7 @@ pub struct Config {
     pub data_dir: PathBuf,
 
     /// API key clients must send in X-Service-API-Key. Default: $QUIVER_API_KEY,
-    /// else the key in <data-dir>/api_key.txt, else a newly generated one.
+    /// else the key in `<data-dir>/api_key.txt`, else a newly generated one.
     #[arg(long, env = "QUIVER_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 
