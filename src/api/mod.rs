@@ -28,6 +28,8 @@ pub use error::{ApiError, IndexOp};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
     Health,
+    /// `GET /api/v1/test-auth`, which EigenDB's published client calls to check its key.
+    TestAuth,
     ListIndexes,
     CreateIndex,
     IndexStats,
@@ -87,6 +89,7 @@ pub fn route(method: Method, path: &str) -> Result<Target, ApiError> {
     };
     let (endpoint, allowed, name) = match parts {
         (Some("health"), None, None, None) => (Endpoint::Health, Method::Get, 0..0),
+        (Some("test-auth"), None, None, None) => (Endpoint::TestAuth, Method::Get, 0..0),
         (Some("indexes"), Some("list"), None, None) => (Endpoint::ListIndexes, Method::Get, 0..0),
         (Some("indexes"), Some(name), Some(action), None) => {
             let (endpoint, allowed) = match action {
@@ -181,6 +184,10 @@ impl App {
         let result = match target.endpoint {
             Endpoint::Health => {
                 health.write(out, keep_alive);
+                Ok(())
+            }
+            Endpoint::TestAuth => {
+                envelope::Envelope::start(out, 200, keep_alive, format_args!("Authenticated.")).finish();
                 Ok(())
             }
             Endpoint::ListIndexes => {

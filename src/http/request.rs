@@ -54,7 +54,7 @@ pub struct Head {
     /// Whether the connection stays open after this request's answer.
     pub keep_alive: bool,
     pub expect_continue: bool,
-    /// The `X-Service-API-Key` value; empty when absent.
+    /// The `X-Service-API-Key` value (or, without it, `X-Eigen-API-Key`); empty when absent.
     pub api_key: Vec<u8>,
     pub framing: Framing,
 }
@@ -383,6 +383,7 @@ fn read_head(request: &httparse::Request<'_, '_>, head: &mut Head, body_bytes_ma
     let mut chunked = false;
     let mut connection_close = false;
     let mut connection_keep_alive = false;
+    let mut service_key = false;
     for header in request.headers.iter() {
         let name = header.name;
         let value = header.value;
@@ -408,6 +409,12 @@ fn read_head(request: &httparse::Request<'_, '_>, head: &mut Head, body_bytes_ma
         } else if name.eq_ignore_ascii_case("expect") {
             head.expect_continue = value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
         } else if name.eq_ignore_ascii_case("x-service-api-key") {
+            head.api_key.clear();
+            head.api_key.extend_from_slice(value.trim_ascii());
+            service_key = true;
+        } else if name.eq_ignore_ascii_case("x-eigen-api-key") && !service_key {
+            // The header EigenDB's published client sends: an alias, used
+            // only when X-Service-API-Key is absent.
             head.api_key.clear();
             head.api_key.extend_from_slice(value.trim_ascii());
         }
@@ -523,6 +530,21 @@ mod tests {
         assert_eq!(parser.head.api_key, b"k1");
         assert_eq!(parser.head.framing, Framing::Length(2));
         assert_eq!(parser.advance(&mut buf), Event::NeedMore);
+    }
+
+    #[test]
+    fn the_eigen_key_header_is_an_alias_that_yields_to_the_service_header() {
+        let key_of = |headers: &str| {
+            let mut parser = Parser::new(1024, 1024);
+            let mut buf = ReadBuf::with_capacity(64);
+            buf.extend(format!("GET / HTTP/1.1\r\n{headers}\r\n").as_bytes());
+            assert_eq!(parser.advance(&mut buf), Event::Head);
+            String::from_utf8(parser.head.api_key.clone()).unwrap()
+        };
+        assert_eq!(key_of("X-Eigen-API-Key: e\r\n"), "e");
+        assert_eq!(key_of("X-Eigen-API-Key: e\r\nX-Service-API-Key: s\r\n"), "s");
+        assert_eq!(key_of("X-Service-API-Key: s\r\nx-eigen-api-key: e\r\n"), "s");
+        assert_eq!(key_of(""), "");
     }
 
     #[test]

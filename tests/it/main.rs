@@ -4,6 +4,8 @@
 /// Starting the server and a raw-TCP client.
 mod harness;
 
+/// EigenDB client compatibility: X-Eigen-API-Key and /test-auth.
+mod compat;
 /// Every row of CONTRACT.md: statuses, codes and messages.
 mod contract;
 /// Answered writes survive kill -9; torn and damaged logs; snapshots; the lock.
