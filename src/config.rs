@@ -68,6 +68,14 @@ pub struct Config {
     /// the process but not of the machine.
     #[arg(long)]
     pub unsafe_no_sync: bool,
+
+    /// Serve GET /metrics without the API key (for a Prometheus that cannot send it).
+    #[arg(long)]
+    pub metrics_public: bool,
+
+    /// How much to log.
+    #[arg(long, value_enum, default_value_t = crate::log::Level::Info)]
+    pub log_level: crate::log::Level,
 }
 
 impl Config {

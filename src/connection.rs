@@ -4,7 +4,7 @@
 //! should happen and the loop in `server.rs` acts on it.
 
 use std::io::{self, Write};
-use std::net::Shutdown;
+use std::net::{Shutdown, SocketAddr};
 use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
@@ -16,6 +16,8 @@ use crate::limits::{
     READ_BUF_INITIAL_BYTES, READ_BUF_KEEP_BYTES_MAX, READ_BYTES_PER_TICK_MAX, READ_CHUNK_BYTES, REQUESTS_PER_TICK_MAX,
     WRITE_PENDING_BYTES_MAX,
 };
+use crate::log;
+use crate::metrics::Route;
 
 /// How long a closing connection keeps reading (and discarding) what the
 /// client is still sending, so that our last answer is not lost to a reset.
@@ -45,6 +47,7 @@ pub enum Flushed {
 
 pub struct Connection {
     socket: TcpStream,
+    peer: SocketAddr,
     read: ReadBuf,
     parser: Parser,
     /// Replies not yet sent. Invariant: `written <= sync_mark offset (if any) <= write.len()`.
@@ -68,9 +71,16 @@ pub struct Connection {
 }
 
 impl Connection {
-    pub fn new(socket: TcpStream, head_bytes_max: usize, body_bytes_max: usize, now: Instant) -> Connection {
+    pub fn new(
+        socket: TcpStream,
+        peer: SocketAddr,
+        head_bytes_max: usize,
+        body_bytes_max: usize,
+        now: Instant,
+    ) -> Connection {
         Connection {
             socket,
+            peer,
             read: ReadBuf::with_capacity(READ_BUF_INITIAL_BYTES),
             parser: Parser::new(head_bytes_max, body_bytes_max),
             write: Vec::new(),
@@ -123,7 +133,7 @@ impl Connection {
             match self.parser.advance(&mut self.read) {
                 Event::Head => {
                     self.request_started.get_or_insert(now);
-                    self.on_head(app);
+                    self.on_head(app, now);
                 }
                 Event::Request => {
                     if let Some(Ok(target)) = &self.admitted {
@@ -144,7 +154,7 @@ impl Connection {
                     }
                 }
                 Event::Error(error) => {
-                    self.refuse(&ApiError::Http { error, body_bytes_max });
+                    self.refuse(app, &ApiError::Http { error, body_bytes_max }, now);
                     return Progress::Waiting;
                 }
                 Event::NeedMore => {
@@ -175,7 +185,7 @@ impl Connection {
         }
     }
 
-    fn on_head(&mut self, app: &mut App) {
+    fn on_head(&mut self, app: &mut App, now: Instant) {
         let verdict = app.admit(&self.parser.head);
         let has_body = self.parser.head.framing != Framing::None;
         match &verdict {
@@ -187,7 +197,7 @@ impl Connection {
                 // The client waits for our word before sending the body: refuse
                 // now and close, rather than wait for a body it will not send.
                 let error = error.clone();
-                self.refuse(&error);
+                self.refuse(app, &error, now);
                 return;
             }
             Err(_) => self.parser.discard_body(),
@@ -201,13 +211,16 @@ impl Connection {
         let (head, body) = self.parser.request(&mut self.read);
         let keep_alive = head.keep_alive;
         let reply_at = self.write.len();
-        let mutated = match verdict {
-            Ok(target) => app.handle(&target, head, body, &mut self.write),
+        let started = Instant::now();
+        let (mutated, route) = match verdict {
+            Ok(target) => (app.handle(&target, head, body, &mut self.write), target.endpoint.route()),
             Err(error) => {
                 error.write(&mut self.write, keep_alive);
-                false
+                (false, Route::None)
             }
         };
+        let status = status_of(&self.write[reply_at..]);
+        app.metrics().observe_request(route, status, started.elapsed());
         if mutated {
             debug_assert!(self.sync_mark.is_none());
             self.sync_mark = Some((reply_at, keep_alive));
@@ -236,11 +249,20 @@ impl Connection {
         }
     }
 
-    /// Answers with an error that ends the connection.
-    pub fn refuse(&mut self, error: &ApiError) {
+    /// Answers with an error that ends the connection. Those that mean a
+    /// limit was hit or the bytes were not HTTP are logged (rate-limited).
+    pub fn refuse(&mut self, app: &mut App, error: &ApiError, now: Instant) {
+        let started = self.request_started.unwrap_or(now);
         error.write(&mut self.write, false);
         self.closing = true;
         self.request_started = None;
+        app.metrics().observe_request(Route::None, error.status(), now.duration_since(started));
+        if error.closes_connection() {
+            log::client_warning(
+                now,
+                format_args!("{}: {} ({}); closing the connection", self.peer, error, error.code()),
+            );
+        }
     }
 
     fn on_peer_closed(&mut self) -> Progress {
@@ -326,22 +348,29 @@ impl Connection {
     }
 
     /// What the periodic sweep decides for this connection.
-    pub fn check_timeouts(&mut self, now: Instant, idle_timeout: Duration, request_timeout: Duration) -> Timeout {
+    pub fn check_timeouts(
+        &mut self,
+        app: &mut App,
+        now: Instant,
+        idle_timeout: Duration,
+        request_timeout: Duration,
+    ) -> Timeout {
         if let Some(until) = self.linger_until {
             return if now >= until { Timeout::Close } else { Timeout::None };
         }
         if self.has_output() {
             // A client that does not take its replies is as slow as one that
             // does not send its request.
-            return if now.duration_since(self.last_activity) > request_timeout {
-                Timeout::Close
-            } else {
-                Timeout::None
-            };
+            if now.duration_since(self.last_activity) > request_timeout {
+                let peer = self.peer;
+                log::client_warning(now, format_args!("{peer}: took no reply bytes for {request_timeout:?}; closing"));
+                return Timeout::Close;
+            }
+            return Timeout::None;
         }
         if let Some(started) = self.request_started {
             if now.duration_since(started) > request_timeout && !self.closing {
-                self.refuse(&ApiError::Timeout);
+                self.refuse(app, &ApiError::Timeout, now);
                 return Timeout::Answered;
             }
             return Timeout::None;
@@ -351,6 +380,11 @@ impl Connection {
         }
         Timeout::None
     }
+}
+
+/// The status of the response at the start of `reply` (`HTTP/1.1 200 ...`).
+fn status_of(reply: &[u8]) -> u16 {
+    reply.get(9..12).and_then(|digits| std::str::from_utf8(digits).ok()?.parse().ok()).unwrap_or(0)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::server::log;
+use crate::log;
 use crate::snapshot::{self, Manifest};
 use crate::store::index::Row;
 use crate::store::{Index, Mutation, Store};
@@ -89,7 +89,7 @@ impl Database {
             vectors += index.len();
             store.put_index(name, index);
         }
-        log(format_args!(
+        log::info(format_args!(
             "loaded {} indexes ({vectors} embeddings) from snapshot generation {} in {} ms",
             manifest.indexes.len(),
             manifest.generation,
@@ -105,17 +105,17 @@ impl Database {
             }
         })?;
         if let Some((segment, offset, bytes)) = replayed.torn_tail {
-            log(format_args!(
+            log::info(format_args!(
                 "recovery: cut a torn record of {bytes} bytes at the end of log segment {segment} (offset {offset}): \
                  an append interrupted by a crash, never acknowledged"
             ));
         }
         if let Some((segment, offset)) = replayed.repaired_at {
-            log(format_args!(
+            log::info(format_args!(
                 "recovery: --repair-log cut the log at segment {segment} offset {offset}; every record after it is gone"
             ));
         }
-        log(format_args!(
+        log::info(format_args!(
             "replayed {} log records ({} bytes, {} segments) in {} ms{}",
             replayed.records,
             replayed.bytes,
@@ -209,7 +209,7 @@ impl Database {
             }
             Err(error) => {
                 let why = format!("writing the log failed ({error}); writes are refused until the server is restarted");
-                log(format_args!("{why}"));
+                log::info(format_args!("{why}"));
                 self.rollback();
                 self.broken = Some(why.clone());
                 Err(StorageError::Failed(format!("the write could not be made durable: {error}")))
@@ -269,7 +269,7 @@ impl Database {
         let log_start = match self.log.rotate() {
             Ok(segment) => segment,
             Err(error) => {
-                log(format_args!("cannot start a new log segment for a snapshot: {error}"));
+                log::info(format_args!("cannot start a new log segment for a snapshot: {error}"));
                 return;
             }
         };
@@ -281,7 +281,7 @@ impl Database {
         // SAFETY: the server is single-threaded; the child only writes files
         // and leaves with `_exit`, running no destructors of the parent's state.
         match unsafe { libc::fork() } {
-            -1 => log(format_args!("cannot fork to write a snapshot: {}", io::Error::last_os_error())),
+            -1 => log::info(format_args!("cannot fork to write a snapshot: {}", io::Error::last_os_error())),
             0 => {
                 // The child must not outlive a crashed parent: it holds the
                 // data directory's lock and the listening socket.
@@ -313,7 +313,7 @@ impl Database {
                 unsafe { libc::_exit(code) }
             }
             pid => {
-                log(format_args!(
+                log::info(format_args!(
                     "snapshot generation {generation} started (log rotated in {rotated_ms} ms, child forked in {} ms)",
                     forking.elapsed().as_millis()
                 ));
@@ -339,7 +339,7 @@ impl Database {
         }
         let child = self.child.take().expect("checked above");
         if reaped == child.pid && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-            log(format_args!(
+            log::info(format_args!(
                 "snapshot generation {} written in {} ms ({} indexes); log now starts at segment {}",
                 child.manifest.generation,
                 child.started.elapsed().as_millis(),
@@ -349,7 +349,7 @@ impl Database {
             self.manifest = child.manifest;
             self.remove_unused_files(true);
         } else {
-            log(format_args!(
+            log::info(format_args!(
                 "snapshot generation {} failed; the previous one and the log stay in use",
                 child.manifest.generation
             ));
@@ -367,7 +367,7 @@ impl Database {
                 self.manifest = manifest;
                 self.remove_unused_files(true);
             }
-            Err(error) => log(format_args!("cannot rewrite the manifest: {error}")),
+            Err(error) => log::info(format_args!("cannot rewrite the manifest: {error}")),
         }
     }
 
@@ -419,9 +419,9 @@ impl Database {
             Ok(manifest) => {
                 self.manifest = manifest;
                 self.remove_unused_files(false);
-                log(format_args!("final snapshot written in {} ms", started.elapsed().as_millis()));
+                log::info(format_args!("final snapshot written in {} ms", started.elapsed().as_millis()));
             }
-            Err(error) => log(format_args!("final snapshot failed ({error}); the log keeps every write")),
+            Err(error) => log::info(format_args!("final snapshot failed ({error}); the log keeps every write")),
         }
     }
 }

@@ -25,6 +25,7 @@
 //! - [`wal`]: the write-ahead log's records, segments, group commit and replay.
 //! - [`snapshot`]: per-index snapshot files and the manifest.
 //! - [`auth`]: the API key.
+//! - [`metrics`]: Prometheus counters and histograms; [`log`]: operator logs.
 //! - [`limits`]: every limit, with why; [`config`]: the command line.
 //!
 //! `store`, `wal` and `snapshot` know nothing of HTTP or sockets, and `http`
@@ -38,6 +39,8 @@ pub mod connection;
 pub mod db;
 pub mod http;
 pub mod limits;
+pub mod log;
+pub mod metrics;
 pub mod server;
 pub mod snapshot;
 pub mod store;

@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::connection::{Connection, Flushed, Progress, Timeout};
 use crate::db::{self, Database};
 use crate::limits::{SHUTDOWN_DRAIN_MS, TIMEOUT_SWEEP_INTERVAL_MS};
+use crate::log;
 
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
@@ -46,7 +47,9 @@ pub fn run(config: Config) -> io::Result<()> {
         sync: !config.unsafe_no_sync,
     };
     if config.unsafe_no_sync {
-        log(format_args!("WARNING: --unsafe-no-sync: answered writes are not synced and can be lost on power failure"));
+        log::info(format_args!(
+            "WARNING: --unsafe-no-sync: answered writes are not synced and can be lost on power failure"
+        ));
     }
     let database = Database::open(&options).map_err(io::Error::other)?;
     let (api_key, key_source) = auth::load_or_create(&config.data_dir, config.api_key.as_deref())?;
@@ -59,20 +62,16 @@ pub fn run(config: Config) -> io::Result<()> {
         auth::KeySource::KeyFile => "from the key file",
         auth::KeySource::Generated => "newly generated",
     };
-    log(format_args!(
+    log::banner(format_args!(
         "listening on {local}, data directory {}, API key {api_key} ({key_source}, kept in {}), started in {} ms",
         config.data_dir.display(),
         config.data_dir.join(auth::KEY_FILE).display(),
         started.elapsed().as_millis()
     ));
-    let limits = ApiLimits { dimensions_max: config.dimensions_max, k_max: config.k_max };
+    let limits =
+        ApiLimits { dimensions_max: config.dimensions_max, k_max: config.k_max, metrics_public: config.metrics_public };
     let app = App::new(database, api_key, limits);
     Server::new(config, listener, app)?.run()
-}
-
-/// One line on standard error, as operators and tests read it.
-pub fn log(message: std::fmt::Arguments<'_>) {
-    let _ = writeln!(io::stderr().lock(), "quiver: {message}");
 }
 
 fn resolve(host: &str, port: u16) -> io::Result<SocketAddr> {
@@ -154,7 +153,7 @@ impl Server {
                 self.close_idle();
                 if self.connections.is_empty() || now >= deadline {
                     self.app.shutdown();
-                    log(format_args!("shut down ({} connections cut off)", self.connections.len()));
+                    log::info(format_args!("shut down ({} connections cut off)", self.connections.len()));
                     return Ok(());
                 }
             }
@@ -214,13 +213,13 @@ impl Server {
             return;
         }
         loop {
-            let (mut socket, _) = match self.listener.accept() {
+            let (mut socket, peer) = match self.listener.accept() {
                 Ok(accepted) => accepted,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // Out of descriptors or the like: keep serving who we have.
-                    log(format_args!("accept failed: {e}"));
+                    log::info(format_args!("accept failed: {e}"));
                     return;
                 }
             };
@@ -229,6 +228,12 @@ impl Server {
                 let mut reply = Vec::new();
                 ApiError::TooManyConnections.write(&mut reply, false);
                 let _ = socket.write(&reply);
+                self.app.metrics().connection_refused();
+                let open = self.connections.len();
+                log::client_warning(
+                    now,
+                    format_args!("{peer}: refused, {open} connections are open (--connections-max)"),
+                );
                 continue;
             }
             let _ = socket.set_nodelay(true);
@@ -236,17 +241,21 @@ impl Server {
             let key = entry.key();
             let interest = Interest::READABLE | Interest::WRITABLE;
             if let Err(e) = self.poll.registry().register(&mut socket, token_of(key), interest) {
-                log(format_args!("cannot register a connection: {e}"));
+                log::info(format_args!("cannot register a connection: {e}"));
                 continue;
             }
-            entry.insert(Connection::new(socket, self.config.head_bytes_max, self.config.body_bytes_max, now));
+            entry.insert(Connection::new(socket, peer, self.config.head_bytes_max, self.config.body_bytes_max, now));
             self.ready.push(key);
+            let open = self.connections.len();
+            let metrics = self.app.metrics();
+            metrics.connection_accepted();
+            metrics.set_open_connections(open);
         }
     }
 
     fn on_signal(&mut self, now: Instant) {
         if self.signals.pending().next().is_some() && self.shutdown_deadline.is_none() {
-            log(format_args!("shutting down: answering requests in flight"));
+            log::info(format_args!("shutting down: answering requests in flight"));
             let _ = self.poll.registry().deregister(&mut self.listener);
             self.shutdown_deadline = Some(now + Duration::from_millis(SHUTDOWN_DRAIN_MS));
         }
@@ -258,7 +267,7 @@ impl Server {
         let request = Duration::from_millis(self.config.request_timeout_ms);
         let mut expired = Vec::new();
         for (key, connection) in self.connections.iter_mut() {
-            match connection.check_timeouts(now, idle, request) {
+            match connection.check_timeouts(&mut self.app, now, idle, request) {
                 Timeout::None => {}
                 Timeout::Answered => self.to_flush.push(key),
                 Timeout::Close => expired.push(key),
@@ -290,5 +299,7 @@ impl Server {
     fn close(&mut self, key: usize) {
         let mut connection = self.connections.remove(key);
         let _ = self.poll.registry().deregister(connection.socket());
+        let open = self.connections.len();
+        self.app.metrics().set_open_connections(open);
     }
 }

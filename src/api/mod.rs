@@ -20,7 +20,8 @@ use ahash::AHashSet;
 
 use crate::auth::{self, KeyCheck};
 use crate::db::{Database, StorageError};
-use crate::http::{Head, Method};
+use crate::http::{response, Head, Method};
+use crate::metrics::{self, Metrics};
 use crate::store::topk::TopK;
 use crate::store::{Batch, Store};
 pub use error::{ApiError, IndexOp};
@@ -30,6 +31,10 @@ pub enum Endpoint {
     Health,
     /// `GET /api/v1/test-auth`, which EigenDB's published client calls to check its key.
     TestAuth,
+    /// `GET /metrics`: Prometheus text format.
+    Metrics,
+    /// `GET /api/v1/openapi.json`: the interface description.
+    OpenApi,
     ListIndexes,
     CreateIndex,
     IndexStats,
@@ -48,12 +53,16 @@ pub struct Target {
     pub name: Range<usize>,
 }
 
-/// Limits the API enforces on bodies.
+/// Limits the API enforces on bodies, and what it serves without a key.
 #[derive(Clone, Copy, Debug)]
 pub struct ApiLimits {
     pub dimensions_max: usize,
     pub k_max: usize,
+    pub metrics_public: bool,
 }
+
+/// The OpenAPI document, converted from `openapi.yaml` at build time.
+pub const OPENAPI_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/openapi.json"));
 
 /// Buffers reused by every request.
 #[derive(Default)]
@@ -74,12 +83,20 @@ pub struct App {
     limits: ApiLimits,
     scratch: Scratch,
     health: health::Health,
+    metrics: Metrics,
 }
 
 /// Finds the endpoint for a method and path: 404 for an unknown path, 405
 /// (with the allowed method) for a known path asked with another method.
 pub fn route(method: Method, path: &str) -> Result<Target, ApiError> {
     let not_found = || ApiError::NotFound { path: path.to_owned() };
+    if path == "/metrics" {
+        return if method == Method::Get {
+            Ok(Target { endpoint: Endpoint::Metrics, name: 0..0 })
+        } else {
+            Err(ApiError::MethodNotAllowed { path: path.to_owned(), allow: "GET" })
+        };
+    }
     let rest = path.strip_prefix("/api/v1/").ok_or_else(not_found)?;
     let mut segments = rest.split('/');
     let parts = (segments.next(), segments.next(), segments.next(), segments.next());
@@ -90,6 +107,7 @@ pub fn route(method: Method, path: &str) -> Result<Target, ApiError> {
     let (endpoint, allowed, name) = match parts {
         (Some("health"), None, None, None) => (Endpoint::Health, Method::Get, 0..0),
         (Some("test-auth"), None, None, None) => (Endpoint::TestAuth, Method::Get, 0..0),
+        (Some("openapi.json"), None, None, None) => (Endpoint::OpenApi, Method::Get, 0..0),
         (Some("indexes"), Some("list"), None, None) => (Endpoint::ListIndexes, Method::Get, 0..0),
         (Some("indexes"), Some(name), Some(action), None) => {
             let (endpoint, allowed) = match action {
@@ -126,6 +144,24 @@ pub fn route(method: Method, path: &str) -> Result<Target, ApiError> {
 }
 
 impl Endpoint {
+    pub fn route(self) -> metrics::Route {
+        match self {
+            Endpoint::Health => metrics::Route::Health,
+            Endpoint::TestAuth => metrics::Route::TestAuth,
+            Endpoint::Metrics => metrics::Route::Metrics,
+            Endpoint::OpenApi => metrics::Route::OpenApi,
+            Endpoint::ListIndexes => metrics::Route::ListIndexes,
+            Endpoint::CreateIndex => metrics::Route::CreateIndex,
+            Endpoint::IndexStats => metrics::Route::IndexStats,
+            Endpoint::DeleteIndex => metrics::Route::DeleteIndex,
+            Endpoint::Search => metrics::Route::Search,
+            Endpoint::Upsert => metrics::Route::Upsert,
+            Endpoint::Insert => metrics::Route::Insert,
+            Endpoint::Retrieve => metrics::Route::Retrieve,
+            Endpoint::DeleteEmbeddings => metrics::Route::DeleteEmbeddings,
+        }
+    }
+
     /// Whether answering reads indexes or embeddings (and so must not see
     /// writes that are not yet durable).
     pub fn reads_data(self) -> bool {
@@ -135,7 +171,14 @@ impl Endpoint {
 
 impl App {
     pub fn new(db: Database, api_key: String, limits: ApiLimits) -> App {
-        App { db, api_key: api_key.into_bytes(), limits, scratch: Scratch::default(), health: health::Health::new() }
+        App {
+            db,
+            api_key: api_key.into_bytes(),
+            limits,
+            scratch: Scratch::default(),
+            health: health::Health::new(),
+            metrics: Metrics::default(),
+        }
     }
 
     pub fn store(&self) -> &Store {
@@ -147,9 +190,20 @@ impl App {
         target.endpoint.reads_data() && self.db.has_uncommitted()
     }
 
+    pub fn metrics(&mut self) -> &mut Metrics {
+        &mut self.metrics
+    }
+
     /// Syncs this tick's writes (see `Database::commit`).
     pub fn commit(&mut self) -> Result<(), StorageError> {
-        self.db.commit()
+        let records = self.db.uncommitted();
+        if records == 0 {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let result = self.db.commit();
+        self.metrics.observe_sync(records as u64, started.elapsed(), result.is_ok());
+        result
     }
 
     pub fn maintain(&mut self) {
@@ -164,7 +218,12 @@ impl App {
     /// its key lets it in. Runs before any byte of the body is read.
     pub fn admit(&self, head: &Head) -> Result<Target, ApiError> {
         let target = route(head.method, &head.path)?;
-        if target.endpoint == Endpoint::Health {
+        let open = match target.endpoint {
+            Endpoint::Health | Endpoint::OpenApi => true,
+            Endpoint::Metrics => self.limits.metrics_public,
+            _ => false,
+        };
+        if open {
             return Ok(target);
         }
         match auth::check(&self.api_key, &head.api_key) {
@@ -180,7 +239,12 @@ impl App {
         let name = &head.path[target.name.clone()];
         let keep_alive = head.keep_alive;
         let uncommitted_before = self.db.uncommitted();
-        let App { db, limits, scratch, health, .. } = self;
+        if target.endpoint == Endpoint::Search {
+            if let Some(index) = self.db.store().index(name) {
+                self.metrics.add_search_bytes((index.len() * index.dims() * 4) as u64);
+            }
+        }
+        let App { db, limits, scratch, health, metrics, .. } = self;
         let result = match target.endpoint {
             Endpoint::Health => {
                 health.write(out, keep_alive);
@@ -188,6 +252,18 @@ impl App {
             }
             Endpoint::TestAuth => {
                 envelope::Envelope::start(out, 200, keep_alive, format_args!("Authenticated.")).finish();
+                Ok(())
+            }
+            Endpoint::Metrics => {
+                let pending = response::start_typed(out, 200, keep_alive, None, "text/plain; version=0.0.4");
+                metrics.render(db.store(), out);
+                response::finish(out, pending);
+                Ok(())
+            }
+            Endpoint::OpenApi => {
+                let pending = response::start(out, 200, keep_alive, None);
+                out.extend_from_slice(OPENAPI_JSON.as_bytes());
+                response::finish(out, pending);
                 Ok(())
             }
             Endpoint::ListIndexes => {

@@ -33,11 +33,24 @@ pub fn reason(status: u16) -> &'static str {
 
 /// Starts a JSON response; the caller writes the body, then calls `finish`.
 pub fn start(out: &mut Vec<u8>, status: u16, keep_alive: bool, allow: Option<&str>) -> Pending {
+    start_typed(out, status, keep_alive, allow, "application/json")
+}
+
+/// Starts a response with the given content type.
+pub fn start_typed(
+    out: &mut Vec<u8>,
+    status: u16,
+    keep_alive: bool,
+    allow: Option<&str>,
+    content_type: &str,
+) -> Pending {
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(itoa::Buffer::new().format(status).as_bytes());
     out.push(b' ');
     out.extend_from_slice(reason(status).as_bytes());
-    out.extend_from_slice(b"\r\nContent-Type: application/json\r\n");
+    out.extend_from_slice(b"\r\nContent-Type: ");
+    out.extend_from_slice(content_type.as_bytes());
+    out.extend_from_slice(b"\r\n");
     out.extend_from_slice(if keep_alive { b"Connection: keep-alive\r\n" } else { b"Connection: close\r\n" as &[u8] });
     if let Some(allow) = allow {
         out.extend_from_slice(b"Allow: ");

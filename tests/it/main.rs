@@ -16,6 +16,8 @@ mod http_framing;
 mod lifecycle;
 /// Malformed bodies: 400 with a precise detail, nothing applied.
 mod malformed;
+/// Metrics, the OpenAPI document, operator logs.
+mod operations;
 /// The README's curl examples, as written.
 mod readme;
 /// Search results checked against a brute-force oracle.

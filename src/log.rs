@@ -1,0 +1,105 @@
+//! Operator logs: one line each on standard error, at a level `--log-level`
+//! chooses, and warnings about clients rate-limited so that abuse cannot
+//! flood the log.
+
+use std::fmt;
+use std::io::{self, Write};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Level {
+    Error = 0,
+    Warn = 1,
+    Info = 2,
+    Debug = 3,
+}
+
+static LEVEL: AtomicU8 = AtomicU8::new(Level::Info as u8);
+
+pub fn set_level(level: Level) {
+    LEVEL.store(level as u8, Ordering::Relaxed);
+}
+
+pub fn enabled(level: Level) -> bool {
+    level as u8 <= LEVEL.load(Ordering::Relaxed)
+}
+
+fn write(level: Level, message: fmt::Arguments<'_>) {
+    if !enabled(level) {
+        return;
+    }
+    let tag = match level {
+        Level::Error => "error: ",
+        Level::Warn => "warning: ",
+        Level::Info | Level::Debug => "",
+    };
+    let _ = writeln!(io::stderr().lock(), "quiver: {tag}{message}");
+}
+
+pub fn info(message: fmt::Arguments<'_>) {
+    write(Level::Info, message);
+}
+
+/// The start-up banner (address, data directory, API key): printed at every
+/// level, because operators need the key and the contract promises it.
+pub fn banner(message: fmt::Arguments<'_>) {
+    let _ = writeln!(io::stderr().lock(), "quiver: {message}");
+}
+
+pub fn warn(message: fmt::Arguments<'_>) {
+    write(Level::Warn, message);
+}
+
+pub fn error(message: fmt::Arguments<'_>) {
+    write(Level::Error, message);
+}
+
+pub fn debug(message: fmt::Arguments<'_>) {
+    write(Level::Debug, message);
+}
+
+/// Lets through at most `per_second` warnings a second; says how many it
+/// held back when the next second begins.
+pub struct Limiter {
+    per_second: u32,
+    window_start: Option<Instant>,
+    in_window: u32,
+    suppressed: u64,
+}
+
+impl Limiter {
+    pub const fn new(per_second: u32) -> Limiter {
+        Limiter { per_second, window_start: None, in_window: 0, suppressed: 0 }
+    }
+
+    pub fn warn(&mut self, now: Instant, message: fmt::Arguments<'_>) {
+        if !enabled(Level::Warn) {
+            return;
+        }
+        if self.window_start.is_none_or(|start| now.duration_since(start) >= Duration::from_secs(1)) {
+            if self.suppressed > 0 {
+                warn(format_args!("{} more client warnings in the last second were not logged", self.suppressed));
+            }
+            self.window_start = Some(now);
+            self.in_window = 0;
+            self.suppressed = 0;
+        }
+        if self.in_window < self.per_second {
+            self.in_window += 1;
+            warn(message);
+        } else {
+            self.suppressed += 1;
+        }
+    }
+}
+
+/// Warnings about clients (limits hit, connections closed for abuse): at
+/// most 20 a second, so a flood of bad clients cannot flood the log.
+pub fn client_warning(now: Instant, message: fmt::Arguments<'_>) {
+    static CLIENTS: Mutex<Limiter> = Mutex::new(Limiter::new(20));
+    if let Ok(mut limiter) = CLIENTS.lock() {
+        limiter.warn(now, message);
+    }
+}

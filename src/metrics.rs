@@ -1,0 +1,256 @@
+//! Prometheus metrics, in the text exposition format.
+//!
+//! Everything is a plain integer in a fixed array, bumped by the one loop
+//! thread: recording costs an add and no allocation; all formatting happens
+//! when `/metrics` is scraped.
+
+use std::time::Duration;
+
+use crate::api::json;
+use crate::store::Store;
+
+/// Route labels; `Route::None` is a request refused before it had a route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Route {
+    Health,
+    TestAuth,
+    ListIndexes,
+    CreateIndex,
+    IndexStats,
+    DeleteIndex,
+    Search,
+    Upsert,
+    Insert,
+    Retrieve,
+    DeleteEmbeddings,
+    Metrics,
+    OpenApi,
+    None,
+}
+
+const ROUTE_NAMES: [&str; 14] = [
+    "health",
+    "test_auth",
+    "list_indexes",
+    "create_index",
+    "index_stats",
+    "delete_index",
+    "search",
+    "upsert",
+    "insert",
+    "retrieve",
+    "delete_embeddings",
+    "metrics",
+    "openapi",
+    "none",
+];
+const ROUTES: usize = ROUTE_NAMES.len();
+
+/// Every status the server answers with; anything else counts as `other`.
+const STATUSES: [u16; 13] = [200, 400, 401, 404, 405, 408, 413, 431, 500, 503, 0, 0, 0];
+const STATUS_SLOTS: usize = STATUSES.len();
+
+/// Histogram bucket upper bounds, in microseconds.
+const BUCKETS_US: [u64; 15] =
+    [50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 5_000_000];
+
+#[derive(Clone, Copy, Default)]
+struct Histogram {
+    /// Per bucket (not cumulative); the last slot is above every bound.
+    counts: [u64; BUCKETS_US.len() + 1],
+    sum_us: u64,
+}
+
+impl Histogram {
+    fn observe(&mut self, elapsed: Duration) {
+        let us = elapsed.as_micros().min(u128::from(u64::MAX)) as u64;
+        let slot = BUCKETS_US.iter().position(|&bound| us <= bound).unwrap_or(BUCKETS_US.len());
+        self.counts[slot] += 1;
+        self.sum_us += us;
+    }
+
+    fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    fn render(&self, out: &mut Vec<u8>, name: &str, labels: &str) {
+        let mut cumulative = 0;
+        for (slot, &bound) in BUCKETS_US.iter().enumerate() {
+            cumulative += self.counts[slot];
+            line(out, name, "_bucket", labels, Some(&format!("{}", bound as f64 / 1e6)), cumulative as f64);
+        }
+        line(out, name, "_bucket", labels, Some("+Inf"), self.count() as f64);
+        line(out, name, "_sum", labels, None, self.sum_us as f64 / 1e6);
+        line(out, name, "_count", labels, None, self.count() as f64);
+    }
+}
+
+/// One sample line: `name{labels,le="..."} value`.
+fn line(out: &mut Vec<u8>, name: &str, suffix: &str, labels: &str, le: Option<&str>, value: f64) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(suffix.as_bytes());
+    if !labels.is_empty() || le.is_some() {
+        out.push(b'{');
+        out.extend_from_slice(labels.as_bytes());
+        if let Some(le) = le {
+            if !labels.is_empty() {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"le=\"");
+            out.extend_from_slice(le.as_bytes());
+            out.push(b'"');
+        }
+        out.push(b'}');
+    }
+    out.push(b' ');
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        json::write_i64(out, value as i64);
+    } else {
+        json::write_f64(out, value);
+    }
+    out.push(b'\n');
+}
+
+fn header(out: &mut Vec<u8>, name: &str, kind: &str, help: &str) {
+    out.extend_from_slice(format!("# HELP {name} {help}\n# TYPE {name} {kind}\n").as_bytes());
+}
+
+pub struct Metrics {
+    requests: [[u64; STATUS_SLOTS + 1]; ROUTES],
+    latency: [Histogram; ROUTES],
+    search_bytes_scanned: u64,
+    wal_appends: u64,
+    wal_syncs: Histogram,
+    wal_sync_failures: u64,
+    open_connections: u64,
+    connections_accepted: u64,
+    connections_refused: u64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: [[0; STATUS_SLOTS + 1]; ROUTES],
+            latency: [Histogram::default(); ROUTES],
+            search_bytes_scanned: 0,
+            wal_appends: 0,
+            wal_syncs: Histogram::default(),
+            wal_sync_failures: 0,
+            open_connections: 0,
+            connections_accepted: 0,
+            connections_refused: 0,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn observe_request(&mut self, route: Route, status: u16, elapsed: Duration) {
+        let slot = STATUSES.iter().position(|&s| s == status && s != 0).unwrap_or(STATUS_SLOTS);
+        self.requests[route as usize][slot] += 1;
+        self.latency[route as usize].observe(elapsed);
+    }
+
+    pub fn add_search_bytes(&mut self, bytes: u64) {
+        self.search_bytes_scanned += bytes;
+    }
+
+    pub fn observe_sync(&mut self, records: u64, elapsed: Duration, ok: bool) {
+        self.wal_appends += records;
+        self.wal_syncs.observe(elapsed);
+        if !ok {
+            self.wal_sync_failures += 1;
+        }
+    }
+
+    pub fn set_open_connections(&mut self, open: usize) {
+        self.open_connections = open as u64;
+    }
+
+    pub fn connection_accepted(&mut self) {
+        self.connections_accepted += 1;
+    }
+
+    pub fn connection_refused(&mut self) {
+        self.connections_refused += 1;
+    }
+
+    /// The exposition text of every metric, with per-index figures from `store`.
+    pub fn render(&self, store: &Store, out: &mut Vec<u8>) {
+        header(out, "quiver_requests_total", "counter", "Requests answered, by route and status.");
+        for (route, counts) in self.requests.iter().enumerate() {
+            for (slot, &count) in counts.iter().enumerate().filter(|(_, &c)| c > 0) {
+                let status = if slot < STATUS_SLOTS { STATUSES[slot].to_string() } else { "other".to_owned() };
+                let labels = format!("route=\"{}\",status=\"{status}\"", ROUTE_NAMES[route]);
+                line(out, "quiver_requests_total", "", &labels, None, count as f64);
+            }
+        }
+        header(out, "quiver_request_duration_seconds", "histogram", "Time to answer a request once it is received.");
+        for (route, histogram) in self.latency.iter().enumerate().filter(|(_, h)| h.count() > 0) {
+            histogram.render(out, "quiver_request_duration_seconds", &format!("route=\"{}\"", ROUTE_NAMES[route]));
+        }
+        header(out, "quiver_search_scanned_bytes_total", "counter", "Bytes of vectors read by searches.");
+        line(out, "quiver_search_scanned_bytes_total", "", "", None, self.search_bytes_scanned as f64);
+        header(out, "quiver_wal_appends_total", "counter", "Records appended to the write-ahead log and synced.");
+        line(out, "quiver_wal_appends_total", "", "", None, self.wal_appends as f64);
+        header(out, "quiver_wal_sync_failures_total", "counter", "Failed log syncs (the server then refuses writes).");
+        line(out, "quiver_wal_sync_failures_total", "", "", None, self.wal_sync_failures as f64);
+        header(out, "quiver_wal_sync_duration_seconds", "histogram", "Time to write and sync one tick's log records.");
+        self.wal_syncs.render(out, "quiver_wal_sync_duration_seconds", "");
+        header(out, "quiver_open_connections", "gauge", "Client connections open now.");
+        line(out, "quiver_open_connections", "", "", None, self.open_connections as f64);
+        header(out, "quiver_connections_accepted_total", "counter", "Client connections accepted.");
+        line(out, "quiver_connections_accepted_total", "", "", None, self.connections_accepted as f64);
+        header(out, "quiver_connections_refused_total", "counter", "Connections refused for the connection limit.");
+        line(out, "quiver_connections_refused_total", "", "", None, self.connections_refused as f64);
+        header(out, "quiver_index_vectors", "gauge", "Embeddings stored, by index.");
+        for (name, index) in store.indexes() {
+            line(out, "quiver_index_vectors", "", &format!("index=\"{name}\""), None, index.len() as f64);
+        }
+        header(out, "quiver_index_vector_bytes", "gauge", "Bytes of vectors stored, by index.");
+        for (name, index) in store.indexes() {
+            let bytes = (index.len() * index.dims() * 4) as f64;
+            line(out, "quiver_index_vector_bytes", "", &format!("index=\"{name}\""), None, bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Index, Metric};
+
+    #[test]
+    fn renders_counters_histograms_and_gauges() {
+        let mut metrics = Metrics::default();
+        metrics.observe_request(Route::Search, 200, Duration::from_micros(70));
+        metrics.observe_request(Route::Search, 200, Duration::from_millis(2));
+        metrics.observe_request(Route::None, 404, Duration::from_micros(3));
+        metrics.observe_request(Route::Insert, 299, Duration::from_micros(3));
+        metrics.observe_sync(5, Duration::from_millis(1), true);
+        metrics.set_open_connections(3);
+        let mut store = Store::new();
+        let mut index = Index::new(4, Metric::L2);
+        index.upsert(1, &[1.0; 4], b"");
+        store.put_index("docs", index);
+        let mut out = Vec::new();
+        metrics.render(&store, &mut out);
+        let text = String::from_utf8(out).unwrap();
+        for expected in [
+            "quiver_requests_total{route=\"search\",status=\"200\"} 2\n",
+            "quiver_requests_total{route=\"none\",status=\"404\"} 1\n",
+            "quiver_requests_total{route=\"insert\",status=\"other\"} 1\n",
+            "quiver_request_duration_seconds_bucket{route=\"search\",le=\"0.0001\"} 1\n",
+            "quiver_request_duration_seconds_bucket{route=\"search\",le=\"+Inf\"} 2\n",
+            "quiver_request_duration_seconds_count{route=\"search\"} 2\n",
+            "quiver_wal_appends_total 5\n",
+            "quiver_wal_sync_duration_seconds_count 1\n",
+            "quiver_open_connections 3\n",
+            "quiver_index_vectors{index=\"docs\"} 1\n",
+            "quiver_index_vector_bytes{index=\"docs\"} 16\n",
+            "# TYPE quiver_request_duration_seconds histogram\n",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+        }
+    }
+}

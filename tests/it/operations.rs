@@ -1,0 +1,143 @@
+//! What operators use: Prometheus metrics, the OpenAPI document, the logs.
+
+use std::time::Duration;
+
+use crate::harness::{create_index, request_bytes, Server, KEY};
+
+fn metrics_text(server: &Server) -> String {
+    let mut client = server.connect();
+    client.send(&request_bytes("GET", "/metrics", &[("X-Service-API-Key", KEY)], None));
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        std::io::Read::read_exact(&mut client.stream, &mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("Content-Type: text/plain; version=0.0.4"), "{head}");
+    let length: usize = head.lines().find_map(|l| l.strip_prefix("Content-Length:")).unwrap().trim().parse().unwrap();
+    let mut body = vec![0u8; length];
+    std::io::Read::read_exact(&mut client.stream, &mut body).unwrap();
+    String::from_utf8(body).unwrap()
+}
+
+#[test]
+fn metrics_count_requests_syncs_and_index_sizes() {
+    let server = Server::start();
+    create_index(&server, "metered", 4, "l2");
+    let insert = r#"{"embeddings":[{"id":1,"data":[1,2,3,4]},{"id":2,"data":[0,0,0,1]}]}"#;
+    assert_eq!(server.call("PUT", "/api/v1/embeddings/metered/insert", Some(insert)).status, 200);
+    for _ in 0..3 {
+        let r = server.call("POST", "/api/v1/embeddings/metered/search", Some(r#"{"queryVector":[1,1,1,1],"k":1}"#));
+        assert_eq!(r.status, 200);
+    }
+    server.call("GET", "/api/v1/nowhere", None);
+    server.connect().call_with("GET", "/api/v1/indexes/list", &[], None);
+
+    let text = metrics_text(&server);
+    for expected in [
+        "quiver_requests_total{route=\"search\",status=\"200\"} 3\n",
+        "quiver_requests_total{route=\"insert\",status=\"200\"} 1\n",
+        "quiver_requests_total{route=\"create_index\",status=\"200\"} 1\n",
+        "quiver_requests_total{route=\"none\",status=\"404\"} 1\n",
+        "quiver_requests_total{route=\"none\",status=\"401\"} 1\n",
+        "quiver_request_duration_seconds_count{route=\"search\"} 3\n",
+        "quiver_search_scanned_bytes_total 96\n",
+        "quiver_wal_appends_total 2\n",
+        "quiver_wal_sync_duration_seconds_count 2\n",
+        "quiver_index_vectors{index=\"metered\"} 2\n",
+        "quiver_index_vector_bytes{index=\"metered\"} 32\n",
+        "# TYPE quiver_open_connections gauge\n",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    // Every sample line is `name{labels} value` with a numeric value.
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let value = line.rsplit(' ').next().unwrap();
+        assert!(value.parse::<f64>().is_ok(), "{line}");
+    }
+}
+
+#[test]
+fn metrics_need_the_key_unless_public() {
+    let server = Server::start();
+    let r = server.connect().call_with("GET", "/metrics", &[], None);
+    assert_eq!((r.status, r.code()), (401, "NO_API_KEY_PROVIDED"));
+    let server = Server::start_with(&["--metrics-public"]);
+    let mut client = server.connect();
+    client.send(&request_bytes("GET", "/metrics", &[], None));
+    let mut start = [0u8; 12];
+    std::io::Read::read_exact(&mut client.stream, &mut start).unwrap();
+    assert_eq!(&start, b"HTTP/1.1 200");
+}
+
+#[test]
+fn the_openapi_document_is_served_without_a_key_and_covers_every_route() {
+    let server = Server::start();
+    let r = server.connect().call_with("GET", "/api/v1/openapi.json", &[], None);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["openapi"], "3.1.0");
+    let paths = r.body["paths"].as_object().unwrap();
+    for (path, method) in [
+        ("/api/v1/health", "get"),
+        ("/api/v1/test-auth", "get"),
+        ("/api/v1/openapi.json", "get"),
+        ("/metrics", "get"),
+        ("/api/v1/indexes/list", "get"),
+        ("/api/v1/indexes/{indexName}/create", "put"),
+        ("/api/v1/indexes/{indexName}/stats", "get"),
+        ("/api/v1/indexes/{indexName}/delete", "delete"),
+        ("/api/v1/embeddings/{indexName}/search", "post"),
+        ("/api/v1/embeddings/{indexName}/insert", "put"),
+        ("/api/v1/embeddings/{indexName}/upsert", "put"),
+        ("/api/v1/embeddings/{indexName}/retrieve", "post"),
+        ("/api/v1/embeddings/{indexName}/delete", "delete"),
+    ] {
+        assert!(paths.get(path).and_then(|p| p.get(method)).is_some(), "{method} {path} is not documented");
+    }
+    assert_eq!(paths.len(), 13, "a documented path the server does not serve");
+    // The served JSON is exactly the repository's openapi.yaml.
+    let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml")).unwrap();
+    let source: serde_json::Value = yaml_serde::from_str(&yaml).unwrap();
+    assert_eq!(r.body, source);
+    let codes = r.body["components"]["schemas"]["ErrorCode"]["enum"].as_array().unwrap();
+    for code in ["INVALID_REQUEST_BODY", "EMBEDDINGS_SKIPPED", "INDEX_NOT_CREATED", "READ_ONLY", "STORAGE_ERROR"] {
+        assert!(codes.iter().any(|c| c == code), "{code}");
+    }
+}
+
+#[test]
+fn start_up_steps_are_logged_with_timings_and_levels_filter() {
+    let server = Server::start();
+    let log = server.log();
+    for step in ["loaded 0 indexes", "replayed 0 log records", "listening on", "started in"] {
+        assert!(log.contains(step), "no {step:?} in:\n{log}");
+    }
+    assert!(log.lines().filter(|l| l.contains(" ms")).count() >= 3, "{log}");
+
+    let quiet = Server::start_with(&["--log-level", "warn"]);
+    let log = quiet.log();
+    assert!(log.contains("listening on"), "the banner is always printed: {log}");
+    assert!(!log.contains("replayed"), "info lines are filtered at warn: {log}");
+}
+
+#[test]
+fn abuse_is_logged_but_cannot_flood_the_log() {
+    let server = Server::start();
+    for _ in 0..60 {
+        let mut client = server.connect();
+        client.send(b"THIS IS NOT HTTP\r\n\r\n");
+        assert_eq!(client.read_response().status, 400);
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    // One more, in a new second, releases the count of what was held back.
+    let mut client = server.connect();
+    client.send(b"NOR THIS\r\n\r\n");
+    assert_eq!(client.read_response().status, 400);
+    server.wait_for_log("were not logged", Duration::from_secs(5));
+    let log = server.log();
+    let warnings = log.lines().filter(|l| l.contains("MALFORMED_HTTP_REQUEST")).count();
+    assert!((20..=21).contains(&warnings), "{warnings} warnings:\n{log}");
+    assert!(log.contains("127.0.0.1:"), "warnings name the peer: {log}");
+}
