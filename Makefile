@@ -1,5 +1,6 @@
 # quiver: `make run` builds and starts the server; `make test` runs every test.
-# Both work on a fresh machine with a Rust toolchain; `make tools` checks it.
+# Both work on a fresh machine with a Rust toolchain and Python 3 (for the
+# client tests); `make tools` checks them.
 
 CARGO      ?= cargo
 PORT       ?= 8080
@@ -8,6 +9,10 @@ DATA_DIR   ?= ./data
 # in its own target directory so it never invalidates the baseline test build.
 NATIVE      = RUSTFLAGS="-C target-cpu=native" CARGO_TARGET_DIR=target/native
 SERVER_BIN  = target/native/release/quiver
+# Python tests (EigenDB's published client, schemathesis) run from a virtual
+# environment under target/, reinstalled when the requirements change.
+PYTHON     ?= python3
+PYENV       = target/pyenv
 
 .PHONY: run build test lint bench tools clean
 
@@ -18,12 +23,19 @@ run: tools
 build: tools
 	$(NATIVE) $(CARGO) build --release --locked
 
-# Everything on the baseline target (what any x86-64 runs), then the library's
-# unit tests again built for this CPU, so the SIMD paths the server uses are
-# checked against their scalar references too.
-test: tools
+# Everything on the baseline target (what any x86-64 runs), the Python client
+# and schemathesis against that build, then the library's unit tests again
+# built for this CPU, so the SIMD paths the server uses are checked against
+# their scalar references too.
+test: tools $(PYENV)/.installed
 	$(CARGO) test --locked
+	QUIVER_BIN=target/debug/quiver $(PYENV)/bin/python -m pytest -q tests/python
 	$(NATIVE) $(CARGO) test --locked --lib
+
+$(PYENV)/.installed: tests/python/requirements.txt
+	$(PYTHON) -m venv $(PYENV)
+	$(PYENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+	touch $@
 
 lint: tools
 	$(CARGO) fmt --check
@@ -38,6 +50,9 @@ tools:
 	  echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh"; \
 	  exit 1; }
 	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt clippy
+	@$(PYTHON) -c "import venv, ensurepip" 2>/dev/null || { \
+	  echo "The Python tests need Python 3 with venv; on Debian: apt-get install python3-venv"; \
+	  exit 1; }
 
 clean:
 	$(CARGO) clean

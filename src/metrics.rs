@@ -185,7 +185,12 @@ impl Metrics {
                 line(out, "quiver_requests_total", "", &labels, None, count as f64);
             }
         }
-        header(out, "quiver_request_duration_seconds", "histogram", "Time to answer a request once it is received.");
+        header(
+            out,
+            "quiver_request_duration_seconds",
+            "histogram",
+            "Time to handle a request once it is received (a write's log sync is in quiver_wal_sync_duration_seconds).",
+        );
         for (route, histogram) in self.latency.iter().enumerate().filter(|(_, h)| h.count() > 0) {
             histogram.render(out, "quiver_request_duration_seconds", &format!("route=\"{}\"", ROUTE_NAMES[route]));
         }

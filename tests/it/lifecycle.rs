@@ -75,6 +75,11 @@ fn help_lists_every_flag_with_its_default() {
         "--request-timeout-ms",
         "--dimensions-max",
         "--k-max",
+        "--snapshot-log-bytes",
+        "--repair-log",
+        "--unsafe-no-sync",
+        "--metrics-public",
+        "--log-level",
     ] {
         assert!(help.contains(flag), "{flag} missing from --help");
     }
