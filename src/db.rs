@@ -84,8 +84,15 @@ impl Database {
         let manifest = snapshot::read_manifest(&data_dir)?.unwrap_or_default();
         let mut store = Store::new();
         let mut vectors = 0usize;
-        for name in &manifest.indexes {
-            let index = snapshot::load_index(&snapshot::snapshot_path(&snapshots_dir, manifest.generation, name))?;
+        let paths: Vec<PathBuf> = manifest
+            .indexes
+            .iter()
+            .map(|name| snapshot::snapshot_path(&snapshots_dir, manifest.generation, name))
+            .collect();
+        let total_bytes = paths.iter().filter_map(|path| fs::metadata(path).ok()).map(|m| m.len()).sum();
+        let mut progress = log::Progress::new("loading snapshots", total_bytes);
+        for (name, path) in manifest.indexes.iter().zip(&paths) {
+            let index = snapshot::load_index(path, &mut progress)?;
             vectors += index.len();
             store.put_index(name, index);
         }

@@ -95,6 +95,47 @@ impl Limiter {
     }
 }
 
+/// Logs how far a long start-up step has got, at most once a second:
+/// percent done and rate.
+pub struct Progress {
+    what: &'static str,
+    total_bytes: u64,
+    done_bytes: u64,
+    calls: u64,
+    started: Instant,
+    next_report: Instant,
+}
+
+impl Progress {
+    pub fn new(what: &'static str, total_bytes: u64) -> Progress {
+        let now = Instant::now();
+        Progress { what, total_bytes, done_bytes: 0, calls: 0, started: now, next_report: now + Duration::from_secs(1) }
+    }
+
+    pub fn advance(&mut self, bytes: u64) {
+        self.done_bytes += bytes;
+        self.calls += 1;
+        // Small steps: look at the clock every 1024 of them, not each time.
+        if bytes < 65536 && self.calls % 1024 != 0 {
+            return;
+        }
+        let now = Instant::now();
+        if now < self.next_report {
+            return;
+        }
+        self.next_report = now + Duration::from_secs(1);
+        let seconds = now.duration_since(self.started).as_secs_f64();
+        info(format_args!(
+            "recovery: {} {:.0}% ({} of {} MB, {:.0} MB/s)",
+            self.what,
+            self.done_bytes as f64 * 100.0 / self.total_bytes.max(1) as f64,
+            self.done_bytes >> 20,
+            self.total_bytes >> 20,
+            (self.done_bytes >> 20) as f64 / seconds
+        ));
+    }
+}
+
 /// Warnings about clients (limits hit, connections closed for abuse): at
 /// most 20 a second, so a flood of bad clients cannot flood the log.
 pub fn client_warning(now: Instant, message: fmt::Arguments<'_>) {

@@ -123,13 +123,16 @@ impl<R: Read> Verified<R> {
     }
 }
 
+/// Bytes of vectors read between progress reports.
+const LOAD_CHUNK_FLOATS: usize = 16 << 20;
+
 /// Loads a snapshot, reading ids and vectors straight into their arrays.
-pub fn load_index(path: &Path) -> Result<Index, String> {
+pub fn load_index(path: &Path, progress: &mut crate::log::Progress) -> Result<Index, String> {
     let fail = |why: String| format!("snapshot {}: {why}", path.display());
     let file = File::open(path).map_err(|e| fail(e.to_string()))?;
     let length = file.metadata().map_err(|e| fail(e.to_string()))?.len();
     let mut input = Verified { inner: io::BufReader::with_capacity(1 << 20, file), crc: 0 };
-    let read = |input: &mut Verified<_>| -> io::Result<Index> {
+    let mut read = |input: &mut Verified<_>| -> io::Result<Index> {
         let magic: [u8; 8] = input.array()?;
         let version = u32::from_le_bytes(input.array()?);
         if &magic != SNAPSHOT_MAGIC || version != VERSION {
@@ -152,8 +155,12 @@ pub fn load_index(path: &Path) -> Result<Index, String> {
         let count = count as usize;
         let mut ids = vec![0i64; count];
         input.fill(bytemuck::cast_slice_mut(&mut ids))?;
+        progress.advance(count as u64 * 8);
         let mut vectors = vec![0f32; count * dims];
-        input.fill(bytemuck::cast_slice_mut(&mut vectors))?;
+        for chunk in vectors.chunks_mut(LOAD_CHUNK_FLOATS) {
+            input.fill(bytemuck::cast_slice_mut(chunk))?;
+            progress.advance(chunk.len() as u64 * 4);
+        }
         let mut metadata = Vec::with_capacity(count);
         for _ in 0..count {
             let len = u32::from_le_bytes(input.array()?) as usize;
@@ -248,7 +255,7 @@ mod tests {
         index.upsert(-9, &[0.5, f32::MIN_POSITIVE, -7.0], b"");
         let path = snapshot_path(dir.path(), 7, "idx");
         write_index(&path, &index).unwrap();
-        let loaded = load_index(&path).unwrap();
+        let loaded = load_index(&path, &mut crate::log::Progress::new("test", 0)).unwrap();
         assert_eq!(loaded.parts(), index.parts());
         assert_eq!((loaded.dims(), loaded.metric()), (3, Metric::Cosine));
         assert_eq!(generation_of("00000000000000000007-idx.snap"), Some(7));
@@ -258,7 +265,9 @@ mod tests {
         let mut bytes = fs::read(&path).unwrap();
         bytes[40] ^= 1;
         fs::write(&path, &bytes).unwrap();
-        assert!(load_index(&path).unwrap_err().contains("checksum mismatch"));
+        assert!(load_index(&path, &mut crate::log::Progress::new("test", 0))
+            .unwrap_err()
+            .contains("checksum mismatch"));
 
         let manifest = Manifest { generation: 3, log_start: 12, indexes: vec!["a-b".into(), "xyz".into()] };
         write_manifest(dir.path(), &manifest).unwrap();

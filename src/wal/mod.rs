@@ -200,7 +200,7 @@ pub fn replay(dir: &Path, from: u64, repair: bool, mut apply: impl FnMut(Record)
     let mut report = Replayed { segments: wanted.len(), ..Replayed::default() };
     let total_bytes: u64 =
         wanted.iter().filter_map(|&s| fs::metadata(segment_path(dir, s)).ok()).map(|m| m.len()).sum();
-    let mut progress = Progress::new(total_bytes);
+    let mut progress = crate::log::Progress::new("replaying the log", total_bytes);
     for (n, &segment) in wanted.iter().enumerate() {
         let path = segment_path(dir, segment);
         let bytes = fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
@@ -252,50 +252,6 @@ pub fn replay(dir: &Path, from: u64, repair: bool, mut apply: impl FnMut(Record)
         report.bytes += at.min(bytes.len()) as u64;
     }
     Ok(report)
-}
-
-/// Logs how far replay has got, once a second, for large logs.
-struct Progress {
-    total_bytes: u64,
-    done_bytes: u64,
-    records: u64,
-    started: std::time::Instant,
-    next_report: std::time::Instant,
-}
-
-impl Progress {
-    fn new(total_bytes: u64) -> Progress {
-        let now = std::time::Instant::now();
-        Progress {
-            total_bytes,
-            done_bytes: 0,
-            records: 0,
-            started: now,
-            next_report: now + std::time::Duration::from_secs(1),
-        }
-    }
-
-    fn advance(&mut self, bytes: u64) {
-        self.done_bytes += bytes;
-        self.records += 1;
-        // Small records: look at the clock every 1024 of them, not each time.
-        if bytes < 65536 && self.records % 1024 != 0 {
-            return;
-        }
-        let now = std::time::Instant::now();
-        if now < self.next_report {
-            return;
-        }
-        self.next_report = now + std::time::Duration::from_secs(1);
-        let seconds = now.duration_since(self.started).as_secs_f64();
-        crate::log::info(format_args!(
-            "recovery: {:.0}% of the log replayed ({} of {} MB, {:.0} MB/s)",
-            self.done_bytes as f64 * 100.0 / self.total_bytes.max(1) as f64,
-            self.done_bytes >> 20,
-            self.total_bytes >> 20,
-            (self.done_bytes >> 20) as f64 / seconds
-        ));
-    }
 }
 
 fn cut(path: &Path, len: u64) -> Result<(), String> {
