@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use clap::builder::TypedValueParser;
 use clap::Parser;
 
 use crate::limits;
@@ -34,6 +35,45 @@ pub struct Config {
     /// Largest request head (request line and headers) in bytes (larger: 431).
     #[arg(long, default_value_t = limits::HEAD_BYTES_MAX_DEFAULT)]
     pub head_bytes_max: usize,
+
+    /// Most header fields in a request (more: 431).
+    #[arg(long, default_value_t = limits::HEADERS_COUNT_MAX_DEFAULT,
+          value_parser = clap::value_parser!(u16).range(1..=limits::HEADERS_COUNT_CEILING as i64).map(usize::from))]
+    pub headers_max: usize,
+
+    /// Most chunks in a chunked request body (more: 413).
+    #[arg(long, default_value_t = limits::CHUNKS_MAX_DEFAULT)]
+    pub chunks_max: usize,
+
+    /// Largest chunk of a chunked request body, in bytes (larger: 413).
+    #[arg(long, default_value_t = limits::CHUNK_BYTES_MAX_DEFAULT)]
+    pub chunk_bytes_max: usize,
+
+    /// Requests handled for one connection per turn of the loop before the others get theirs.
+    #[arg(long, default_value_t = limits::REQUESTS_PER_TICK_MAX_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    pub requests_per_tick_max: usize,
+
+    /// Most ids (retrieve, delete) or embeddings (insert, upsert) in one request (more: 400).
+    #[arg(long, default_value_t = limits::ITEMS_PER_REQUEST_MAX_DEFAULT)]
+    pub items_max: usize,
+
+    /// Most metadata entries of one embedding (more: 400).
+    #[arg(long, default_value_t = limits::METADATA_ENTRIES_MAX_DEFAULT)]
+    pub metadata_entries_max: usize,
+
+    /// Largest metadata of one embedding, in bytes of its JSON text (larger: 400).
+    #[arg(long, default_value_t = limits::METADATA_BYTES_MAX_DEFAULT)]
+    pub metadata_bytes_max: usize,
+
+    /// Most indexes (more: 500 INDEX_NOT_CREATED).
+    #[arg(long, default_value_t = limits::INDEXES_MAX_DEFAULT)]
+    pub indexes_max: usize,
+
+    /// Longest index name, 3 to 32 (longer: 500 INDEX_NOT_CREATED).
+    #[arg(long, default_value_t = limits::INDEX_NAME_BYTES_MAX,
+          value_parser = clap::value_parser!(u8).range(limits::INDEX_NAME_BYTES_MIN as i64..=limits::INDEX_NAME_BYTES_MAX as i64).map(usize::from))]
+    pub index_name_bytes_max: usize,
 
     /// Most open client connections (more: 503 and closed).
     #[arg(long, default_value_t = limits::CONNECTIONS_MAX_DEFAULT)]

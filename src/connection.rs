@@ -11,10 +11,9 @@ use mio::net::TcpStream;
 
 use crate::api::{ApiError, App, Target};
 use crate::db::StorageError;
-use crate::http::{Event, Framing, Parser, ReadBuf};
+use crate::http::{Event, Framing, FramingLimits, Parser, ReadBuf};
 use crate::limits::{
-    READ_BUF_INITIAL_BYTES, READ_BUF_KEEP_BYTES_MAX, READ_BYTES_PER_TICK_MAX, READ_CHUNK_BYTES, REQUESTS_PER_TICK_MAX,
-    WRITE_PENDING_BYTES_MAX,
+    READ_BUF_INITIAL_BYTES, READ_BUF_KEEP_BYTES_MAX, READ_BYTES_PER_TICK_MAX, READ_CHUNK_BYTES, WRITE_PENDING_BYTES_MAX,
 };
 use crate::log;
 use crate::metrics::Route;
@@ -58,6 +57,7 @@ pub struct Connection {
     sync_mark: Option<(usize, bool)>,
     /// The verdict on the current request, taken when its head arrived.
     admitted: Option<Result<Target, ApiError>>,
+    requests_per_tick_max: usize,
     /// Edge-triggered readiness: the socket may hold unread bytes.
     pub readable: bool,
     /// No more requests are read: the answer in `write` is the last one.
@@ -74,15 +74,16 @@ impl Connection {
     pub fn new(
         socket: TcpStream,
         peer: SocketAddr,
-        head_bytes_max: usize,
-        body_bytes_max: usize,
+        limits: FramingLimits,
+        requests_per_tick_max: usize,
         now: Instant,
     ) -> Connection {
         Connection {
             socket,
             peer,
             read: ReadBuf::with_capacity(READ_BUF_INITIAL_BYTES),
-            parser: Parser::new(head_bytes_max, body_bytes_max),
+            parser: Parser::new(limits),
+            requests_per_tick_max,
             write: Vec::new(),
             written: 0,
             sync_mark: None,
@@ -149,7 +150,7 @@ impl Connection {
                     requests += 1;
                     // One write per connection per tick: its answer waits for
                     // the sync, and what follows it waits for that answer.
-                    if mutated || requests >= REQUESTS_PER_TICK_MAX {
+                    if mutated || requests >= self.requests_per_tick_max {
                         return Progress::MoreWork;
                     }
                 }

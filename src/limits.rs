@@ -12,7 +12,27 @@ pub const BODY_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
 pub const HEAD_BYTES_MAX_DEFAULT: usize = 16 * 1024;
 
 /// Most headers in one request; more is a 431, like an oversized head.
-pub const HEADERS_COUNT_MAX: usize = 64;
+pub const HEADERS_COUNT_MAX_DEFAULT: usize = 64;
+
+/// The most `--headers-max` may allow: the parser's header array lives on the stack.
+pub const HEADERS_COUNT_CEILING: usize = 256;
+
+/// Most chunks in one chunked body. A client streaming a full 256 MiB body in
+/// 4 KiB chunks needs 65,536; each costs a little parsing.
+pub const CHUNKS_MAX_DEFAULT: usize = 1 << 20;
+
+/// Largest single chunk of a chunked body.
+pub const CHUNK_BYTES_MAX_DEFAULT: usize = 64 * 1024 * 1024;
+
+/// Ids (retrieve, delete) or embeddings (insert, upsert) in one request.
+pub const ITEMS_PER_REQUEST_MAX_DEFAULT: usize = 100_000;
+
+/// Entries in one embedding's metadata, and bytes of its JSON text.
+pub const METADATA_ENTRIES_MAX_DEFAULT: usize = 64;
+pub const METADATA_BYTES_MAX_DEFAULT: usize = 16 * 1024;
+
+/// Indexes one server holds.
+pub const INDEXES_MAX_DEFAULT: usize = 1024;
 
 /// Most connections open at once. Each holds buffers; beyond this a new
 /// connection is answered 503 and closed.
@@ -42,7 +62,7 @@ pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 pub const READ_BYTES_PER_TICK_MAX: usize = 4 * 1024 * 1024;
 
 /// Requests handled for one connection per tick before the others get a turn.
-pub const REQUESTS_PER_TICK_MAX: usize = 32;
+pub const REQUESTS_PER_TICK_MAX_DEFAULT: usize = 32;
 
 /// A connection whose unsent replies exceed this is not read from until the
 /// client has taken them: a pipelining client that never reads cannot make
@@ -74,5 +94,7 @@ const _: () = assert!(HEAD_BYTES_MAX_DEFAULT <= BODY_BYTES_MAX_DEFAULT);
 const _: () = assert!(READ_BUF_INITIAL_BYTES >= HEAD_BYTES_MAX_DEFAULT);
 const _: () = assert!(READ_CHUNK_BYTES <= READ_BYTES_PER_TICK_MAX);
 const _: () = assert!(INDEX_NAME_BYTES_MIN <= INDEX_NAME_BYTES_MAX);
+const _: () = assert!(HEADERS_COUNT_MAX_DEFAULT <= HEADERS_COUNT_CEILING);
+const _: () = assert!(CHUNK_BYTES_MAX_DEFAULT <= BODY_BYTES_MAX_DEFAULT);
 // A single vector of the largest dimensionality must fit in a body.
 const _: () = assert!(DIMENSIONS_MAX_DEFAULT * 16 < BODY_BYTES_MAX_DEFAULT);

@@ -16,11 +16,13 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
+use crate::api::decode::BodyLimits;
 use crate::api::{ApiError, ApiLimits, App};
 use crate::auth;
 use crate::config::Config;
 use crate::connection::{Connection, Flushed, Progress, Timeout};
 use crate::db::{self, Database};
+use crate::http::FramingLimits;
 use crate::limits::{SHUTDOWN_DRAIN_MS, TIMEOUT_SWEEP_INTERVAL_MS};
 use crate::log;
 
@@ -68,8 +70,18 @@ pub fn run(config: Config) -> io::Result<()> {
         config.data_dir.join(auth::KEY_FILE).display(),
         started.elapsed().as_millis()
     ));
-    let limits =
-        ApiLimits { dimensions_max: config.dimensions_max, k_max: config.k_max, metrics_public: config.metrics_public };
+    let limits = ApiLimits {
+        dimensions_max: config.dimensions_max,
+        k_max: config.k_max,
+        body: BodyLimits {
+            items_max: config.items_max,
+            metadata_entries_max: config.metadata_entries_max,
+            metadata_bytes_max: config.metadata_bytes_max,
+        },
+        indexes_max: config.indexes_max,
+        index_name_bytes_max: config.index_name_bytes_max,
+        metrics_public: config.metrics_public,
+    };
     let app = App::new(database, api_key, limits);
     Server::new(config, listener, app)?.run()
 }
@@ -244,7 +256,14 @@ impl Server {
                 log::info(format_args!("cannot register a connection: {e}"));
                 continue;
             }
-            entry.insert(Connection::new(socket, peer, self.config.head_bytes_max, self.config.body_bytes_max, now));
+            let framing = FramingLimits {
+                head_bytes_max: self.config.head_bytes_max,
+                headers_max: self.config.headers_max,
+                body_bytes_max: self.config.body_bytes_max,
+                chunks_max: self.config.chunks_max,
+                chunk_bytes_max: self.config.chunk_bytes_max,
+            };
+            entry.insert(Connection::new(socket, peer, framing, self.config.requests_per_tick_max, now));
             self.ready.push(key);
             let open = self.connections.len();
             let metrics = self.app.metrics();

@@ -13,6 +13,24 @@ use crate::store::Batch;
 /// A tape node slice: the whole parsed document.
 type Nodes<'t, 'i> = &'t [Node<'i>];
 
+/// What one body may hold.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyLimits {
+    /// Ids or embeddings per request.
+    pub items_max: usize,
+    pub metadata_entries_max: usize,
+    /// Bytes of one embedding's metadata as JSON text.
+    pub metadata_bytes_max: usize,
+}
+
+impl BodyLimits {
+    pub const DEFAULT: BodyLimits = BodyLimits {
+        items_max: crate::limits::ITEMS_PER_REQUEST_MAX_DEFAULT,
+        metadata_entries_max: crate::limits::METADATA_ENTRIES_MAX_DEFAULT,
+        metadata_bytes_max: crate::limits::METADATA_BYTES_MAX_DEFAULT,
+    };
+}
+
 /// The parser's buffers, kept from request to request.
 pub struct Decoder {
     buffers: Buffers,
@@ -104,7 +122,7 @@ impl Decoder {
     }
 
     /// `{"ids": [int]}`.
-    pub fn ids(&mut self, body: &mut [u8], ids: &mut Vec<i64>) -> Result<(), ApiError> {
+    pub fn ids(&mut self, body: &mut [u8], limits: BodyLimits, ids: &mut Vec<i64>) -> Result<(), ApiError> {
         ids.clear();
         self.with_tape(body, |nodes, _| {
             let mut found = false;
@@ -115,6 +133,9 @@ impl Decoder {
                 let Node::Array { len, .. } = nodes[at] else {
                     return Err(ApiError::bad_body("ids: expected an array of integers"));
                 };
+                if len > limits.items_max {
+                    return Err(ApiError::bad_body(format_args!("ids: at most {} per request", limits.items_max)));
+                }
                 ids.clear();
                 ids.reserve(len);
                 for (i, element) in elements(nodes, at).enumerate() {
@@ -133,7 +154,7 @@ impl Decoder {
     }
 
     /// `{"embeddings": [{"id": int, "data": [numbers], "metadata": {string: string}?}]}`.
-    pub fn embeddings(&mut self, body: &mut [u8], batch: &mut Batch) -> Result<(), ApiError> {
+    pub fn embeddings(&mut self, body: &mut [u8], limits: BodyLimits, batch: &mut Batch) -> Result<(), ApiError> {
         batch.clear();
         self.with_tape(body, |nodes, keys| {
             let mut found = false;
@@ -141,12 +162,18 @@ impl Decoder {
                 if key != "embeddings" {
                     continue;
                 }
-                if !matches!(nodes[at], Node::Array { .. }) {
+                let Node::Array { len, .. } = nodes[at] else {
                     return Err(ApiError::bad_body("embeddings: expected an array of embedding objects"));
+                };
+                if len > limits.items_max {
+                    return Err(ApiError::bad_body(format_args!(
+                        "embeddings: at most {} per request",
+                        limits.items_max
+                    )));
                 }
                 batch.clear();
                 for (i, element) in elements(nodes, at).enumerate() {
-                    embedding(nodes, element, i, batch, keys)?;
+                    embedding(nodes, element, i, limits, batch, keys)?;
                 }
                 found = true;
             }
@@ -163,6 +190,7 @@ fn embedding(
     nodes: Nodes<'_, '_>,
     at: usize,
     i: usize,
+    limits: BodyLimits,
     batch: &mut Batch,
     keys: &mut Vec<u32>,
 ) -> Result<(), ApiError> {
@@ -187,7 +215,17 @@ fn embedding(
     numbers(nodes, vector, &mut batch.values, &|| format!("embeddings[{i}].data"))?;
     let metadata_start = batch.metadata.len();
     if let Some(at) = metadata {
+        if let Node::Object { len, .. } = nodes[at] {
+            if len > limits.metadata_entries_max {
+                let max = limits.metadata_entries_max;
+                return Err(ApiError::bad_body(format_args!("embeddings[{i}].metadata: at most {max} entries")));
+            }
+        }
         write_metadata(nodes, at, i, &mut batch.metadata, keys)?;
+        if batch.metadata.len() - metadata_start > limits.metadata_bytes_max {
+            let max = limits.metadata_bytes_max;
+            return Err(ApiError::bad_body(format_args!("embeddings[{i}].metadata: at most {max} bytes of JSON text")));
+        }
     }
     batch.ids.push(id);
     batch.vector_spans.push((span(start)?, span(batch.values.len() - start)?));
@@ -358,7 +396,7 @@ mod tests {
             {"id":1,"data":[1,2.5,-3e2],"metadata":{"b":"x","a":"y\n","b":"z"}},
             {"id":-9,"data":[],"metadata":null},{"data":[0.1],"id":9223372036854775807}]}"#
             .to_vec();
-        decoder.embeddings(&mut body, &mut batch).unwrap();
+        decoder.embeddings(&mut body, BodyLimits::DEFAULT, &mut batch).unwrap();
         assert_eq!(batch.ids, vec![1, -9, i64::MAX]);
         assert_eq!(batch.vector(0), &[1.0, 2.5, -300.0]);
         assert_eq!(batch.vector(1), &[] as &[f32]);
@@ -371,7 +409,8 @@ mod tests {
     fn structural_errors_name_the_place() {
         let mut decoder = Decoder::default();
         let mut batch = Batch::default();
-        let mut decode = |text: &str| detail(decoder.embeddings(&mut text.as_bytes().to_vec(), &mut batch));
+        let mut decode =
+            |text: &str| detail(decoder.embeddings(&mut text.as_bytes().to_vec(), BodyLimits::DEFAULT, &mut batch));
         assert_eq!(decode(""), "body: expected a JSON object, got an empty body");
         assert!(decode("{").starts_with("body: invalid JSON"));
         assert_eq!(decode("[]"), "body: expected a JSON object");
@@ -423,9 +462,9 @@ mod tests {
         assert_eq!(bad(r#"{"dimensions":3,"metric":5}"#), "metric: expected a string");
 
         let mut ids = Vec::new();
-        Decoder::default().ids(&mut br#"{"ids":[3,-1]}"#.to_vec(), &mut ids).unwrap();
+        Decoder::default().ids(&mut br#"{"ids":[3,-1]}"#.to_vec(), BodyLimits::DEFAULT, &mut ids).unwrap();
         assert_eq!(ids, vec![3, -1]);
-        let error = Decoder::default().ids(&mut br#"{"ids":[3,true]}"#.to_vec(), &mut ids);
+        let error = Decoder::default().ids(&mut br#"{"ids":[3,true]}"#.to_vec(), BodyLimits::DEFAULT, &mut ids);
         assert_eq!(detail(error), "ids[1]: expected a 64-bit integer");
     }
 }

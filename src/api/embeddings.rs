@@ -85,6 +85,7 @@ pub fn search(
 pub fn write(
     db: &mut Database,
     scratch: &mut Scratch,
+    limits: ApiLimits,
     mode: Write,
     name: &str,
     body: &mut [u8],
@@ -92,7 +93,7 @@ pub fn write(
     keep_alive: bool,
 ) -> Result<(), ApiError> {
     let Scratch { decoder, batch, items, skipped, seen, .. } = scratch;
-    decoder.embeddings(body, batch)?;
+    decoder.embeddings(body, limits.body, batch)?;
     let index = find(db.store(), name, IndexOp::Fetch)?;
     items.clear();
     skipped.clear();
@@ -140,13 +141,14 @@ pub fn write(
 pub fn retrieve(
     store: &Store,
     scratch: &mut Scratch,
+    limits: ApiLimits,
     name: &str,
     body: &mut [u8],
     out: &mut Vec<u8>,
     keep_alive: bool,
 ) -> Result<(), ApiError> {
     let ids = &mut scratch.ids;
-    scratch.decoder.ids(body, ids)?;
+    scratch.decoder.ids(body, limits.body, ids)?;
     let index = find(store, name, IndexOp::Fetch)?;
     let found = ids.iter().filter(|&&id| index.contains(id)).count();
     let (status, total) = (if found == ids.len() { 200 } else { 500 }, ids.len());
@@ -180,13 +182,14 @@ pub fn retrieve(
 pub fn delete(
     db: &mut Database,
     scratch: &mut Scratch,
+    limits: ApiLimits,
     name: &str,
     body: &mut [u8],
     out: &mut Vec<u8>,
     keep_alive: bool,
 ) -> Result<(), ApiError> {
     let Scratch { decoder, ids, seen, batch, .. } = scratch;
-    decoder.ids(body, ids)?;
+    decoder.ids(body, limits.body, ids)?;
     let index = find(db.store(), name, IndexOp::Fetch)?;
     // `batch.ids` is free scratch here: it collects the ids to delete, in order.
     let deletable = &mut batch.ids;

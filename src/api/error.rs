@@ -36,6 +36,10 @@ pub enum ApiError {
     },
     IndexNameInvalid {
         name: String,
+        bytes_max: usize,
+    },
+    TooManyIndexes {
+        max: usize,
     },
     IndexExists {
         name: String,
@@ -68,11 +72,15 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::IndexNotFound { .. }
             | ApiError::IndexNameInvalid { .. }
+            | ApiError::TooManyIndexes { .. }
             | ApiError::IndexExists { .. }
             | ApiError::InvalidMetric { .. } => 500,
             ApiError::Http { error: HttpError::Malformed(_), .. } => 400,
-            ApiError::Http { error: HttpError::BodyTooLarge, .. } => 413,
-            ApiError::Http { error: HttpError::HeadTooLarge, .. } => 431,
+            ApiError::Http {
+                error: HttpError::BodyTooLarge | HttpError::TooManyChunks | HttpError::ChunkTooLarge,
+                ..
+            } => 413,
+            ApiError::Http { error: HttpError::HeadTooLarge | HttpError::TooManyHeaders, .. } => 431,
             ApiError::Timeout => 408,
             ApiError::TooManyConnections => 503,
             ApiError::Storage(StorageError::Failed(_)) => 500,
@@ -89,12 +97,17 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => "METHOD_NOT_ALLOWED",
             ApiError::IndexNotFound { op: IndexOp::Fetch, .. } => "INDEX_NOT_FETCHED",
             ApiError::IndexNotFound { op: IndexOp::Delete, .. } => "INDEX_NOT_DELETED",
-            ApiError::IndexNameInvalid { .. } | ApiError::IndexExists { .. } => "INDEX_NOT_CREATED",
+            ApiError::IndexNameInvalid { .. } | ApiError::IndexExists { .. } | ApiError::TooManyIndexes { .. } => {
+                "INDEX_NOT_CREATED"
+            }
             ApiError::InvalidMetric { .. } => "INVALID_SIMILARITY_METRIC",
             ApiError::SearchFailed { .. } => "SIMILARITY_SEARCH_ERROR",
             ApiError::Http { error: HttpError::Malformed(_), .. } => "MALFORMED_HTTP_REQUEST",
-            ApiError::Http { error: HttpError::BodyTooLarge, .. } => "REQUEST_TOO_LARGE",
-            ApiError::Http { error: HttpError::HeadTooLarge, .. } => "HEADERS_TOO_LARGE",
+            ApiError::Http {
+                error: HttpError::BodyTooLarge | HttpError::TooManyChunks | HttpError::ChunkTooLarge,
+                ..
+            } => "REQUEST_TOO_LARGE",
+            ApiError::Http { error: HttpError::HeadTooLarge | HttpError::TooManyHeaders, .. } => "HEADERS_TOO_LARGE",
             ApiError::Timeout => "REQUEST_TIMEOUT",
             ApiError::TooManyConnections => "TOO_MANY_CONNECTIONS",
             ApiError::Storage(StorageError::Failed(_)) => "STORAGE_ERROR",
@@ -111,12 +124,18 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => "Method not allowed",
             ApiError::IndexNotFound { op: IndexOp::Fetch, .. } => "An error occurred while fetching the index.",
             ApiError::IndexNotFound { op: IndexOp::Delete, .. } => "An error occurred while deleting the index.",
-            ApiError::IndexNameInvalid { .. } | ApiError::IndexExists { .. } | ApiError::InvalidMetric { .. } => {
-                "An error occurred while creating the index."
-            }
+            ApiError::IndexNameInvalid { .. }
+            | ApiError::IndexExists { .. }
+            | ApiError::InvalidMetric { .. }
+            | ApiError::TooManyIndexes { .. } => "An error occurred while creating the index.",
             ApiError::SearchFailed { .. } => "An error occurred during the similarity search.",
-            ApiError::Http { error: HttpError::BodyTooLarge, .. } => "Request too large",
-            ApiError::Http { error: HttpError::HeadTooLarge, .. } => "Request header fields too large",
+            ApiError::Http {
+                error: HttpError::BodyTooLarge | HttpError::TooManyChunks | HttpError::ChunkTooLarge,
+                ..
+            } => "Request too large",
+            ApiError::Http { error: HttpError::HeadTooLarge | HttpError::TooManyHeaders, .. } => {
+                "Request header fields too large"
+            }
             ApiError::Timeout => "Request timeout",
             ApiError::TooManyConnections => "Service unavailable",
             ApiError::Storage(StorageError::Failed(_)) => "An error occurred while writing to disk.",
@@ -158,8 +177,11 @@ impl fmt::Display for ApiError {
             ApiError::NotFound { path } => write!(f, "there is no endpoint at '{path}'"),
             ApiError::MethodNotAllowed { path, allow } => write!(f, "'{path}' accepts only {allow}"),
             ApiError::IndexNotFound { name, .. } => write!(f, "index '{name}' does not exist"),
-            ApiError::IndexNameInvalid { name } => {
-                write!(f, "index name '{name}' is invalid: it must be 3 to 32 characters of a-z, 0-9 and '-'")
+            ApiError::IndexNameInvalid { name, bytes_max } => {
+                write!(f, "index name '{name}' is invalid: it must be 3 to {bytes_max} characters of a-z, 0-9 and '-'")
+            }
+            ApiError::TooManyIndexes { max } => {
+                write!(f, "the server already holds the most indexes it may ({max}, --indexes-max)")
             }
             ApiError::IndexExists { name } => write!(f, "index '{name}' already exists"),
             ApiError::InvalidMetric { metric } => {

@@ -7,9 +7,9 @@ use crate::db::Database;
 use crate::limits::{INDEX_NAME_BYTES_MAX, INDEX_NAME_BYTES_MIN};
 use crate::store::{Metric, Mutation, Store};
 
-/// `^[a-z0-9-]{3,32}$`
-pub fn is_valid_name(name: &str) -> bool {
-    (INDEX_NAME_BYTES_MIN..=INDEX_NAME_BYTES_MAX).contains(&name.len())
+/// `^[a-z0-9-]{3,32}$`, the upper bound lowered by `--index-name-bytes-max`.
+pub fn is_valid_name(name: &str, bytes_max: usize) -> bool {
+    (INDEX_NAME_BYTES_MIN..=bytes_max.min(INDEX_NAME_BYTES_MAX)).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
@@ -23,12 +23,15 @@ pub fn create(
     keep_alive: bool,
 ) -> Result<(), ApiError> {
     let (dims, metric) = scratch.decoder.create(body, limits.dimensions_max)?;
-    if !is_valid_name(name) {
-        return Err(ApiError::IndexNameInvalid { name: name.to_owned() });
+    if !is_valid_name(name, limits.index_name_bytes_max) {
+        return Err(ApiError::IndexNameInvalid { name: name.to_owned(), bytes_max: limits.index_name_bytes_max });
     }
     let metric = Metric::parse(&metric).ok_or(ApiError::InvalidMetric { metric })?;
     if db.store().index(name).is_some() {
         return Err(ApiError::IndexExists { name: name.to_owned() });
+    }
+    if db.store().names().count() >= limits.indexes_max {
+        return Err(ApiError::TooManyIndexes { max: limits.indexes_max });
     }
     db.apply(&Mutation::CreateIndex { name, dims, metric }).map_err(ApiError::Storage)?;
     Envelope::start(out, 200, keep_alive, format_args!("Index '{name}' created successfully.")).finish();
@@ -80,10 +83,12 @@ mod tests {
     #[test]
     fn name_rule() {
         for good in ["abc", "a-1", "0123456789abcdefghij0123456789ab"] {
-            assert!(is_valid_name(good), "{good}");
+            assert!(is_valid_name(good, 32), "{good}");
         }
         for bad in ["ab", "ABC", "a_b", "a b", "abc/", "0123456789abcdefghij0123456789abc", "ä-bc"] {
-            assert!(!is_valid_name(bad), "{bad}");
+            assert!(!is_valid_name(bad, 32), "{bad}");
         }
+        assert!(is_valid_name("abcd", 4));
+        assert!(!is_valid_name("abcde", 4));
     }
 }

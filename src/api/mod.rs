@@ -58,6 +58,9 @@ pub struct Target {
 pub struct ApiLimits {
     pub dimensions_max: usize,
     pub k_max: usize,
+    pub body: decode::BodyLimits,
+    pub indexes_max: usize,
+    pub index_name_bytes_max: usize,
     pub metrics_public: bool,
 }
 
@@ -274,10 +277,14 @@ impl App {
             Endpoint::IndexStats => indexes::stats(db.store(), name, out, keep_alive),
             Endpoint::DeleteIndex => indexes::delete(db, name, out, keep_alive),
             Endpoint::Search => embeddings::search(db.store(), scratch, *limits, name, body, out, keep_alive),
-            Endpoint::Upsert => embeddings::write(db, scratch, embeddings::Write::Upsert, name, body, out, keep_alive),
-            Endpoint::Insert => embeddings::write(db, scratch, embeddings::Write::Insert, name, body, out, keep_alive),
-            Endpoint::Retrieve => embeddings::retrieve(db.store(), scratch, name, body, out, keep_alive),
-            Endpoint::DeleteEmbeddings => embeddings::delete(db, scratch, name, body, out, keep_alive),
+            Endpoint::Upsert => {
+                embeddings::write(db, scratch, *limits, embeddings::Write::Upsert, name, body, out, keep_alive)
+            }
+            Endpoint::Insert => {
+                embeddings::write(db, scratch, *limits, embeddings::Write::Insert, name, body, out, keep_alive)
+            }
+            Endpoint::Retrieve => embeddings::retrieve(db.store(), scratch, *limits, name, body, out, keep_alive),
+            Endpoint::DeleteEmbeddings => embeddings::delete(db, scratch, *limits, name, body, out, keep_alive),
         };
         if let Err(error) = result {
             error.write(out, keep_alive);

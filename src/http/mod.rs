@@ -6,4 +6,4 @@ pub mod request;
 pub mod response;
 
 pub use buffer::ReadBuf;
-pub use request::{Event, Framing, Head, HttpError, Method, Parser};
+pub use request::{Event, Framing, FramingLimits, Head, HttpError, Method, Parser};

@@ -10,7 +10,7 @@
 use std::fmt;
 
 use super::buffer::ReadBuf;
-use crate::limits::HEADERS_COUNT_MAX;
+use crate::limits::HEADERS_COUNT_CEILING;
 
 /// Chunk-size lines (with extensions) and trailer lines longer than this are refused.
 const CHUNK_LINE_BYTES_MAX: usize = 4096;
@@ -73,13 +73,29 @@ impl Head {
     }
 }
 
+/// What one request may be, in bytes and pieces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FramingLimits {
+    pub head_bytes_max: usize,
+    /// Most header fields (at most `HEADERS_COUNT_CEILING`).
+    pub headers_max: usize,
+    pub body_bytes_max: usize,
+    /// Most chunks in a chunked body.
+    pub chunks_max: usize,
+    /// Largest single chunk.
+    pub chunk_bytes_max: usize,
+}
+
 /// Why the bytes on a connection cannot be taken as a request. After any of
 /// these the connection is answered once and closed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HttpError {
     Malformed(&'static str),
     HeadTooLarge,
+    TooManyHeaders,
     BodyTooLarge,
+    TooManyChunks,
+    ChunkTooLarge,
 }
 
 impl fmt::Display for HttpError {
@@ -87,7 +103,10 @@ impl fmt::Display for HttpError {
         match self {
             HttpError::Malformed(why) => write!(f, "malformed HTTP request: {why}"),
             HttpError::HeadTooLarge => f.write_str("request head too large"),
+            HttpError::TooManyHeaders => f.write_str("too many header fields"),
             HttpError::BodyTooLarge => f.write_str("request body too large"),
+            HttpError::TooManyChunks => f.write_str("too many chunks in a chunked body"),
+            HttpError::ChunkTooLarge => f.write_str("a chunk of a chunked body is too large"),
         }
     }
 }
@@ -139,21 +158,22 @@ pub struct Parser {
     chunked: Vec<u8>,
     /// Bytes of a chunked body count even when discarded.
     chunked_len: usize,
+    chunks: usize,
     discard: bool,
-    head_bytes_max: usize,
-    body_bytes_max: usize,
+    limits: FramingLimits,
 }
 
 impl Parser {
-    pub fn new(head_bytes_max: usize, body_bytes_max: usize) -> Parser {
+    pub fn new(limits: FramingLimits) -> Parser {
+        assert!(limits.headers_max <= HEADERS_COUNT_CEILING);
         Parser {
             head: Head::new(),
             state: State::Head { scanned: 0 },
             chunked: Vec::new(),
             chunked_len: 0,
+            chunks: 0,
             discard: false,
-            head_bytes_max,
-            body_bytes_max,
+            limits,
         }
     }
 
@@ -248,6 +268,7 @@ impl Parser {
             self.chunked = Vec::new();
         }
         self.chunked_len = 0;
+        self.chunks = 0;
         self.discard = false;
         self.state = State::Head { scanned: 0 };
     }
@@ -261,25 +282,28 @@ impl Parser {
             return Ok(None);
         }
         let Some(head_len) = find_head_end(pending, scanned) else {
-            if pending.len() > self.head_bytes_max {
+            if pending.len() > self.limits.head_bytes_max {
                 return Err(HttpError::HeadTooLarge);
             }
             // Resume the search where it stopped, less a terminator's length.
             self.state = State::Head { scanned: pending.len().saturating_sub(3) };
             return Ok(Some(Event::NeedMore));
         };
-        if head_len > self.head_bytes_max {
+        if head_len > self.limits.head_bytes_max {
             return Err(HttpError::HeadTooLarge);
         }
-        let mut headers = [httparse::EMPTY_HEADER; HEADERS_COUNT_MAX];
+        let mut headers = [httparse::EMPTY_HEADER; HEADERS_COUNT_CEILING];
         let mut request = httparse::Request::new(&mut headers);
         match request.parse(&pending[..head_len]) {
             Ok(httparse::Status::Complete(_)) => {}
             Ok(httparse::Status::Partial) => return Err(HttpError::Malformed("incomplete request head")),
-            Err(httparse::Error::TooManyHeaders) => return Err(HttpError::HeadTooLarge),
+            Err(httparse::Error::TooManyHeaders) => return Err(HttpError::TooManyHeaders),
             Err(_) => return Err(HttpError::Malformed("invalid request line or header")),
         }
-        read_head(&request, &mut self.head, self.body_bytes_max)?;
+        if request.headers.len() > self.limits.headers_max {
+            return Err(HttpError::TooManyHeaders);
+        }
+        read_head(&request, &mut self.head, self.limits.body_bytes_max)?;
         buf.consume(head_len);
         self.state = match self.head.framing {
             Framing::None => State::Complete { in_read_buf: 0 },
@@ -299,8 +323,15 @@ impl Parser {
                     self.state = State::Trailers { bytes: 0 };
                     return Ok(None);
                 }
-                if self.chunked_len.saturating_add(size) > self.body_bytes_max {
+                if self.chunked_len.saturating_add(size) > self.limits.body_bytes_max {
                     return Err(HttpError::BodyTooLarge);
+                }
+                if size > self.limits.chunk_bytes_max {
+                    return Err(HttpError::ChunkTooLarge);
+                }
+                self.chunks += 1;
+                if self.chunks > self.limits.chunks_max {
+                    return Err(HttpError::TooManyChunks);
                 }
                 self.state = State::ChunkData { remaining: size };
                 Ok(None)
@@ -332,7 +363,7 @@ impl Parser {
     fn skip_trailer_line(&mut self, buf: &mut ReadBuf, bytes: usize) -> Result<Option<Event>, HttpError> {
         let pending = buf.pending();
         let Some(newline) = pending.iter().position(|&b| b == b'\n') else {
-            if bytes + pending.len() > self.head_bytes_max {
+            if bytes + pending.len() > self.limits.head_bytes_max {
                 return Err(HttpError::HeadTooLarge);
             }
             return Ok(Some(Event::NeedMore));
@@ -345,7 +376,7 @@ impl Parser {
             return Ok(Some(Event::Request));
         }
         let bytes = bytes + newline + 1;
-        if bytes > self.head_bytes_max {
+        if bytes > self.limits.head_bytes_max {
             return Err(HttpError::HeadTooLarge);
         }
         self.state = State::Trailers { bytes };
@@ -448,8 +479,8 @@ pub type Parsed = Result<(Method, String, Vec<u8>), HttpError>;
 /// Feeds `bytes` to a parser `piece_bytes` at a time, as a socket might
 /// deliver them, and lists what it parsed. The split must not matter: this is
 /// the property the unit tests and the `http_request` fuzz target check.
-pub fn parse_in_pieces(bytes: &[u8], piece_bytes: usize, head_bytes_max: usize, body_bytes_max: usize) -> Vec<Parsed> {
-    let mut parser = Parser::new(head_bytes_max, body_bytes_max);
+pub fn parse_in_pieces(bytes: &[u8], piece_bytes: usize, limits: FramingLimits) -> Vec<Parsed> {
+    let mut parser = Parser::new(limits);
     let mut buf = ReadBuf::with_capacity(16);
     let mut out = Vec::new();
     for piece in bytes.chunks(piece_bytes.max(1)) {
@@ -477,8 +508,16 @@ pub fn parse_in_pieces(bytes: &[u8], piece_bytes: usize, head_bytes_max: usize, 
 mod tests {
     use super::*;
 
+    const LIMITS: FramingLimits = FramingLimits {
+        head_bytes_max: 1024,
+        headers_max: 64,
+        body_bytes_max: 1 << 20,
+        chunks_max: 8,
+        chunk_bytes_max: 4096,
+    };
+
     fn parse_all(bytes: &[u8], step: usize) -> Vec<Parsed> {
-        parse_in_pieces(bytes, step, 1024, 1 << 20)
+        parse_in_pieces(bytes, step, LIMITS)
     }
 
     const PIPELINE: &[u8] = b"GET /a?x=1 HTTP/1.1\r\nHost: h\r\n\r\n\
@@ -515,14 +554,19 @@ mod tests {
         assert!(matches!(parse_all(b"\x00\x01garbage\r\n\r\n", 100)[0], Err(HttpError::Malformed(_))));
         let bad_chunk = b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n";
         assert!(matches!(parse_all(bad_chunk, 100)[0], Err(HttpError::Malformed(_))));
-        let many: String = (0..70).map(|i| format!("H{i}: v\r\n")).collect();
+        let many: String = (0..70).map(|i| format!("H{i}:v\r\n")).collect();
         let many = format!("GET / HTTP/1.1\r\n{many}\r\n");
-        assert_eq!(parse_all(many.as_bytes(), 1000), vec![Err(HttpError::HeadTooLarge)]);
+        assert_eq!(parse_all(many.as_bytes(), 1000), vec![Err(HttpError::TooManyHeaders)]);
+        let chunks: String = (0..9).map(|_| "1\r\nx\r\n").collect();
+        let chunked = format!("PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n{chunks}0\r\n\r\n");
+        assert_eq!(parse_all(chunked.as_bytes(), 1000), vec![Err(HttpError::TooManyChunks)]);
+        let big_chunk = "PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1001\r\n";
+        assert_eq!(parse_all(big_chunk.as_bytes(), 1000), vec![Err(HttpError::ChunkTooLarge)]);
     }
 
     #[test]
     fn head_fields() {
-        let mut parser = Parser::new(1024, 1024);
+        let mut parser = Parser::new(FramingLimits { body_bytes_max: 1024, ..tests::LIMITS });
         let mut buf = ReadBuf::with_capacity(64);
         buf.extend(b"PUT /x HTTP/1.0\r\nConnection: Keep-Alive\r\nexpect: 100-continue\r\nX-Service-Api-Key:  k1 \r\nContent-Length: 2\r\n\r\n");
         assert_eq!(parser.advance(&mut buf), Event::Head);
@@ -535,7 +579,7 @@ mod tests {
     #[test]
     fn the_eigen_key_header_is_an_alias_that_yields_to_the_service_header() {
         let key_of = |headers: &str| {
-            let mut parser = Parser::new(1024, 1024);
+            let mut parser = Parser::new(FramingLimits { body_bytes_max: 1024, ..tests::LIMITS });
             let mut buf = ReadBuf::with_capacity(64);
             buf.extend(format!("GET / HTTP/1.1\r\n{headers}\r\n").as_bytes());
             assert_eq!(parser.advance(&mut buf), Event::Head);
@@ -549,7 +593,7 @@ mod tests {
 
     #[test]
     fn discarded_bodies_are_skipped() {
-        let mut parser = Parser::new(1024, 1024);
+        let mut parser = Parser::new(FramingLimits { body_bytes_max: 1024, ..tests::LIMITS });
         let mut buf = ReadBuf::with_capacity(64);
         buf.extend(b"PUT /x HTTP/1.1\r\nContent-Length: 3\r\n\r\nab");
         assert_eq!(parser.advance(&mut buf), Event::Head);

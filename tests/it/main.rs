@@ -10,6 +10,8 @@ mod compat;
 mod contract;
 /// Answered writes survive kill -9; torn and damaged logs; snapshots; the lock.
 mod durability;
+/// Hostile requests: every limit, framing error and bad value, answered exactly.
+mod hostile;
 /// HTTP framing: pipelining, splits, chunked, 100-continue, limits, slow clients.
 mod http_framing;
 /// The process: API key sources, start-up log, --help, shutdown.
