@@ -4,7 +4,7 @@ use std::fmt;
 
 use super::envelope::Envelope;
 use super::error::{ApiError, IndexOp};
-use super::{find, json, ApiLimits, Scratch};
+use super::{find, json, ApiLimits, Reply, Scratch};
 use crate::db::Database;
 use crate::store::{Mutation, Store, VectorError};
 
@@ -50,9 +50,9 @@ pub fn search(
     limits: ApiLimits,
     name: &str,
     body: &mut [u8],
-    out: &mut Vec<u8>,
-    keep_alive: bool,
+    reply: Reply<'_>,
 ) -> Result<(), ApiError> {
+    let Reply { out, keep_alive } = reply;
     let k = scratch.decoder.search(body, limits.k_max, &mut scratch.query)?;
     let index = find(store, name, IndexOp::Fetch)?;
     index
@@ -89,9 +89,9 @@ pub fn write(
     mode: Write,
     name: &str,
     body: &mut [u8],
-    out: &mut Vec<u8>,
-    keep_alive: bool,
+    reply: Reply<'_>,
 ) -> Result<(), ApiError> {
+    let Reply { out, keep_alive } = reply;
     let Scratch { decoder, batch, items, skipped, seen, .. } = scratch;
     decoder.embeddings(body, limits.body, batch)?;
     let index = find(db.store(), name, IndexOp::Fetch)?;
@@ -144,9 +144,9 @@ pub fn retrieve(
     limits: ApiLimits,
     name: &str,
     body: &mut [u8],
-    out: &mut Vec<u8>,
-    keep_alive: bool,
+    reply: Reply<'_>,
 ) -> Result<(), ApiError> {
+    let Reply { out, keep_alive } = reply;
     let ids = &mut scratch.ids;
     scratch.decoder.ids(body, limits.body, ids)?;
     let index = find(store, name, IndexOp::Fetch)?;
@@ -185,9 +185,9 @@ pub fn delete(
     limits: ApiLimits,
     name: &str,
     body: &mut [u8],
-    out: &mut Vec<u8>,
-    keep_alive: bool,
+    reply: Reply<'_>,
 ) -> Result<(), ApiError> {
+    let Reply { out, keep_alive } = reply;
     let Scratch { decoder, ids, seen, batch, .. } = scratch;
     decoder.ids(body, limits.body, ids)?;
     let index = find(db.store(), name, IndexOp::Fetch)?;

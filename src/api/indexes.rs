@@ -2,7 +2,7 @@
 
 use super::envelope::Envelope;
 use super::error::{ApiError, IndexOp};
-use super::{find, json, ApiLimits, Scratch};
+use super::{find, json, ApiLimits, Reply, Scratch};
 use crate::db::Database;
 use crate::limits::{INDEX_NAME_BYTES_MAX, INDEX_NAME_BYTES_MIN};
 use crate::store::{Metric, Mutation, Store};
@@ -19,9 +19,9 @@ pub fn create(
     limits: ApiLimits,
     name: &str,
     body: &mut [u8],
-    out: &mut Vec<u8>,
-    keep_alive: bool,
+    reply: Reply<'_>,
 ) -> Result<(), ApiError> {
+    let Reply { out, keep_alive } = reply;
     let (dims, metric) = scratch.decoder.create(body, limits.dimensions_max)?;
     if !is_valid_name(name, limits.index_name_bytes_max) {
         return Err(ApiError::IndexNameInvalid { name: name.to_owned(), bytes_max: limits.index_name_bytes_max });
@@ -38,7 +38,8 @@ pub fn create(
     Ok(())
 }
 
-pub fn stats(store: &Store, name: &str, out: &mut Vec<u8>, keep_alive: bool) -> Result<(), ApiError> {
+pub fn stats(store: &Store, name: &str, reply: Reply<'_>) -> Result<(), ApiError> {
+    let Reply { out, keep_alive } = reply;
     let index = find(store, name, IndexOp::Fetch)?;
     let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("Index '{name}' fetched successfully."));
     let out = envelope.data();
@@ -55,7 +56,8 @@ pub fn stats(store: &Store, name: &str, out: &mut Vec<u8>, keep_alive: bool) -> 
     Ok(())
 }
 
-pub fn list(store: &Store, out: &mut Vec<u8>, keep_alive: bool) {
+pub fn list(store: &Store, reply: Reply<'_>) {
+    let Reply { out, keep_alive } = reply;
     let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("Indexes listed successfully."));
     let out = envelope.data();
     out.extend_from_slice(b"{\"indexes\":[");
@@ -69,7 +71,8 @@ pub fn list(store: &Store, out: &mut Vec<u8>, keep_alive: bool) {
     envelope.finish();
 }
 
-pub fn delete(db: &mut Database, name: &str, out: &mut Vec<u8>, keep_alive: bool) -> Result<(), ApiError> {
+pub fn delete(db: &mut Database, name: &str, reply: Reply<'_>) -> Result<(), ApiError> {
+    let Reply { out, keep_alive } = reply;
     find(db.store(), name, IndexOp::Delete)?;
     db.apply(&Mutation::DropIndex { name }).map_err(ApiError::Storage)?;
     Envelope::start(out, 200, keep_alive, format_args!("Index '{name}' successfully deleted.")).finish();

@@ -46,6 +46,12 @@ pub enum Endpoint {
     DeleteEmbeddings,
 }
 
+/// Where an endpoint writes its answer, and whether the connection stays open after it.
+pub struct Reply<'a> {
+    pub out: &'a mut Vec<u8>,
+    pub keep_alive: bool,
+}
+
 /// A routed request: its endpoint and where the index name sits in the path.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
@@ -270,21 +276,37 @@ impl App {
                 Ok(())
             }
             Endpoint::ListIndexes => {
-                indexes::list(db.store(), out, keep_alive);
+                indexes::list(db.store(), Reply { out, keep_alive });
                 Ok(())
             }
-            Endpoint::CreateIndex => indexes::create(db, scratch, *limits, name, body, out, keep_alive),
-            Endpoint::IndexStats => indexes::stats(db.store(), name, out, keep_alive),
-            Endpoint::DeleteIndex => indexes::delete(db, name, out, keep_alive),
-            Endpoint::Search => embeddings::search(db.store(), scratch, *limits, name, body, out, keep_alive),
-            Endpoint::Upsert => {
-                embeddings::write(db, scratch, *limits, embeddings::Write::Upsert, name, body, out, keep_alive)
+            Endpoint::CreateIndex => indexes::create(db, scratch, *limits, name, body, Reply { out, keep_alive }),
+            Endpoint::IndexStats => indexes::stats(db.store(), name, Reply { out, keep_alive }),
+            Endpoint::DeleteIndex => indexes::delete(db, name, Reply { out, keep_alive }),
+            Endpoint::Search => embeddings::search(db.store(), scratch, *limits, name, body, Reply { out, keep_alive }),
+            Endpoint::Upsert => embeddings::write(
+                db,
+                scratch,
+                *limits,
+                embeddings::Write::Upsert,
+                name,
+                body,
+                Reply { out, keep_alive },
+            ),
+            Endpoint::Insert => embeddings::write(
+                db,
+                scratch,
+                *limits,
+                embeddings::Write::Insert,
+                name,
+                body,
+                Reply { out, keep_alive },
+            ),
+            Endpoint::Retrieve => {
+                embeddings::retrieve(db.store(), scratch, *limits, name, body, Reply { out, keep_alive })
             }
-            Endpoint::Insert => {
-                embeddings::write(db, scratch, *limits, embeddings::Write::Insert, name, body, out, keep_alive)
+            Endpoint::DeleteEmbeddings => {
+                embeddings::delete(db, scratch, *limits, name, body, Reply { out, keep_alive })
             }
-            Endpoint::Retrieve => embeddings::retrieve(db.store(), scratch, *limits, name, body, out, keep_alive),
-            Endpoint::DeleteEmbeddings => embeddings::delete(db, scratch, *limits, name, body, out, keep_alive),
         };
         if let Err(error) = result {
             error.write(out, keep_alive);
