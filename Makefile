@@ -14,7 +14,7 @@ SERVER_BIN  = target/native/release/quiver
 PYTHON     ?= python3
 PYENV       = target/pyenv
 
-.PHONY: run build test lint bench tools clean
+.PHONY: run build test lint bench fuzz tools clean
 
 run: tools
 	$(NATIVE) $(CARGO) build --release --locked
@@ -43,6 +43,18 @@ lint: tools
 
 bench: tools
 	$(NATIVE) $(CARGO) bench --locked
+
+# Every fuzz target for FUZZ_SECONDS each. `-s none` (no sanitizer) is what
+# lets cargo-fuzz build with the stable toolchain; the targets assert
+# properties, and the Rust code they drive is memory-safe. New corpus
+# entries land in fuzz/corpus/<target>; `make test` replays the committed ones.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS  = http_request json_bodies wal_record store_ops
+fuzz: tools
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+	cd fuzz && for target in $(FUZZ_TARGETS); do \
+	  $(CARGO) fuzz run -s none -O $$target corpus/$$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
 
 tools:
 	@command -v $(CARGO) >/dev/null 2>&1 || { \

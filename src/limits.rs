@@ -31,12 +31,17 @@ pub const ITEMS_PER_REQUEST_MAX_DEFAULT: usize = 100_000;
 pub const METADATA_ENTRIES_MAX_DEFAULT: usize = 64;
 pub const METADATA_BYTES_MAX_DEFAULT: usize = 16 * 1024;
 
+/// JSON nesting depth of a body. The deepest body the API takes nests 4
+/// levels (object, array, object, metadata object); deeper is refused early.
+pub const JSON_DEPTH_MAX: usize = 16;
+
 /// Indexes one server holds.
 pub const INDEXES_MAX_DEFAULT: usize = 1024;
 
-/// Most connections open at once. Each holds buffers; beyond this a new
-/// connection is answered 503 and closed.
-pub const CONNECTIONS_MAX_DEFAULT: usize = 1024;
+/// Most connections open at once. An idle one holds a 16 KiB read buffer
+/// (64 MiB for all of them); beyond this a new connection is answered 503
+/// and closed.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 4096;
 
 /// A connection with no request in progress is closed after this long.
 pub const IDLE_TIMEOUT_MS_DEFAULT: u64 = 60_000;

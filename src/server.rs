@@ -55,6 +55,7 @@ pub fn run(config: Config) -> io::Result<()> {
     }
     let database = Database::open(&options).map_err(io::Error::other)?;
     let (api_key, key_source) = auth::load_or_create(&config.data_dir, config.api_key.as_deref())?;
+    raise_descriptor_limit(config.connections_max);
     let address = resolve(&config.host, config.port)?;
     let listener =
         TcpListener::bind(address).map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
@@ -84,6 +85,29 @@ pub fn run(config: Config) -> io::Result<()> {
     };
     let app = App::new(database, api_key, limits);
     Server::new(config, listener, app)?.run()
+}
+
+/// Lifts the soft limit on open files to the hard limit, so that
+/// `--connections-max` clients can be served where the soft limit is lower.
+fn raise_descriptor_limit(connections_max: usize) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid struct for our own process.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return;
+        }
+        let wanted = (connections_max as libc::rlim_t + 64).min(limit.rlim_max);
+        if limit.rlim_cur < wanted {
+            limit.rlim_cur = wanted;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && (limit.rlim_cur as usize) < connections_max + 64 {
+            log::warn(format_args!(
+                "open files are limited to {}: fewer than --connections-max {connections_max} clients can connect",
+                limit.rlim_cur
+            ));
+        }
+    }
 }
 
 fn resolve(host: &str, port: u16) -> io::Result<SocketAddr> {

@@ -41,7 +41,11 @@ pub struct Decoder {
 
 impl Default for Decoder {
     fn default() -> Self {
-        Decoder { buffers: Buffers::default(), tape: Some(Tape::null()), keys: Vec::new() }
+        Decoder {
+            buffers: Buffers::with_max_depth(0, crate::limits::JSON_DEPTH_MAX),
+            tape: Some(Tape::null()),
+            keys: Vec::new(),
+        }
     }
 }
 

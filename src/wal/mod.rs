@@ -176,6 +176,35 @@ fn new_segment(dir: &Path, segment: u64) -> io::Result<File> {
     Ok(file)
 }
 
+/// How a scan of a segment's records ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ScanEnd {
+    /// Every byte was a whole, valid record.
+    Clean,
+    /// A record cut short, or only zeros, from `offset` on: a torn append.
+    Torn { offset: usize },
+    /// A damaged record at `offset`.
+    Damaged { offset: usize, error: DecodeError },
+}
+
+/// Decodes the records of `bytes` (a segment without its header) in order,
+/// handing each to `apply`, until the bytes end or stop being records.
+pub fn scan(bytes: &[u8], mut apply: impl FnMut(Record, usize)) -> ScanEnd {
+    let mut at = 0;
+    while at < bytes.len() {
+        match record::decode(&bytes[at..]) {
+            Ok((record, len)) => {
+                apply(record, len);
+                at += len;
+            }
+            Err(DecodeError::Truncated) => return ScanEnd::Torn { offset: at },
+            Err(_) if bytes[at..].iter().all(|&b| b == 0) => return ScanEnd::Torn { offset: at },
+            Err(error) => return ScanEnd::Damaged { offset: at, error },
+        }
+    }
+    ScanEnd::Clean
+}
+
 /// What reading the log found, for the start-up log.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Replayed {
@@ -214,42 +243,43 @@ pub fn replay(dir: &Path, from: u64, repair: bool, mut apply: impl FnMut(Record)
             }
             return Err(format!("{} is not a quiver log segment", path.display()));
         }
-        let mut at = SEGMENT_HEADER_BYTES;
-        while at < bytes.len() {
-            match record::decode(&bytes[at..]) {
-                Ok((record, len)) => {
-                    apply(record);
-                    report.records += 1;
-                    at += len;
-                    progress.advance(len as u64);
-                }
-                Err(error) => {
-                    let rest = &bytes[at..];
-                    let torn = matches!(error, DecodeError::Truncated) || rest.iter().all(|&b| b == 0);
-                    if last && torn {
-                        cut(&path, at as u64)?;
-                        report.torn_tail = Some((segment, at as u64, rest.len() as u64));
-                        break;
-                    }
-                    if !repair {
-                        return Err(format!(
-                            "the log is damaged: {} at offset {at}: {error}; start with --repair-log to cut the \
-                             log there, dropping every record after it",
-                            path.display()
-                        ));
-                    }
-                    cut(&path, at as u64)?;
-                    for &later in &wanted[n + 1..] {
-                        let later = segment_path(dir, later);
-                        fs::remove_file(&later).map_err(|e| format!("cannot remove {}: {e}", later.display()))?;
-                    }
-                    report.repaired_at = Some((segment, at as u64));
-                    report.bytes += at as u64;
-                    return Ok(report);
-                }
+        let end = scan(&bytes[SEGMENT_HEADER_BYTES..], |record, len| {
+            apply(record);
+            report.records += 1;
+            progress.advance(len as u64);
+        });
+        let (at, error) = match end {
+            ScanEnd::Clean => {
+                report.bytes += bytes.len() as u64;
+                continue;
             }
+            ScanEnd::Torn { offset } if last => {
+                let at = SEGMENT_HEADER_BYTES + offset;
+                cut(&path, at as u64)?;
+                report.torn_tail = Some((segment, at as u64, (bytes.len() - at) as u64));
+                report.bytes += at as u64;
+                continue;
+            }
+            ScanEnd::Torn { offset } => {
+                (SEGMENT_HEADER_BYTES + offset, "record cut short before the last segment".to_owned())
+            }
+            ScanEnd::Damaged { offset, error } => (SEGMENT_HEADER_BYTES + offset, error.to_string()),
+        };
+        if !repair {
+            return Err(format!(
+                "the log is damaged: {} at offset {at}: {error}; start with --repair-log to cut the log there, \
+                 dropping every record after it",
+                path.display()
+            ));
         }
-        report.bytes += at.min(bytes.len()) as u64;
+        cut(&path, at as u64)?;
+        for &later in &wanted[n + 1..] {
+            let later = segment_path(dir, later);
+            fs::remove_file(&later).map_err(|e| format!("cannot remove {}: {e}", later.display()))?;
+        }
+        report.repaired_at = Some((segment, at as u64));
+        report.bytes += at as u64;
+        return Ok(report);
     }
     Ok(report)
 }

@@ -101,6 +101,9 @@ fn cases() -> Vec<Case> {
     let long_value = "v".repeat(200);
     let big_metadata = format!(r#"{{"embeddings":[{{"id":9,"data":[1,2,3],"metadata":{{"k":"{long_value}"}}}}]}}"#);
     let deep = format!(r#"{{"ids":{}{}}}"#, "[".repeat(2000), "]".repeat(2000));
+    // The object is level 1, `ids` level 2: 15 more arrays make 17 levels.
+    let deep_17 = format!(r#"{{"ids":[{}{}]}}"#, "[".repeat(15), "]".repeat(15));
+    let deep_16 = format!(r#"{{"ids":[{}{}]}}"#, "[".repeat(14), "]".repeat(14));
     let seventeen_headers: String = (0..17).map(|i| format!("X-H{i}: v\r\n")).collect();
     let head_2049 = {
         let prefix = "GET /api/v1/health HTTP/1.1\r\nX-Pad: ";
@@ -303,6 +306,16 @@ fn cases() -> Vec<Case> {
         api("null body", "POST", search, Some("null"), 400, BAD, "body: expected a JSON object"),
         api("array body", "POST", retrieve, Some("[1,2]"), 400, BAD, "body: expected a JSON object"),
         api("2000-deep nesting", "POST", retrieve, Some(&deep), 400, BAD, "body: invalid JSON"),
+        api("17-deep nesting", "POST", retrieve, Some(&deep_17), 400, BAD, "body: invalid JSON"),
+        api(
+            "16-deep nesting is JSON, just not ids",
+            "POST",
+            retrieve,
+            Some(&deep_16),
+            400,
+            BAD,
+            "ids[0]: expected a 64-bit integer",
+        ),
         api("NaN", "POST", search, Some(r#"{"queryVector":[NaN,1,2],"k":1}"#), 400, BAD, "body: invalid JSON"),
         api(
             "Infinity",

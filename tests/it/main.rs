@@ -10,12 +10,16 @@ mod compat;
 mod contract;
 /// Answered writes survive kill -9; torn and damaged logs; snapshots; the lock.
 mod durability;
+/// The fuzz targets' corpora, replayed through their properties.
+mod fuzz_corpus;
 /// Hostile requests: every limit, framing error and bad value, answered exactly.
 mod hostile;
 /// HTTP framing: pipelining, splits, chunked, 100-continue, limits, slow clients.
 mod http_framing;
 /// The process: API key sources, start-up log, --help, shutdown.
 mod lifecycle;
+/// 2,000 concurrent connections of every kind; normal clients still served.
+mod load;
 /// Malformed bodies: 400 with a precise detail, nothing applied.
 mod malformed;
 /// Metrics, the OpenAPI document, operator logs.

@@ -1,0 +1,319 @@
+//! The fuzz targets' properties, shared by the cargo-fuzz binaries in
+//! `fuzz_targets/` and by the integration tests, which replay the committed
+//! corpus through these same functions. Each asserts a property, not only
+//! "no crash".
+
+use std::collections::BTreeMap;
+
+use quiver::api::decode::{BodyLimits, Decoder};
+use quiver::api::json;
+use quiver::http::request::{parse_in_pieces, FramingLimits};
+use quiver::store::topk::TopK;
+use quiver::store::{kernels, Batch, Index, Metric, Mutation, Store};
+use quiver::wal::record::{self, Record};
+use quiver::wal::{scan, ScanEnd};
+
+/// Bytes fed to the request framing parse to the same requests and errors
+/// whole as in pieces of any size.
+pub fn http_request(input: &[u8]) {
+    let Some((&piece, bytes)) = input.split_first() else { return };
+    let limits = FramingLimits {
+        head_bytes_max: 512,
+        headers_max: 16,
+        body_bytes_max: 4096,
+        chunks_max: 8,
+        chunk_bytes_max: 1024,
+    };
+    let whole = parse_in_pieces(bytes, bytes.len().max(1), limits);
+    let pieces = parse_in_pieces(bytes, usize::from(piece % 16) + 1, limits);
+    assert_eq!(whole, pieces);
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|x| x.to_bits()).collect()
+}
+
+fn write_f32s(out: &mut Vec<u8>, values: &[f32]) -> bool {
+    if values.iter().any(|x| !x.is_finite()) {
+        return false;
+    }
+    json::write_f32_array(out, values);
+    true
+}
+
+/// Any bytes into each endpoint's body decoder: no panic, and whatever is
+/// accepted encodes back to JSON that decodes to the same value (floats to
+/// the same bits).
+pub fn json_bodies(input: &[u8]) {
+    let Some((&which, body)) = input.split_first() else { return };
+    let mut decoder = Decoder::default();
+    let limits = BodyLimits::DEFAULT;
+    match which % 4 {
+        0 => {
+            if let Ok((dims, metric)) = decoder.create(&mut body.to_vec(), 65536) {
+                let mut again = Vec::new();
+                again.extend_from_slice(format!("{{\"dimensions\":{dims},\"metric\":").as_bytes());
+                json::write_str(&mut again, &metric);
+                again.push(b'}');
+                assert_eq!(decoder.create(&mut again, 65536).unwrap(), (dims, metric));
+            }
+        }
+        1 => {
+            let mut query = Vec::new();
+            if let Ok(k) = decoder.search(&mut body.to_vec(), 10_000, &mut query) {
+                let mut again = format!("{{\"k\":{k},\"queryVector\":").into_bytes();
+                if !write_f32s(&mut again, &query) {
+                    return;
+                }
+                again.push(b'}');
+                let mut query_again = Vec::new();
+                assert_eq!(decoder.search(&mut again, 10_000, &mut query_again).unwrap(), k);
+                assert_eq!(bits(&query_again), bits(&query));
+            }
+        }
+        2 => {
+            let mut ids = Vec::new();
+            if decoder.ids(&mut body.to_vec(), limits, &mut ids).is_ok() {
+                let mut again = b"{\"ids\":[".to_vec();
+                for (i, id) in ids.iter().enumerate() {
+                    if i > 0 {
+                        again.push(b',');
+                    }
+                    json::write_i64(&mut again, *id);
+                }
+                again.extend_from_slice(b"]}");
+                let mut ids_again = Vec::new();
+                decoder.ids(&mut again, limits, &mut ids_again).unwrap();
+                assert_eq!(ids_again, ids);
+            }
+        }
+        _ => {
+            let mut batch = Batch::default();
+            if decoder.embeddings(&mut body.to_vec(), limits, &mut batch).is_ok() {
+                let mut again = b"{\"embeddings\":[".to_vec();
+                for item in 0..batch.len() {
+                    if item > 0 {
+                        again.push(b',');
+                    }
+                    again.extend_from_slice(b"{\"id\":");
+                    json::write_i64(&mut again, batch.ids[item]);
+                    again.extend_from_slice(b",\"data\":");
+                    if !write_f32s(&mut again, batch.vector(item)) {
+                        return;
+                    }
+                    again.extend_from_slice(b",\"metadata\":");
+                    json::write_metadata(&mut again, batch.metadata(item));
+                    again.push(b'}');
+                }
+                again.extend_from_slice(b"]}");
+                let mut batch_again = Batch::default();
+                decoder.embeddings(&mut again, limits, &mut batch_again).unwrap();
+                assert_eq!(batch_again.ids, batch.ids);
+                assert_eq!(bits(&batch_again.values), bits(&batch.values));
+                for item in 0..batch.len() {
+                    assert_eq!(batch_again.metadata(item), batch.metadata(item));
+                }
+            }
+        }
+    }
+}
+
+/// Reads fuzz bytes as small structured choices.
+struct Choices<'a>(&'a [u8]);
+
+impl Choices<'_> {
+    fn byte(&mut self) -> u8 {
+        let Some((&first, rest)) = self.0.split_first() else { return 0 };
+        self.0 = rest;
+        first
+    }
+
+    fn below(&mut self, n: u8) -> u8 {
+        self.byte() % n.max(1)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+fn metric_of(choice: u8) -> Metric {
+    [Metric::Cosine, Metric::L2, Metric::Ip][usize::from(choice % 3)]
+}
+
+/// A batch of `count` items with small ids (so they collide), small vectors and tags.
+fn batch_from(choices: &mut Choices<'_>, dims: usize, count: usize) -> Batch {
+    let mut batch = Batch::default();
+    for _ in 0..count {
+        let id = i64::from(choices.below(16)) - 4;
+        batch.ids.push(id);
+        batch.vector_spans.push((batch.values.len() as u32, dims as u32));
+        for _ in 0..dims {
+            batch.values.push(f32::from(choices.byte() as i8) / 4.0);
+        }
+        let tag = choices.byte();
+        let metadata = if tag % 2 == 0 { String::new() } else { format!("{{\"t\":\"{tag}\"}}") };
+        batch.metadata_spans.push((batch.metadata.len() as u32, metadata.len() as u32));
+        batch.metadata.extend_from_slice(metadata.as_bytes());
+    }
+    batch
+}
+
+/// Log records: any bytes scanned as a log never panic; records encoded
+/// from structured choices decode to themselves; and a log cut anywhere
+/// scans to a prefix of its records, ending clean or torn, never damaged.
+pub fn wal_record(input: &[u8]) {
+    scan(input, |_, _| {});
+
+    let mut choices = Choices(input);
+    let mut log = Vec::new();
+    let mut ends = Vec::new();
+    let mut expected = Vec::new();
+    let names = ["abc", "de-f", "g00"];
+    while !choices.is_empty() && expected.len() < 16 {
+        let name = names[usize::from(choices.below(3))];
+        let dims = usize::from(choices.below(4)) + 1;
+        match choices.below(4) {
+            0 => {
+                let metric = metric_of(choices.byte());
+                record::encode(&Mutation::CreateIndex { name, dims, metric }, &mut log);
+                expected.push(Record::Create { name: name.into(), dims, metric });
+            }
+            1 => {
+                record::encode(&Mutation::DropIndex { name }, &mut log);
+                expected.push(Record::Drop { name: name.into() });
+            }
+            2 => {
+                let count = usize::from(choices.below(4)) + 1;
+                let batch = batch_from(&mut choices, dims, count);
+                let items: Vec<u32> = (0..count as u32).collect();
+                record::encode(&Mutation::Upsert { index: name, batch: &batch, items: &items }, &mut log);
+                expected.push(Record::Upsert { name: name.into(), batch });
+            }
+            _ => {
+                let ids: Vec<i64> = (0..choices.below(5)).map(|_| i64::from(choices.byte() as i8)).collect();
+                record::encode(&Mutation::Delete { index: name, ids: &ids }, &mut log);
+                expected.push(Record::Delete { name: name.into(), ids });
+            }
+        }
+        ends.push(log.len());
+    }
+    let mut decoded = Vec::new();
+    assert_eq!(scan(&log, |record, _| decoded.push(record)), ScanEnd::Clean);
+    assert_eq!(decoded, expected);
+
+    let cut = if log.is_empty() { 0 } else { usize::from(input[0]) * 257 % (log.len() + 1) };
+    let mut prefix = Vec::new();
+    let end = scan(&log[..cut], |record, _| prefix.push(record));
+    let whole_records = ends.iter().filter(|&&e| e <= cut).count();
+    assert_eq!(prefix.len(), whole_records);
+    assert_eq!(&expected[..whole_records], &prefix[..]);
+    match end {
+        ScanEnd::Clean => assert!(cut == 0 || ends.contains(&cut)),
+        ScanEnd::Torn { offset } => assert_eq!(offset, if whole_records == 0 { 0 } else { ends[whole_records - 1] }),
+        ScanEnd::Damaged { offset, error } => panic!("a clean cut at {cut} read as damage at {offset}: {error}"),
+    }
+}
+
+/// The model of one index: id -> (vector, metadata text).
+struct ModelIndex {
+    dims: usize,
+    metric: Metric,
+    rows: BTreeMap<i64, (Vec<f32>, Vec<u8>)>,
+}
+
+/// The distance an index ranks by, computed the way `Index::search` does.
+fn model_distance(metric: Metric, query: &[f32], vector: &[f32]) -> f32 {
+    let distance = match metric {
+        Metric::Cosine => {
+            -((kernels::dot(query, vector) * kernels::inverse_norm(vector)) * kernels::inverse_norm(query))
+        }
+        Metric::L2 => kernels::l2_squared(query, vector),
+        Metric::Ip => -kernels::dot(query, vector),
+    };
+    if distance.is_nan() {
+        f32::INFINITY
+    } else {
+        distance
+    }
+}
+
+/// A sequence of index and embedding operations against the store and a
+/// simple model (a map and a brute-force scan): every read agrees exactly.
+pub fn store_ops(input: &[u8]) {
+    let mut choices = Choices(input);
+    let mut store = Store::new();
+    let mut model: BTreeMap<&str, ModelIndex> = BTreeMap::new();
+    let mut top = TopK::new();
+    let names = ["abc", "xyz"];
+    while !choices.is_empty() {
+        let name = names[usize::from(choices.below(2))];
+        match choices.below(6) {
+            0 => {
+                if model.contains_key(name) {
+                    continue;
+                }
+                let (dims, metric) = (usize::from(choices.below(9)) + 1, metric_of(choices.byte()));
+                store.apply(&Mutation::CreateIndex { name, dims, metric });
+                model.insert(name, ModelIndex { dims, metric, rows: BTreeMap::new() });
+            }
+            1 => {
+                if model.remove(name).is_some() {
+                    store.apply(&Mutation::DropIndex { name });
+                }
+            }
+            2 | 3 => {
+                let Some(entry) = model.get_mut(name) else { continue };
+                let count = usize::from(choices.below(5));
+                let batch = batch_from(&mut choices, entry.dims, count);
+                let index = store.index(name).unwrap();
+                // Validated the way the API does: a bad vector is skipped.
+                let items: Vec<u32> =
+                    (0..count as u32).filter(|&item| index.check_vector(batch.vector(item as usize)).is_ok()).collect();
+                store.apply(&Mutation::Upsert { index: name, batch: &batch, items: &items });
+                for &item in &items {
+                    let item = item as usize;
+                    entry.rows.insert(batch.ids[item], (batch.vector(item).to_vec(), batch.metadata(item).to_vec()));
+                }
+            }
+            4 => {
+                let Some(entry) = model.get_mut(name) else { continue };
+                let mut ids: Vec<i64> = (0..choices.below(4)).map(|_| i64::from(choices.below(16)) - 4).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                ids.retain(|id| entry.rows.contains_key(id));
+                store.apply(&Mutation::Delete { index: name, ids: &ids });
+                for id in &ids {
+                    entry.rows.remove(id);
+                }
+            }
+            _ => {
+                let Some(entry) = model.get(name) else { continue };
+                let index: &Index = store.index(name).unwrap();
+                let query: Vec<f32> = (0..entry.dims).map(|_| f32::from(choices.byte() as i8) / 4.0).collect();
+                if index.check_vector(&query).is_err() {
+                    continue;
+                }
+                let k = usize::from(choices.below(20)) + 1;
+                index.search(&query, k, &mut top);
+                let got: Vec<(i64, u32)> = top.sorted().iter().map(|c| (c.id, c.distance.to_bits())).collect();
+                let mut want: Vec<(f32, i64)> =
+                    entry.rows.iter().map(|(&id, (v, _))| (model_distance(entry.metric, &query, v), id)).collect();
+                want.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                let want: Vec<(i64, u32)> = want.into_iter().take(k).map(|(d, id)| (id, d.to_bits())).collect();
+                assert_eq!(got, want);
+            }
+        }
+        // Every stored row reads back exactly.
+        for (name, entry) in &model {
+            let index = store.index(name).unwrap();
+            assert_eq!(index.len(), entry.rows.len());
+            for (id, (vector, metadata)) in &entry.rows {
+                let (stored, stored_metadata) = index.get(*id).unwrap();
+                assert_eq!(bits(stored), bits(vector));
+                assert_eq!(stored_metadata, &metadata[..]);
+            }
+        }
+    }
+    assert_eq!(store.names().collect::<Vec<_>>(), model.keys().copied().collect::<Vec<_>>());
+}
