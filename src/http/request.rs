@@ -316,6 +316,10 @@ impl Parser {
     fn parse_chunk_size(&mut self, buf: &mut ReadBuf) -> Result<Option<Event>, HttpError> {
         let pending = buf.pending();
         match httparse::parse_chunk_size(pending) {
+            // A complete line is held to the same length as an incomplete one.
+            Ok(httparse::Status::Complete((consumed, _))) if consumed > CHUNK_LINE_BYTES_MAX => {
+                Err(HttpError::Malformed("chunk size line too long"))
+            }
             Ok(httparse::Status::Complete((consumed, size))) => {
                 buf.consume(consumed);
                 let size = usize::try_from(size).map_err(|_| HttpError::BodyTooLarge)?;
@@ -336,7 +340,7 @@ impl Parser {
                 self.state = State::ChunkData { remaining: size };
                 Ok(None)
             }
-            Ok(httparse::Status::Partial) if pending.len() > CHUNK_LINE_BYTES_MAX => {
+            Ok(httparse::Status::Partial) if pending.len() >= CHUNK_LINE_BYTES_MAX => {
                 Err(HttpError::Malformed("chunk size line too long"))
             }
             Ok(httparse::Status::Partial) => Ok(Some(Event::NeedMore)),
@@ -361,6 +365,8 @@ impl Parser {
 
     /// Trailer fields are read and ignored, up to the blank line that ends them.
     fn skip_trailer_line(&mut self, buf: &mut ReadBuf, bytes: usize) -> Result<Option<Event>, HttpError> {
+        // Every line counts against the limit, the blank one that ends the
+        // trailers included, so the outcome is the same however the bytes arrive.
         let pending = buf.pending();
         let Some(newline) = pending.iter().position(|&b| b == b'\n') else {
             if bytes + pending.len() > self.limits.head_bytes_max {
@@ -368,16 +374,16 @@ impl Parser {
             }
             return Ok(Some(Event::NeedMore));
         };
+        let bytes = bytes + newline + 1;
+        if bytes > self.limits.head_bytes_max {
+            return Err(HttpError::HeadTooLarge);
+        }
         let line = &pending[..newline];
         let blank = line.is_empty() || line == b"\r";
         buf.consume(newline + 1);
         if blank {
             self.state = State::Complete { in_read_buf: 0 };
             return Ok(Some(Event::Request));
-        }
-        let bytes = bytes + newline + 1;
-        if bytes > self.limits.head_bytes_max {
-            return Err(HttpError::HeadTooLarge);
         }
         self.state = State::Trailers { bytes };
         Ok(None)
@@ -562,6 +568,30 @@ mod tests {
         assert_eq!(parse_all(chunked.as_bytes(), 1000), vec![Err(HttpError::TooManyChunks)]);
         let big_chunk = "PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1001\r\n";
         assert_eq!(parse_all(big_chunk.as_bytes(), 1000), vec![Err(HttpError::ChunkTooLarge)]);
+    }
+
+    /// Found by the http_request fuzzer: a blank line ending the trailers
+    /// right at the limit passed whole but failed when fed byte by byte.
+    #[test]
+    fn trailer_and_chunk_line_limits_do_not_depend_on_the_split() {
+        let limits = FramingLimits { head_bytes_max: 64, ..LIMITS };
+        for trailer_bytes in 40..70 {
+            let trailer = format!("X: {}\r\n", "t".repeat(trailer_bytes - 5));
+            let request = format!("PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n{trailer}\r\n");
+            let whole = parse_in_pieces(request.as_bytes(), request.len(), limits);
+            for step in 1..8 {
+                assert_eq!(
+                    parse_in_pieces(request.as_bytes(), step, limits),
+                    whole,
+                    "trailer {trailer_bytes}, step {step}"
+                );
+            }
+        }
+        let long_extension =
+            format!("PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1;{}\r\nx\r\n0\r\n\r\n", "e".repeat(5000));
+        let whole = parse_in_pieces(long_extension.as_bytes(), long_extension.len(), LIMITS);
+        assert!(matches!(whole[..], [Err(HttpError::Malformed(_))]), "{whole:?}");
+        assert_eq!(parse_in_pieces(long_extension.as_bytes(), 7, LIMITS), whole);
     }
 
     #[test]
