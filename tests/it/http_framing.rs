@@ -308,3 +308,29 @@ fn a_client_that_vanishes_mid_body_is_forgotten() {
     drop(reset);
     assert_eq!(server.call("GET", "/api/v1/health", None).status, 200);
 }
+
+#[test]
+fn a_request_budget_of_one_per_turn_still_answers_every_pipelined_request_in_order() {
+    let server = Server::start_with(&["--requests-per-tick-max", "1"]);
+    create_index(&server, "budget", 1, "l2");
+    let mut pipelined = server.connect();
+    let mut bytes = Vec::new();
+    for id in 0..50 {
+        let body = format!(r#"{{"embeddings":[{{"id":{id},"data":[{id}]}}]}}"#);
+        bytes.extend(request_bytes("PUT", "/api/v1/embeddings/budget/insert", &[AUTH], Some(&body)));
+        bytes.extend(request_bytes(
+            "POST",
+            "/api/v1/embeddings/budget/retrieve",
+            &[AUTH],
+            Some(&format!(r#"{{"ids":[{id}]}}"#)),
+        ));
+    }
+    pipelined.send(&bytes);
+    // Another client is served while the pipeline is worked through.
+    assert_eq!(server.call("GET", "/api/v1/health", None).status, 200);
+    for id in 0..50 {
+        assert_eq!(pipelined.read_response().message(), "1/1 embeddings successfully inserted.");
+        let r = pipelined.read_response();
+        assert_eq!(r.body["data"]["embeddings"][0]["id"], id, "answers come in request order");
+    }
+}
