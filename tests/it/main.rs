@@ -4,6 +4,13 @@
 /// Starting the server and a raw-TCP client.
 mod harness;
 
+/// Counts each thread's allocations, for the zero-allocation test.
+#[global_allocator]
+static ALLOCATOR: allocations::Counting = allocations::Counting;
+
+/// No allocation on the steady-state path of health, search and retrieve.
+mod allocations;
+
 /// EigenDB client compatibility: X-Eigen-API-Key and /test-auth.
 mod compat;
 /// Every row of CONTRACT.md: statuses, codes and messages.

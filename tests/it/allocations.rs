@@ -1,0 +1,148 @@
+//! No allocation on the steady-state request path: once buffers have grown
+//! to fit, health, search and retrieve requests allocate nothing. A counting
+//! global allocator (per thread) proves it, with a real connection over a
+//! loopback socket driven in-process.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::io::{Read, Write};
+use std::time::Instant;
+
+use quiver::api::decode::BodyLimits;
+use quiver::api::{ApiLimits, App};
+use quiver::connection::Connection;
+use quiver::db::{Database, Options};
+use quiver::http::FramingLimits;
+
+use crate::harness::request_bytes;
+
+/// Counts allocations made by the current thread.
+pub struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards every call to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+const KEY: &str = "alloc-test-key";
+
+#[test]
+fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let options =
+        Options { data_dir: dir.path().to_owned(), snapshot_log_bytes: u64::MAX, repair_log: false, sync: false };
+    let limits = ApiLimits {
+        dimensions_max: 1024,
+        k_max: 100,
+        body: BodyLimits::DEFAULT,
+        indexes_max: 8,
+        index_name_bytes_max: 32,
+        metrics_public: false,
+    };
+    let mut app = App::new(Database::open(&options).unwrap(), KEY.to_owned(), limits);
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (server_side, peer) = listener.accept().unwrap();
+    server_side.set_nonblocking(true).unwrap();
+    let framing = FramingLimits {
+        head_bytes_max: 16384,
+        headers_max: 64,
+        body_bytes_max: 1 << 20,
+        chunks_max: 1024,
+        chunk_bytes_max: 1 << 20,
+    };
+    let mut connection = Connection::new(mio::net::TcpStream::from_std(server_side), peer, framing, 32, Instant::now());
+
+    // One request through the connection: send, serve, flush, read the answer.
+    let mut exchange = |bytes: &[u8], app: &mut App| -> u64 {
+        client.write_all(bytes).unwrap();
+        let before = allocations();
+        let now = Instant::now();
+        connection.readable = true;
+        connection.service(app, 1 << 20, false, now);
+        app.commit().unwrap();
+        connection.settle(&Ok(()));
+        connection.flush(now);
+        let allocated = allocations() - before;
+        let mut head = [0u8; 12];
+        client.read_exact(&mut head).unwrap();
+        assert_eq!(&head[9..12], b"200", "{}", String::from_utf8_lossy(bytes));
+        let mut rest = vec![0u8; 1 << 16];
+        let mut got = Vec::new();
+        loop {
+            let n = client.read(&mut rest).unwrap();
+            got.extend_from_slice(&rest[..n]);
+            let text = String::from_utf8_lossy(&got);
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length: usize =
+                    head.lines().find_map(|l| l.strip_prefix("Content-Length:")).unwrap().trim().parse().unwrap();
+                if body.len() >= length {
+                    break;
+                }
+            }
+        }
+        allocated
+    };
+
+    let auth = [("X-Service-API-Key", KEY)];
+    let create =
+        request_bytes("PUT", "/api/v1/indexes/steady/create", &auth, Some(r#"{"dimensions":8,"metric":"cosine"}"#));
+    exchange(&create, &mut app);
+    let items: Vec<String> = (0..500)
+        .map(|i| {
+            format!(
+                r#"{{"id":{i},"data":[{}],"metadata":{{"n":"{i}"}}}}"#,
+                vec![format!("{}.5", i % 9 + 1); 8].join(",")
+            )
+        })
+        .collect();
+    let insert = request_bytes(
+        "PUT",
+        "/api/v1/embeddings/steady/insert",
+        &auth,
+        Some(&format!(r#"{{"embeddings":[{}]}}"#, items.join(","))),
+    );
+    // The counter counts: storing 500 rows with metadata must allocate.
+    assert!(exchange(&insert, &mut app) > 500);
+
+    let health = request_bytes("GET", "/api/v1/health", &[], None);
+    let search = request_bytes(
+        "POST",
+        "/api/v1/embeddings/steady/search",
+        &auth,
+        Some(r#"{"queryVector":[1,2,3,4,5,6,7,8],"k":20}"#),
+    );
+    let retrieve =
+        request_bytes("POST", "/api/v1/embeddings/steady/retrieve", &auth, Some(r#"{"ids":[1,2,3,4,5,6,7,8,9,10]}"#));
+    // Warm-up: buffers grow to fit, health takes its first sample.
+    for _ in 0..3 {
+        for request in [&health, &search, &retrieve] {
+            exchange(request, &mut app);
+        }
+    }
+    for (name, request) in [("health", &health), ("search", &search), ("retrieve", &retrieve)] {
+        let allocated: u64 = (0..20).map(|_| exchange(request, &mut app)).sum();
+        assert_eq!(allocated, 0, "{name} allocated {allocated} times in 20 requests");
+    }
+}
