@@ -1,6 +1,8 @@
 //! End-to-end latency over HTTP against the release server: inserts of
 //! 1,000 x 768 embeddings into a cosine index until it holds 10,000, then
-//! k=10 searches of it. Prints the median and 90th percentile of each.
+//! k=10 searches of it; then a 100,000 x 768 index, whose search is set
+//! beside the memory-read floor measured in the same run (one thread summing
+//! a buffer of the same size with SIMD). Prints medians and 90th percentiles.
 //!
 //! Run with `make bench` (or `cargo bench --bench http_latency`).
 
@@ -90,4 +92,59 @@ fn main() {
         ms(percentile(&mut searches, 0.5)),
         ms(percentile(&mut searches, 0.9)),
     );
+
+    // 100,000 x 768: grow the index by another 90 batches.
+    let texts: Vec<String> = (0..1000)
+        .map(|_| {
+            let mut t = String::new();
+            vector_text(&mut rng, &mut t);
+            t
+        })
+        .collect();
+    for batch in BATCHES..100 {
+        let items: Vec<String> =
+            (0..BATCH).map(|i| format!(r#"{{"id":{},"data":{}}}"#, batch * BATCH + i, texts[i])).collect();
+        let body = format!(r#"{{"embeddings":[{}]}}"#, items.join(","));
+        assert_eq!(client.call("PUT", "/api/v1/embeddings/bench/insert", Some(&body)).status, 200);
+    }
+    let floor = memory_floor(100_000 * DIMS);
+    let mut large = Vec::new();
+    for _ in 0..30 {
+        let mut body = String::from(r#"{"k":10,"queryVector":"#);
+        vector_text(&mut rng, &mut body);
+        body.push('}');
+        let started = Instant::now();
+        let r = client.call("POST", "/api/v1/embeddings/bench/search", Some(&body));
+        large.push(started.elapsed());
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    let large_p50 = percentile(&mut large, 0.5);
+    println!(
+        "  search 100,000 x 768 cosine (307 MB), k=10: median {}, p90 {}; one-thread memory-read floor {} (median of 9); ratio {:.2}",
+        ms(large_p50),
+        ms(percentile(&mut large, 0.9)),
+        ms(floor),
+        large_p50.as_secs_f64() / floor.as_secs_f64()
+    );
+}
+
+/// The time one thread takes to read `floats` f32 from memory with SIMD: the
+/// floor a one-thread scan of that many vectors cannot beat.
+fn memory_floor(floats: usize) -> Duration {
+    use wide::f32x8;
+    let buffer: Vec<f32> = (0..floats).map(|i| (i % 7) as f32).collect();
+    let mut runs = Vec::new();
+    for _ in 0..9 {
+        let started = Instant::now();
+        let mut acc = [f32x8::ZERO; 4];
+        for block in buffer.chunks_exact(32) {
+            for (lane, sum) in acc.iter_mut().enumerate() {
+                let values: [f32; 8] = block[lane * 8..lane * 8 + 8].try_into().unwrap();
+                *sum += f32x8::new(values);
+            }
+        }
+        std::hint::black_box(acc);
+        runs.push(started.elapsed());
+    }
+    percentile(&mut runs, 0.5)
 }

@@ -58,7 +58,7 @@ pub fn search(
     index
         .check_vector(&scratch.query)
         .map_err(|error| ApiError::SearchFailed { reason: format!("queryVector: {error}") })?;
-    index.search(&scratch.query, k, &mut scratch.top);
+    index.search_parallel(&scratch.query, k, &mut scratch.top, &mut scratch.partials);
 
     let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("Similarity search performed successfully."));
     let out = envelope.data();

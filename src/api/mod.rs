@@ -84,6 +84,8 @@ pub struct Scratch {
     pub skipped: Vec<(u32, embeddings::Skip)>,
     pub seen: AHashSet<i64>,
     pub top: TopK,
+    /// One per extra thread a large search may use.
+    pub partials: Vec<TopK>,
 }
 
 pub struct App {
@@ -184,7 +186,7 @@ impl App {
             db,
             api_key: api_key.into_bytes(),
             limits,
-            scratch: Scratch::default(),
+            scratch: Scratch { partials: (1..search_threads()).map(|_| TopK::new()).collect(), ..Scratch::default() },
             health: health::Health::new(),
             metrics: Metrics::default(),
         }
@@ -313,6 +315,11 @@ impl App {
         }
         self.db.uncommitted() > uncommitted_before
     }
+}
+
+/// Threads a large search may use: the machine's cores, at most 8.
+fn search_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(8)
 }
 
 /// The index named `name`, or the error its endpoint reports.

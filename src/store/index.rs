@@ -67,6 +67,10 @@ impl fmt::Display for VectorError {
     }
 }
 
+/// Below this many floats per thread, one thread scans alone: starting a
+/// thread costs more than it would save (4 Mi floats is 16 MiB, a few ms).
+pub const PARALLEL_SCAN_FLOATS_MIN: usize = 4 << 20;
+
 /// One row taken out of an index: its vector and metadata text.
 pub type Row = (Vec<f32>, Box<[u8]>);
 
@@ -259,24 +263,67 @@ impl Index {
     /// passed `check_vector`.
     pub fn search(&self, query: &[f32], k: usize, top: &mut TopK) {
         top.reset(k.min(self.len()));
-        let rows = self.vectors.chunks_exact(self.dims).zip(&self.ids).enumerate();
+        self.scan(query, 0..self.len(), top);
+    }
+
+    /// As `search`, but a large index is scanned by up to `partials.len() + 1`
+    /// threads, each over its own share of the rows (the caller waits anyway;
+    /// memory bandwidth is what one thread cannot use up alone).
+    pub fn search_parallel(&self, query: &[f32], k: usize, top: &mut TopK, partials: &mut [TopK]) {
+        let by_size = self.vectors.len() / PARALLEL_SCAN_FLOATS_MIN;
+        let threads = (partials.len() + 1).min(by_size.max(1));
+        self.search_split(query, k, top, &mut partials[..threads - 1]);
+    }
+
+    /// Scans the rows in `partials.len() + 1` equal shares, one per thread,
+    /// and merges their nearest into `top`. Exact: each of the k nearest rows
+    /// is among the k nearest of its own share.
+    pub fn search_split(&self, query: &[f32], k: usize, top: &mut TopK, partials: &mut [TopK]) {
+        if partials.is_empty() {
+            return self.search(query, k, top);
+        }
+        let (rows, k) = (self.len(), k.min(self.len()));
+        let share = rows.div_ceil(partials.len() + 1);
+        std::thread::scope(|scope| {
+            for (n, partial) in partials.iter_mut().enumerate() {
+                let range = ((n + 1) * share).min(rows)..((n + 2) * share).min(rows);
+                scope.spawn(move || {
+                    partial.reset(k);
+                    self.scan(query, range, partial);
+                });
+            }
+            top.reset(k);
+            self.scan(query, 0..share.min(rows), top);
+        });
+        for partial in partials {
+            for &candidate in partial.sorted() {
+                top.push(candidate);
+            }
+        }
+    }
+
+    /// Offers every row of `rows` to `top`.
+    fn scan(&self, query: &[f32], rows: std::ops::Range<usize>, top: &mut TopK) {
+        let first = rows.start;
+        let vectors = self.vectors[rows.start * self.dims..rows.end * self.dims].chunks_exact(self.dims);
+        let rows = vectors.zip(&self.ids[rows]).enumerate().map(|(n, (vector, &id))| (first + n, vector, id));
         match self.metric {
             Metric::Cosine => {
                 // Scaling the query does not change the order; doing it once
                 // keeps the similarities comparable in magnitude to 1.
                 let query_scale = kernels::inverse_norm(query);
-                for (row, (vector, &id)) in rows {
+                for (row, vector, id) in rows {
                     let similarity = kernels::dot(query, vector) * self.inverse_norms[row];
                     offer(top, -(similarity * query_scale), id, row);
                 }
             }
             Metric::Ip => {
-                for (row, (vector, &id)) in rows {
+                for (row, vector, id) in rows {
                     offer(top, -kernels::dot(query, vector), id, row);
                 }
             }
             Metric::L2 => {
-                for (row, (vector, &id)) in rows {
+                for (row, vector, id) in rows {
                     offer(top, kernels::l2_squared(query, vector), id, row);
                 }
             }
@@ -345,6 +392,29 @@ mod tests {
         assert_eq!(ids_of(&cosine, &[1.0, 0.0], 3), vec![1, 2, 3]);
         assert_eq!(ids_of(&ip, &[1.0, 0.0], 3), vec![2, 1, 3]);
         assert_eq!(ids_of(&l2, &[1.0, 0.0], 3), vec![1, 3, 2]);
+    }
+
+    #[test]
+    fn a_split_scan_finds_exactly_what_one_thread_finds() {
+        for metric in [Metric::Cosine, Metric::L2, Metric::Ip] {
+            let mut index = Index::new(5, metric);
+            for id in 0..997i64 {
+                let v: Vec<f32> = (0..5).map(|d| ((id * 31 + d * 17) % 23) as f32 - 11.5).collect();
+                // Pairs of equal vectors, so ties have to break the same way.
+                index.upsert(id, &v, b"");
+                index.upsert(10_000 + id, &v, b"");
+            }
+            let query = [1.0, -2.0, 0.5, 3.0, -1.0];
+            let (mut one, mut split) = (TopK::new(), TopK::new());
+            for threads in 1..5 {
+                let mut partials: Vec<TopK> = (0..threads).map(|_| TopK::new()).collect();
+                for k in [1, 10, 500, 5000] {
+                    index.search(&query, k, &mut one);
+                    index.search_split(&query, k, &mut split, &mut partials);
+                    assert_eq!(split.sorted(), one.sorted(), "{metric:?} threads {} k {k}", threads + 1);
+                }
+            }
+        }
     }
 
     #[test]
