@@ -107,7 +107,8 @@ fn main() {
         let body = format!(r#"{{"embeddings":[{}]}}"#, items.join(","));
         assert_eq!(client.call("PUT", "/api/v1/embeddings/bench/insert", Some(&body)).status, 200);
     }
-    let floor = memory_floor(100_000 * DIMS);
+    let floor = memory_floor(100_000 * DIMS, 1);
+    let floor_two = memory_floor(100_000 * DIMS, 2);
     let mut large = Vec::new();
     for _ in 0..30 {
         let mut body = String::from(r#"{"k":10,"queryVector":"#);
@@ -120,30 +121,40 @@ fn main() {
     }
     let large_p50 = percentile(&mut large, 0.5);
     println!(
-        "  search 100,000 x 768 cosine (307 MB), k=10: median {}, p90 {}; one-thread memory-read floor {} (median of 9); ratio {:.2}",
+        "  search 100,000 x 768 cosine (307 MB), k=10: median {}, p90 {}; memory-read floor one thread {}, two threads {} \
+         (medians of 9); ratio to the one-thread floor {:.2}",
         ms(large_p50),
         ms(percentile(&mut large, 0.9)),
         ms(floor),
+        ms(floor_two),
         large_p50.as_secs_f64() / floor.as_secs_f64()
     );
 }
 
-/// The time one thread takes to read `floats` f32 from memory with SIMD: the
-/// floor a one-thread scan of that many vectors cannot beat.
-fn memory_floor(floats: usize) -> Duration {
+/// The time `threads` threads take to read `floats` f32 from memory with
+/// SIMD, each summing its share: the floor a scan of that many vectors
+/// cannot beat with that many threads.
+fn memory_floor(floats: usize, threads: usize) -> Duration {
     use wide::f32x8;
     let buffer: Vec<f32> = (0..floats).map(|i| (i % 7) as f32).collect();
-    let mut runs = Vec::new();
-    for _ in 0..9 {
-        let started = Instant::now();
+    let sum = |share: &[f32]| {
         let mut acc = [f32x8::ZERO; 4];
-        for block in buffer.chunks_exact(32) {
-            for (lane, sum) in acc.iter_mut().enumerate() {
+        for block in share.chunks_exact(32) {
+            for (lane, total) in acc.iter_mut().enumerate() {
                 let values: [f32; 8] = block[lane * 8..lane * 8 + 8].try_into().unwrap();
-                *sum += f32x8::new(values);
+                *total += f32x8::new(values);
             }
         }
         std::hint::black_box(acc);
+    };
+    let mut runs = Vec::new();
+    for _ in 0..9 {
+        let started = Instant::now();
+        std::thread::scope(|scope| {
+            for share in buffer.chunks(floats.div_ceil(threads)) {
+                scope.spawn(move || sum(share));
+            }
+        });
         runs.push(started.elapsed());
     }
     percentile(&mut runs, 0.5)
