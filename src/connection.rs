@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 
-use crate::api::{ApiError, App, Target};
+use crate::api::{ApiError, App, Endpoint, Reply, Target};
 use crate::db::StorageError;
 use crate::http::{Event, Framing, FramingLimits, Parser, ReadBuf};
 use crate::limits::{
@@ -64,6 +64,8 @@ pub struct Connection {
     closing: bool,
     /// `service` stopped because too many replies wait to be sent.
     blocked_on_write: bool,
+    /// A search of this connection parked for this turn: its slot, and when it was taken.
+    parked: Option<(usize, Instant)>,
     /// Set once our side is shut down; the connection only drains input until then.
     linger_until: Option<Instant>,
     last_activity: Instant,
@@ -91,6 +93,7 @@ impl Connection {
             readable: true,
             closing: false,
             blocked_on_write: false,
+            parked: None,
             linger_until: None,
             last_activity: now,
             request_started: None,
@@ -146,11 +149,11 @@ impl Connection {
                     if shutting_down {
                         self.parser.head.keep_alive = false;
                     }
-                    let mutated = self.answer(app);
+                    let stop = self.answer(app);
                     requests += 1;
-                    // One write per connection per tick: its answer waits for
-                    // the sync, and what follows it waits for that answer.
-                    if mutated || requests >= self.requests_per_tick_max {
+                    // One write or search per connection per turn: the answer
+                    // waits for the sync or the batch, and what follows waits for it.
+                    if stop || requests >= self.requests_per_tick_max {
                         return Progress::MoreWork;
                     }
                 }
@@ -206,22 +209,35 @@ impl Connection {
         self.admitted = Some(verdict);
     }
 
-    /// Answers the complete request; returns whether it changed the store.
+    /// Answers the complete request, or parks it (a search, run later in
+    /// the turn with the others); returns whether this connection must stop
+    /// for this turn: it changed the store, or its answer is not written yet.
     fn answer(&mut self, app: &mut App) -> bool {
         let verdict = self.admitted.take().expect("a request's head is admitted before its body");
         let (head, body) = self.parser.request(&mut self.read);
         let keep_alive = head.keep_alive;
         let reply_at = self.write.len();
         let started = Instant::now();
+        let mut parked = false;
         let (mutated, route) = match verdict {
+            Ok(target) if target.endpoint == Endpoint::Search => {
+                let reply = Reply { out: &mut self.write, keep_alive };
+                if let Some(slot) = app.park_search(&target, head, body, reply) {
+                    self.parked = Some((slot, started));
+                    parked = true;
+                }
+                (false, Route::Search)
+            }
             Ok(target) => (app.handle(&target, head, body, &mut self.write), target.endpoint.route()),
             Err(error) => {
                 error.write(&mut self.write, keep_alive);
                 (false, Route::None)
             }
         };
-        let status = status_of(&self.write[reply_at..]);
-        app.metrics().observe_request(route, status, started.elapsed());
+        if !parked {
+            let status = status_of(&self.write[reply_at..]);
+            app.metrics().observe_request(route, status, started.elapsed());
+        }
         if mutated {
             debug_assert!(self.sync_mark.is_none());
             self.sync_mark = Some((reply_at, keep_alive));
@@ -232,7 +248,21 @@ impl Connection {
         if !keep_alive {
             self.closing = true;
         }
-        mutated
+        mutated || parked
+    }
+
+    /// True while a parked search of this connection waits for its answer.
+    pub fn has_parked(&self) -> bool {
+        self.parked.is_some()
+    }
+
+    /// Writes the answer of this connection's parked search, which has run.
+    pub fn complete_search(&mut self, app: &mut App) {
+        let Some((slot, started)) = self.parked.take() else { return };
+        let reply_at = self.write.len();
+        app.write_parked(slot, &mut self.write);
+        let status = status_of(&self.write[reply_at..]);
+        app.metrics().observe_request(Route::Search, status, started.elapsed());
     }
 
     pub fn awaits_sync(&self) -> bool {

@@ -120,6 +120,7 @@ pub struct Metrics {
     requests: [[u64; STATUS_SLOTS + 1]; ROUTES],
     latency: [Histogram; ROUTES],
     search_bytes_scanned: u64,
+    searches_batched: u64,
     wal_appends: u64,
     wal_syncs: Histogram,
     wal_sync_failures: u64,
@@ -134,6 +135,7 @@ impl Default for Metrics {
             requests: [[0; STATUS_SLOTS + 1]; ROUTES],
             latency: [Histogram::default(); ROUTES],
             search_bytes_scanned: 0,
+            searches_batched: 0,
             wal_appends: 0,
             wal_syncs: Histogram::default(),
             wal_sync_failures: 0,
@@ -153,6 +155,11 @@ impl Metrics {
 
     pub fn add_search_bytes(&mut self, bytes: u64) {
         self.search_bytes_scanned += bytes;
+    }
+
+    /// Searches that ran together with others on the same index in one turn.
+    pub fn add_searches_batched(&mut self, searches: u64) {
+        self.searches_batched += searches;
     }
 
     pub fn observe_sync(&mut self, records: u64, elapsed: Duration, ok: bool) {
@@ -196,6 +203,8 @@ impl Metrics {
         }
         header(out, "quiver_search_scanned_bytes_total", "counter", "Bytes of vectors read by searches.");
         line(out, "quiver_search_scanned_bytes_total", "", "", None, self.search_bytes_scanned as f64);
+        header(out, "quiver_searches_batched_total", "counter", "Searches run together with others on the same index.");
+        line(out, "quiver_searches_batched_total", "", "", None, self.searches_batched as f64);
         header(out, "quiver_wal_appends_total", "counter", "Records appended to the write-ahead log and synced.");
         line(out, "quiver_wal_appends_total", "", "", None, self.wal_appends as f64);
         header(out, "quiver_wal_sync_failures_total", "counter", "Failed log syncs (the server then refuses writes).");

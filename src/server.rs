@@ -215,6 +215,14 @@ impl Server {
             self.to_flush.push(key);
         }
         self.ready.clear();
+        // The searches parked this turn, run together, and their answers.
+        self.app.run_parked();
+        for i in 0..self.to_flush.len() {
+            if let Some(connection) = self.connections.get_mut(self.to_flush[i]) {
+                connection.complete_search(&mut self.app);
+            }
+        }
+        self.app.end_turn();
         // Replies that wait on no write leave before the sync...
         for i in 0..self.to_flush.len() {
             let key = self.to_flush[i];

@@ -6,7 +6,8 @@ use super::envelope::Envelope;
 use super::error::{ApiError, IndexOp};
 use super::{find, json, ApiLimits, Reply, Scratch};
 use crate::db::Database;
-use crate::store::{Mutation, Store, VectorError};
+use crate::store::topk::TopK;
+use crate::store::{Index, Mutation, Store, VectorError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Write {
@@ -52,18 +53,35 @@ pub fn search(
     body: &mut [u8],
     reply: Reply<'_>,
 ) -> Result<(), ApiError> {
-    let Reply { out, keep_alive } = reply;
-    let k = scratch.decoder.search(body, limits.k_max, &mut scratch.query)?;
-    let index = find(store, name, IndexOp::Fetch)?;
-    index
-        .check_vector(&scratch.query)
-        .map_err(|error| ApiError::SearchFailed { reason: format!("queryVector: {error}") })?;
+    let k = prepare_search(store, &mut scratch.decoder, limits, name, body, &mut scratch.query)?;
+    let index = store.index(name).expect("checked by prepare_search");
     index.search_parallel(&scratch.query, k, &mut scratch.top, &mut scratch.partials);
+    write_hits(index, &mut scratch.top, reply);
+    Ok(())
+}
 
+/// Decodes and checks a search body: its query goes into `query`; returns `k`.
+pub fn prepare_search(
+    store: &Store,
+    decoder: &mut super::decode::Decoder,
+    limits: ApiLimits,
+    name: &str,
+    body: &mut [u8],
+    query: &mut Vec<f32>,
+) -> Result<usize, ApiError> {
+    let k = decoder.search(body, limits.k_max, query)?;
+    let index = find(store, name, IndexOp::Fetch)?;
+    index.check_vector(query).map_err(|error| ApiError::SearchFailed { reason: format!("queryVector: {error}") })?;
+    Ok(k)
+}
+
+/// Writes the answer to a search whose hits are in `top`.
+pub fn write_hits(index: &Index, top: &mut TopK, reply: Reply<'_>) {
+    let Reply { out, keep_alive } = reply;
     let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("Similarity search performed successfully."));
     let out = envelope.data();
     out.extend_from_slice(b"{\"nearest_neighbors\":{");
-    for (rank, hit) in scratch.top.sorted().iter().enumerate() {
+    for (rank, hit) in top.sorted().iter().enumerate() {
         if rank > 0 {
             out.push(b',');
         }
@@ -77,7 +95,6 @@ pub fn search(
     }
     out.extend_from_slice(b"}}");
     envelope.finish();
-    Ok(())
 }
 
 /// Insert or upsert: every item that passes its checks is applied; the rest

@@ -88,8 +88,28 @@ pub struct Scratch {
     pub partials: Vec<TopK>,
 }
 
+/// A search taken in this turn of the loop, to be run with the others on
+/// the same index. Slots are reused from turn to turn.
+#[derive(Default)]
+struct Parked {
+    index: String,
+    query: Vec<f32>,
+    k: usize,
+    keep_alive: bool,
+    top: TopK,
+    /// The answer, rendered as soon as the search has run: a change later in
+    /// the turn may move or alter the rows it names.
+    reply: Vec<u8>,
+    done: bool,
+}
+
 pub struct App {
     db: Database,
+    /// Searches parked this turn: `parked[..parked_len]`.
+    parked: Vec<Parked>,
+    parked_len: usize,
+    /// Per extra thread, one `TopK` per parked search, for `search_many`.
+    many_partials: Vec<Vec<TopK>>,
     api_key: Vec<u8>,
     limits: ApiLimits,
     scratch: Scratch,
@@ -173,6 +193,18 @@ impl Endpoint {
         }
     }
 
+    /// Whether answering may change the store.
+    pub fn writes(self) -> bool {
+        matches!(
+            self,
+            Endpoint::CreateIndex
+                | Endpoint::DeleteIndex
+                | Endpoint::Upsert
+                | Endpoint::Insert
+                | Endpoint::DeleteEmbeddings
+        )
+    }
+
     /// Whether answering reads indexes or embeddings (and so must not see
     /// writes that are not yet durable).
     pub fn reads_data(self) -> bool {
@@ -184,6 +216,9 @@ impl App {
     pub fn new(db: Database, api_key: String, limits: ApiLimits) -> App {
         App {
             db,
+            parked: Vec::new(),
+            parked_len: 0,
+            many_partials: (1..search_threads()).map(|_| Vec::new()).collect(),
             api_key: api_key.into_bytes(),
             limits,
             scratch: Scratch { partials: (1..search_threads()).map(|_| TopK::new()).collect(), ..Scratch::default() },
@@ -203,6 +238,105 @@ impl App {
 
     pub fn metrics(&mut self) -> &mut Metrics {
         &mut self.metrics
+    }
+
+    /// Takes a complete search to run later in this turn with the others on
+    /// its index. If the body or query is bad, answers with the error into
+    /// `reply` now and returns `None`.
+    pub fn park_search(&mut self, target: &Target, head: &Head, body: &mut [u8], reply: Reply<'_>) -> Option<usize> {
+        let name = &head.path[target.name.clone()];
+        if self.parked_len == self.parked.len() {
+            self.parked.push(Parked::default());
+        }
+        let slot = &mut self.parked[self.parked_len];
+        match embeddings::prepare_search(
+            self.db.store(),
+            &mut self.scratch.decoder,
+            self.limits,
+            name,
+            body,
+            &mut slot.query,
+        ) {
+            Ok(k) => {
+                slot.index.clear();
+                slot.index.push_str(name);
+                slot.k = k;
+                slot.keep_alive = reply.keep_alive;
+                slot.done = false;
+                if let Some(index) = self.db.store().index(name) {
+                    self.metrics.add_search_bytes((index.len() * index.dims() * 4) as u64);
+                }
+                self.parked_len += 1;
+                Some(self.parked_len - 1)
+            }
+            Err(error) => {
+                error.write(reply.out, reply.keep_alive);
+                None
+            }
+        }
+    }
+
+    /// Runs every parked search not yet run: those on the same index
+    /// together, reading its rows once for all of them.
+    pub fn run_parked(&mut self) {
+        for first in 0..self.parked_len {
+            if self.parked[first].done {
+                continue;
+            }
+            let Some(index) = self.db.store().index(&self.parked[first].index) else {
+                unreachable!("a parked search's index exists until the searches parked before a change are run")
+            };
+            let same_index = |s: &usize| !self.parked[*s].done && self.parked[*s].index == self.parked[first].index;
+            if (first + 1..self.parked_len).filter(same_index).count() == 0 {
+                // Alone on its index: no batch to build.
+                let slot = &mut self.parked[first];
+                index.search_parallel(&slot.query, slot.k, &mut slot.top, &mut self.scratch.partials);
+                slot.reply.clear();
+                embeddings::write_hits(
+                    index,
+                    &mut slot.top,
+                    Reply { out: &mut slot.reply, keep_alive: slot.keep_alive },
+                );
+                slot.done = true;
+                continue;
+            }
+            let group: Vec<usize> = (first..self.parked_len).filter(same_index).collect();
+            self.metrics.add_searches_batched(group.len() as u64);
+            {
+                let mut tops: Vec<TopK> = group.iter().map(|&s| std::mem::take(&mut self.parked[s].top)).collect();
+                let queries: Vec<&[f32]> = group.iter().map(|&s| self.parked[s].query.as_slice()).collect();
+                let ks: Vec<usize> = group.iter().map(|&s| self.parked[s].k).collect();
+                for partial in &mut self.many_partials {
+                    partial.resize_with(group.len().max(partial.len()), TopK::new);
+                }
+                index.search_many(&queries, &ks, &mut tops, &mut self.many_partials);
+                for (&s, top) in group.iter().zip(tops) {
+                    self.parked[s].top = top;
+                }
+            }
+            for &s in &group {
+                let slot = &mut self.parked[s];
+                slot.reply.clear();
+                embeddings::write_hits(
+                    index,
+                    &mut slot.top,
+                    Reply { out: &mut slot.reply, keep_alive: slot.keep_alive },
+                );
+                slot.done = true;
+            }
+        }
+    }
+
+    /// Writes the answer of a parked search that has run.
+    pub fn write_parked(&mut self, slot: usize, out: &mut Vec<u8>) {
+        let parked = &self.parked[slot];
+        assert!(parked.done, "a parked search is answered after it has run");
+        out.extend_from_slice(&parked.reply);
+    }
+
+    /// Forgets this turn's parked searches (their slots are kept for reuse).
+    pub fn end_turn(&mut self) {
+        self.parked_len = 0;
     }
 
     /// Syncs this tick's writes (see `Database::commit`).
@@ -249,6 +383,10 @@ impl App {
     pub fn handle(&mut self, target: &Target, head: &Head, body: &mut [u8], out: &mut Vec<u8>) -> bool {
         let name = &head.path[target.name.clone()];
         let keep_alive = head.keep_alive;
+        if target.endpoint.writes() {
+            // A change must not be seen by searches that arrived before it.
+            self.run_parked();
+        }
         let uncommitted_before = self.db.uncommitted();
         if target.endpoint == Endpoint::Search {
             if let Some(index) = self.db.store().index(name) {

@@ -71,6 +71,10 @@ impl fmt::Display for VectorError {
 /// thread costs more than it would save (4 Mi floats is 16 MiB, a few ms).
 pub const PARALLEL_SCAN_FLOATS_MIN: usize = 4 << 20;
 
+/// Rows scanned together by `search_many` before moving on: small enough to
+/// stay in a core's L2 cache while every query is scored against them.
+const MANY_BLOCK_BYTES: usize = 256 * 1024;
+
 /// One row taken out of an index: its vector and metadata text.
 pub type Row = (Vec<f32>, Box<[u8]>);
 
@@ -302,6 +306,56 @@ impl Index {
         }
     }
 
+    /// Several searches of this index at once: the rows are read once, block
+    /// by block (each block small enough to stay in cache), and every query is
+    /// scored against a block before the next is read. `tops[q]` receives the
+    /// `ks[q]` nearest to `queries[q]`, exactly as `search` would give them.
+    /// A large index is split across `partials.len() + 1` threads; each
+    /// `partials[t]` must hold one `TopK` per query.
+    pub fn search_many(&self, queries: &[&[f32]], ks: &[usize], tops: &mut [TopK], partials: &mut [Vec<TopK>]) {
+        let by_size = self.vectors.len() / PARALLEL_SCAN_FLOATS_MIN;
+        let threads = (partials.len() + 1).min(by_size.max(1));
+        self.search_many_split(queries, ks, tops, &mut partials[..threads - 1]);
+    }
+
+    /// `search_many` over `partials.len() + 1` equal shares of the rows, one per thread.
+    pub fn search_many_split(&self, queries: &[&[f32]], ks: &[usize], tops: &mut [TopK], partials: &mut [Vec<TopK>]) {
+        assert!(queries.len() == ks.len() && ks.len() == tops.len());
+        let threads = partials.len() + 1;
+        let rows = self.len();
+        let share = rows.div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for (n, partial) in partials.iter_mut().enumerate() {
+                let range = ((n + 1) * share).min(rows)..((n + 2) * share).min(rows);
+                scope.spawn(move || self.scan_many(queries, ks, range, &mut partial[..queries.len()]));
+            }
+            self.scan_many(queries, ks, 0..share.min(rows), tops);
+        });
+        for partial in partials {
+            for (top, partial) in tops.iter_mut().zip(partial.iter_mut()) {
+                for &candidate in partial.sorted() {
+                    top.push(candidate);
+                }
+            }
+        }
+    }
+
+    /// `scan` for several queries over `rows`, block by block.
+    fn scan_many(&self, queries: &[&[f32]], ks: &[usize], rows: std::ops::Range<usize>, tops: &mut [TopK]) {
+        for (top, &k) in tops.iter_mut().zip(ks) {
+            top.reset(k.min(self.len()));
+        }
+        let block_rows = (MANY_BLOCK_BYTES / (4 * self.dims)).max(1);
+        let mut start = rows.start;
+        while start < rows.end {
+            let end = (start + block_rows).min(rows.end);
+            for (query, top) in queries.iter().zip(tops.iter_mut()) {
+                self.scan(query, start..end, top);
+            }
+            start = end;
+        }
+    }
+
     /// Offers every row of `rows` to `top`.
     fn scan(&self, query: &[f32], rows: std::ops::Range<usize>, top: &mut TopK) {
         let first = rows.start;
@@ -412,6 +466,33 @@ mod tests {
                     index.search(&query, k, &mut one);
                     index.search_split(&query, k, &mut split, &mut partials);
                     assert_eq!(split.sorted(), one.sorted(), "{metric:?} threads {} k {k}", threads + 1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn many_searches_at_once_find_exactly_what_each_finds_alone() {
+        for metric in [Metric::Cosine, Metric::L2, Metric::Ip] {
+            let mut index = Index::new(300, metric);
+            for id in 0..700i64 {
+                let v: Vec<f32> = (0..300).map(|d| ((id * 31 + d * 17) % 23) as f32 - 11.5).collect();
+                index.upsert(id, &v, b"");
+                index.upsert(10_000 + id, &v, b"");
+            }
+            let queries: Vec<Vec<f32>> =
+                (0..5).map(|q| (0..300).map(|d| ((q * 7 + d * 3) % 11) as f32 - 5.0).collect()).collect();
+            let queries: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+            let ks = [1, 10, 700, 2000, 3];
+            for threads in 1..4 {
+                let mut tops: Vec<TopK> = (0..5).map(|_| TopK::new()).collect();
+                let mut partials: Vec<Vec<TopK>> =
+                    (1..threads).map(|_| (0..5).map(|_| TopK::new()).collect()).collect();
+                index.search_many_split(&queries, &ks, &mut tops, &mut partials);
+                let mut alone = TopK::new();
+                for (q, top) in tops.iter_mut().enumerate() {
+                    index.search(queries[q], ks[q], &mut alone);
+                    assert_eq!(top.sorted(), alone.sorted(), "{metric:?} query {q} threads {threads}");
                 }
             }
         }

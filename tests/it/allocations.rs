@@ -63,6 +63,7 @@ fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
 
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    client.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
     let (server_side, peer) = listener.accept().unwrap();
     server_side.set_nonblocking(true).unwrap();
     let framing = FramingLimits {
@@ -81,6 +82,10 @@ fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
         let now = Instant::now();
         connection.readable = true;
         connection.service(app, 1 << 20, false, now);
+        // The rest of one turn of the loop, as server.rs runs it.
+        app.run_parked();
+        connection.complete_search(app);
+        app.end_turn();
         app.commit().unwrap();
         connection.settle(&Ok(()));
         connection.flush(now);

@@ -224,3 +224,55 @@ fn equal_scores_rank_by_id_ascending() {
         assert_eq!(ids, vec![99, -7, 0, 8, 13], "{metric}");
     }
 }
+
+/// Searches that arrive together are run as one batch (one pass over the
+/// rows for all of them); each answer is exactly the answer it gets alone.
+#[test]
+fn searches_batched_in_one_turn_answer_exactly_as_alone() {
+    let server = Server::start();
+    create_index(&server, "batch", 64, "cosine");
+    let mut rng = Rng(77);
+    let mut client = server.connect();
+    let items: Vec<(i64, Vec<f32>, String)> =
+        (0..2000).map(|id| (id, vector(&mut rng, 64), format!("t{id}"))).collect();
+    for chunk in items.chunks(500) {
+        write_batch(&mut client, "batch", "insert", chunk);
+    }
+    let queries: Vec<String> =
+        (0..16).map(|n| serde_json::json!({"queryVector": vector(&mut rng, 64), "k": 5 + n}).to_string()).collect();
+    let alone: Vec<Value> =
+        queries.iter().map(|q| client.call("POST", "/api/v1/embeddings/batch/search", Some(q)).body).collect();
+
+    let mut batched_total = 0.0;
+    for _round in 0..20 {
+        let mut clients: Vec<Client> = queries.iter().map(|_| server.connect()).collect();
+        // All requests on the wire before any answer is read.
+        for (client, query) in clients.iter_mut().zip(&queries) {
+            client.send(&crate::harness::request_bytes(
+                "POST",
+                "/api/v1/embeddings/batch/search",
+                &[("X-Service-API-Key", crate::harness::KEY)],
+                Some(query),
+            ));
+        }
+        for (n, client) in clients.iter_mut().enumerate() {
+            assert_eq!(client.read_response().body, alone[n], "query {n}");
+        }
+        batched_total = batched_searches(&server);
+        if batched_total > 0.0 {
+            break;
+        }
+    }
+    assert!(batched_total > 0.0, "no two searches ever ran in one batch");
+}
+
+/// `quiver_searches_batched_total`, read from /metrics.
+fn batched_searches(server: &Server) -> f64 {
+    use std::io::Read;
+    let mut client = server.connect();
+    client.send(&crate::harness::request_bytes("GET", "/metrics", &[("X-Service-API-Key", crate::harness::KEY)], None));
+    let mut text = String::new();
+    client.stream.set_read_timeout(Some(std::time::Duration::from_millis(500))).unwrap();
+    let _ = client.stream.read_to_string(&mut text);
+    text.lines().find_map(|l| l.strip_prefix("quiver_searches_batched_total ")).map_or(0.0, |v| v.parse().unwrap())
+}
