@@ -129,6 +129,46 @@ fn main() {
         ms(floor_two),
         large_p50.as_secs_f64() / floor.as_secs_f64()
     );
+
+    // 32 clients searching at once, against one client, for the same time.
+    let queries: Vec<String> = (0..32)
+        .map(|_| {
+            let mut body = String::from(r#"{"k":10,"queryVector":"#);
+            vector_text(&mut rng, &mut body);
+            body.push('}');
+            body
+        })
+        .collect();
+    let single = searches_per_second(server.addr, &queries[..1], Duration::from_secs(4));
+    let concurrent = searches_per_second(server.addr, &queries, Duration::from_secs(4));
+    println!(
+        "  searches/s on 100,000 x 768 cosine, k=10: 1 client {single:.0}, 32 clients {concurrent:.0}; ratio {:.1}",
+        concurrent / single
+    );
+}
+
+/// Searches answered per second with one client per query, each repeating its
+/// query on its own keep-alive connection for `duration`.
+fn searches_per_second(addr: std::net::SocketAddr, queries: &[String], duration: Duration) -> f64 {
+    let started = Instant::now();
+    let threads: Vec<_> = queries
+        .iter()
+        .cloned()
+        .map(|query| {
+            std::thread::spawn(move || {
+                let mut client = harness::Client::connect(addr);
+                let mut answered = 0u64;
+                while started.elapsed() < duration {
+                    let r = client.call("POST", "/api/v1/embeddings/bench/search", Some(&query));
+                    assert_eq!(r.status, 200);
+                    answered += 1;
+                }
+                answered
+            })
+        })
+        .collect();
+    let answered: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    answered as f64 / started.elapsed().as_secs_f64()
 }
 
 /// The time `threads` threads take to read `floats` f32 from memory with
