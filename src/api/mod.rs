@@ -103,6 +103,15 @@ struct Parked {
     done: bool,
 }
 
+impl Parked {
+    /// Renders the answer from the hits in `top`; the search is then done.
+    fn answer(&mut self, index: &crate::store::Index) {
+        self.reply.clear();
+        embeddings::write_hits(index, &mut self.top, Reply { out: &mut self.reply, keep_alive: self.keep_alive });
+        self.done = true;
+    }
+}
+
 pub struct App {
     db: Database,
     /// Searches parked this turn: `parked[..parked_len]`.
@@ -291,38 +300,21 @@ impl App {
                 // Alone on its index: no batch to build.
                 let slot = &mut self.parked[first];
                 index.search_parallel(&slot.query, slot.k, &mut slot.top, &mut self.scratch.partials);
-                slot.reply.clear();
-                embeddings::write_hits(
-                    index,
-                    &mut slot.top,
-                    Reply { out: &mut slot.reply, keep_alive: slot.keep_alive },
-                );
-                slot.done = true;
+                slot.answer(index);
                 continue;
             }
             let group: Vec<usize> = (first..self.parked_len).filter(same_index).collect();
             self.metrics.add_searches_batched(group.len() as u64);
-            {
-                let mut tops: Vec<TopK> = group.iter().map(|&s| std::mem::take(&mut self.parked[s].top)).collect();
-                let queries: Vec<&[f32]> = group.iter().map(|&s| self.parked[s].query.as_slice()).collect();
-                let ks: Vec<usize> = group.iter().map(|&s| self.parked[s].k).collect();
-                for partial in &mut self.many_partials {
-                    partial.resize_with(group.len().max(partial.len()), TopK::new);
-                }
-                index.search_many(&queries, &ks, &mut tops, &mut self.many_partials);
-                for (&s, top) in group.iter().zip(tops) {
-                    self.parked[s].top = top;
-                }
+            let mut tops: Vec<TopK> = group.iter().map(|&s| std::mem::take(&mut self.parked[s].top)).collect();
+            let queries: Vec<&[f32]> = group.iter().map(|&s| self.parked[s].query.as_slice()).collect();
+            let ks: Vec<usize> = group.iter().map(|&s| self.parked[s].k).collect();
+            for partial in &mut self.many_partials {
+                partial.resize_with(group.len().max(partial.len()), TopK::new);
             }
-            for &s in &group {
-                let slot = &mut self.parked[s];
-                slot.reply.clear();
-                embeddings::write_hits(
-                    index,
-                    &mut slot.top,
-                    Reply { out: &mut slot.reply, keep_alive: slot.keep_alive },
-                );
-                slot.done = true;
+            index.search_many(&queries, &ks, &mut tops, &mut self.many_partials);
+            for (&s, top) in group.iter().zip(tops) {
+                self.parked[s].top = top;
+                self.parked[s].answer(index);
             }
         }
     }
