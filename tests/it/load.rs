@@ -23,8 +23,22 @@ fn peak_rss_kib(pid: u32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
+/// Lifts this process's soft limit on open files to its hard limit: the
+/// test itself holds some 2,000 sockets.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit on our own process with a valid struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
 #[test]
 fn two_thousand_mixed_connections_and_no_failed_normal_request() {
+    raise_open_files_limit();
     let server = Server::start_with(&["--request-timeout-ms", "2000", "--idle-timeout-ms", "4000"]);
     create_index(&server, "load", 16, "cosine");
     let seed: Vec<String> = (0..200)
