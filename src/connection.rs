@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 
-use crate::api::{ApiError, App, Endpoint, Reply, Target};
+use crate::api::{ApiError, App, Handled, Target};
 use crate::db::StorageError;
 use crate::http::{Event, Framing, FramingLimits, Parser, ReadBuf};
 use crate::limits::{
@@ -218,27 +218,21 @@ impl Connection {
         let keep_alive = head.keep_alive;
         let reply_at = self.write.len();
         let started = Instant::now();
-        let mut parked = false;
-        let (mutated, route) = match verdict {
-            Ok(target) if target.endpoint == Endpoint::Search => {
-                let reply = Reply { out: &mut self.write, keep_alive };
-                if let Some(slot) = app.park_search(&target, head, body, reply) {
-                    self.parked = Some((slot, started));
-                    parked = true;
-                }
-                (false, Route::Search)
-            }
+        let (handled, route) = match verdict {
             Ok(target) => (app.handle(&target, head, body, &mut self.write), target.endpoint.route()),
             Err(error) => {
                 error.write(&mut self.write, keep_alive);
-                (false, Route::None)
+                (Handled::Answered, Route::None)
             }
         };
-        if !parked {
-            let status = status_of(&self.write[reply_at..]);
-            app.metrics().observe_request(route, status, started.elapsed());
+        match handled {
+            Handled::Parked(slot) => self.parked = Some((slot, started)),
+            Handled::Answered | Handled::Mutated => {
+                let status = status_of(&self.write[reply_at..]);
+                app.metrics().observe_request(route, status, started.elapsed());
+            }
         }
-        if mutated {
+        if handled == Handled::Mutated {
             debug_assert!(self.sync_mark.is_none());
             self.sync_mark = Some((reply_at, keep_alive));
         }
@@ -248,7 +242,7 @@ impl Connection {
         if !keep_alive {
             self.closing = true;
         }
-        mutated || parked
+        handled != Handled::Answered
     }
 
     /// True while a parked search of this connection waits for its answer.

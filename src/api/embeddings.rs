@@ -45,21 +45,6 @@ impl fmt::Display for SkipReason {
     }
 }
 
-pub fn search(
-    store: &Store,
-    scratch: &mut Scratch,
-    limits: ApiLimits,
-    name: &str,
-    body: &mut [u8],
-    reply: Reply<'_>,
-) -> Result<(), ApiError> {
-    let k = prepare_search(store, &mut scratch.decoder, limits, name, body, &mut scratch.query)?;
-    let index = store.index(name).expect("checked by prepare_search");
-    index.search_parallel(&scratch.query, k, &mut scratch.top, &mut scratch.partials);
-    write_hits(index, &mut scratch.top, reply);
-    Ok(())
-}
-
 /// Decodes and checks a search body: its query goes into `query`; returns `k`.
 pub fn prepare_search(
     store: &Store,

@@ -46,6 +46,18 @@ pub enum Endpoint {
     DeleteEmbeddings,
 }
 
+/// What `App::handle` did with a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handled {
+    /// Its answer is written.
+    Answered,
+    /// It changed the store: its answer is written but may not leave before `commit`.
+    Mutated,
+    /// A search, taken into this slot to run with the others of the turn
+    /// (`run_parked`) and be answered by `write_parked`.
+    Parked(usize),
+}
+
 /// Where an endpoint writes its answer, and whether the connection stays open after it.
 pub struct Reply<'a> {
     pub out: &'a mut Vec<u8>,
@@ -78,12 +90,10 @@ pub const OPENAPI_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/openapi.j
 pub struct Scratch {
     pub decoder: decode::Decoder,
     pub batch: Batch,
-    pub query: Vec<f32>,
     pub ids: Vec<i64>,
     pub items: Vec<u32>,
     pub skipped: Vec<(u32, embeddings::Skip)>,
     pub seen: AHashSet<i64>,
-    pub top: TopK,
     /// One per extra thread a large search may use.
     pub partials: Vec<TopK>,
 }
@@ -252,8 +262,7 @@ impl App {
     /// Takes a complete search to run later in this turn with the others on
     /// its index. If the body or query is bad, answers with the error into
     /// `reply` now and returns `None`.
-    pub fn park_search(&mut self, target: &Target, head: &Head, body: &mut [u8], reply: Reply<'_>) -> Option<usize> {
-        let name = &head.path[target.name.clone()];
+    fn park_search(&mut self, name: &str, body: &mut [u8], reply: Reply<'_>) -> Option<usize> {
         if self.parked_len == self.parked.len() {
             self.parked.push(Parked::default());
         }
@@ -370,21 +379,22 @@ impl App {
         }
     }
 
-    /// Answers an admitted request whose body is complete. Returns whether
-    /// it changed the store (its answer must then wait for `commit`).
-    pub fn handle(&mut self, target: &Target, head: &Head, body: &mut [u8], out: &mut Vec<u8>) -> bool {
+    /// Answers an admitted request whose body is complete, or parks it (a
+    /// search); says which, and whether it changed the store.
+    pub fn handle(&mut self, target: &Target, head: &Head, body: &mut [u8], out: &mut Vec<u8>) -> Handled {
         let name = &head.path[target.name.clone()];
         let keep_alive = head.keep_alive;
+        if target.endpoint == Endpoint::Search {
+            return match self.park_search(name, body, Reply { out, keep_alive }) {
+                Some(slot) => Handled::Parked(slot),
+                None => Handled::Answered,
+            };
+        }
         if target.endpoint.writes() {
             // A change must not be seen by searches that arrived before it.
             self.run_parked();
         }
         let uncommitted_before = self.db.uncommitted();
-        if target.endpoint == Endpoint::Search {
-            if let Some(index) = self.db.store().index(name) {
-                self.metrics.add_search_bytes((index.len() * index.dims() * 4) as u64);
-            }
-        }
         let App { db, limits, scratch, health, metrics, .. } = self;
         let result = match target.endpoint {
             Endpoint::Health => {
@@ -414,7 +424,7 @@ impl App {
             Endpoint::CreateIndex => indexes::create(db, scratch, *limits, name, body, Reply { out, keep_alive }),
             Endpoint::IndexStats => indexes::stats(db.store(), name, Reply { out, keep_alive }),
             Endpoint::DeleteIndex => indexes::delete(db, name, Reply { out, keep_alive }),
-            Endpoint::Search => embeddings::search(db.store(), scratch, *limits, name, body, Reply { out, keep_alive }),
+            Endpoint::Search => unreachable!("searches are parked above"),
             Endpoint::Upsert => embeddings::write(
                 db,
                 scratch,
@@ -443,7 +453,11 @@ impl App {
         if let Err(error) = result {
             error.write(out, keep_alive);
         }
-        self.db.uncommitted() > uncommitted_before
+        if self.db.uncommitted() > uncommitted_before {
+            Handled::Mutated
+        } else {
+            Handled::Answered
+        }
     }
 }
 
