@@ -9,14 +9,13 @@ use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 
-use crate::api::{ApiError, App, Handled, Target};
+use crate::api::{ApiError, App, Endpoint, Handled, Target};
 use crate::db::StorageError;
 use crate::http::{Event, Framing, FramingLimits, Parser, ReadBuf};
 use crate::limits::{
     READ_BUF_INITIAL_BYTES, READ_BUF_KEEP_BYTES_MAX, READ_BYTES_PER_TICK_MAX, READ_CHUNK_BYTES, WRITE_PENDING_BYTES_MAX,
 };
 use crate::log;
-use crate::metrics::Route;
 
 /// How long a closing connection keeps reading (and discarding) what the
 /// client is still sending, so that our last answer is not lost to a reset.
@@ -219,10 +218,10 @@ impl Connection {
         let reply_at = self.write.len();
         let started = Instant::now();
         let (handled, route) = match verdict {
-            Ok(target) => (app.handle(&target, head, body, &mut self.write), target.endpoint.route()),
+            Ok(target) => (app.handle(&target, head, body, &mut self.write), Some(target.endpoint)),
             Err(error) => {
                 error.write(&mut self.write, keep_alive);
-                (Handled::Answered, Route::None)
+                (Handled::Answered, None)
             }
         };
         match handled {
@@ -256,7 +255,7 @@ impl Connection {
         let reply_at = self.write.len();
         app.write_parked(slot, &mut self.write);
         let status = status_of(&self.write[reply_at..]);
-        app.metrics().observe_request(Route::Search, status, started.elapsed());
+        app.metrics().observe_request(Some(Endpoint::Search), status, started.elapsed());
     }
 
     pub fn awaits_sync(&self) -> bool {
@@ -281,7 +280,7 @@ impl Connection {
         error.write(&mut self.write, false);
         self.closing = true;
         self.request_started = None;
-        app.metrics().observe_request(Route::None, error.status(), now.duration_since(started));
+        app.metrics().observe_request(None, error.status(), now.duration_since(started));
         if error.closes_connection() {
             log::client_warning(
                 now,

@@ -6,46 +6,20 @@
 
 use std::time::Duration;
 
-use crate::api::json;
+use crate::api::{json, Endpoint};
 use crate::store::Store;
 
-/// Route labels; `Route::None` is a request refused before it had a route.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(usize)]
-pub enum Route {
-    Health,
-    TestAuth,
-    ListIndexes,
-    CreateIndex,
-    IndexStats,
-    DeleteIndex,
-    Search,
-    Upsert,
-    Insert,
-    Retrieve,
-    DeleteEmbeddings,
-    Metrics,
-    OpenApi,
-    None,
+/// Requests are counted by endpoint, and in one more slot for those refused
+/// before they had one.
+const ROUTES: usize = Endpoint::ALL.len() + 1;
+
+fn route_slot(route: Option<Endpoint>) -> usize {
+    route.map_or(Endpoint::ALL.len(), |endpoint| endpoint as usize)
 }
 
-const ROUTE_NAMES: [&str; 14] = [
-    "health",
-    "test_auth",
-    "list_indexes",
-    "create_index",
-    "index_stats",
-    "delete_index",
-    "search",
-    "upsert",
-    "insert",
-    "retrieve",
-    "delete_embeddings",
-    "metrics",
-    "openapi",
-    "none",
-];
-const ROUTES: usize = ROUTE_NAMES.len();
+fn route_label(slot: usize) -> &'static str {
+    Endpoint::ALL.get(slot).map_or("none", |endpoint| endpoint.label())
+}
 
 /// Every status the server answers with; anything else counts as `other`.
 const STATUSES: [u16; 13] = [200, 400, 401, 404, 405, 408, 413, 431, 500, 503, 0, 0, 0];
@@ -147,10 +121,11 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn observe_request(&mut self, route: Route, status: u16, elapsed: Duration) {
+    /// Counts a request answered for `route` (`None`: refused before it had one).
+    pub fn observe_request(&mut self, route: Option<Endpoint>, status: u16, elapsed: Duration) {
         let slot = STATUSES.iter().position(|&s| s == status && s != 0).unwrap_or(STATUS_SLOTS);
-        self.requests[route as usize][slot] += 1;
-        self.latency[route as usize].observe(elapsed);
+        self.requests[route_slot(route)][slot] += 1;
+        self.latency[route_slot(route)].observe(elapsed);
     }
 
     pub fn add_search_bytes(&mut self, bytes: u64) {
@@ -188,7 +163,7 @@ impl Metrics {
         for (route, counts) in self.requests.iter().enumerate() {
             for (slot, &count) in counts.iter().enumerate().filter(|(_, &c)| c > 0) {
                 let status = if slot < STATUS_SLOTS { STATUSES[slot].to_string() } else { "other".to_owned() };
-                let labels = format!("route=\"{}\",status=\"{status}\"", ROUTE_NAMES[route]);
+                let labels = format!("route=\"{}\",status=\"{status}\"", route_label(route));
                 line(out, "quiver_requests_total", "", &labels, None, count as f64);
             }
         }
@@ -199,7 +174,7 @@ impl Metrics {
             "Time to handle a request once it is received (a write's log sync is in quiver_wal_sync_duration_seconds).",
         );
         for (route, histogram) in self.latency.iter().enumerate().filter(|(_, h)| h.count() > 0) {
-            histogram.render(out, "quiver_request_duration_seconds", &format!("route=\"{}\"", ROUTE_NAMES[route]));
+            histogram.render(out, "quiver_request_duration_seconds", &format!("route=\"{}\"", route_label(route)));
         }
         header(out, "quiver_search_scanned_bytes_total", "counter", "Bytes of vectors read by searches.");
         line(out, "quiver_search_scanned_bytes_total", "", "", None, self.search_bytes_scanned as f64);
@@ -237,10 +212,10 @@ mod tests {
     #[test]
     fn renders_counters_histograms_and_gauges() {
         let mut metrics = Metrics::default();
-        metrics.observe_request(Route::Search, 200, Duration::from_micros(70));
-        metrics.observe_request(Route::Search, 200, Duration::from_millis(2));
-        metrics.observe_request(Route::None, 404, Duration::from_micros(3));
-        metrics.observe_request(Route::Insert, 299, Duration::from_micros(3));
+        metrics.observe_request(Some(Endpoint::Search), 200, Duration::from_micros(70));
+        metrics.observe_request(Some(Endpoint::Search), 200, Duration::from_millis(2));
+        metrics.observe_request(None, 404, Duration::from_micros(3));
+        metrics.observe_request(Some(Endpoint::Insert), 299, Duration::from_micros(3));
         metrics.observe_sync(5, Duration::from_millis(1), true);
         metrics.set_open_connections(3);
         let mut store = Store::new();

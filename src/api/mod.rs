@@ -21,7 +21,7 @@ use ahash::AHashSet;
 use crate::auth::{self, KeyCheck};
 use crate::db::{Database, StorageError};
 use crate::http::{response, Head, Method};
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
 use crate::store::topk::TopK;
 use crate::store::{Batch, Store};
 pub use error::{ApiError, IndexOp};
@@ -194,21 +194,39 @@ pub fn route(method: Method, path: &str) -> Result<Target, ApiError> {
 }
 
 impl Endpoint {
-    pub fn route(self) -> metrics::Route {
+    /// Every endpoint, in declaration order (`endpoint as usize` is its position).
+    pub const ALL: [Endpoint; 13] = [
+        Endpoint::Health,
+        Endpoint::TestAuth,
+        Endpoint::Metrics,
+        Endpoint::OpenApi,
+        Endpoint::ListIndexes,
+        Endpoint::CreateIndex,
+        Endpoint::IndexStats,
+        Endpoint::DeleteIndex,
+        Endpoint::Search,
+        Endpoint::Upsert,
+        Endpoint::Insert,
+        Endpoint::Retrieve,
+        Endpoint::DeleteEmbeddings,
+    ];
+
+    /// Its `route` label in metrics.
+    pub fn label(self) -> &'static str {
         match self {
-            Endpoint::Health => metrics::Route::Health,
-            Endpoint::TestAuth => metrics::Route::TestAuth,
-            Endpoint::Metrics => metrics::Route::Metrics,
-            Endpoint::OpenApi => metrics::Route::OpenApi,
-            Endpoint::ListIndexes => metrics::Route::ListIndexes,
-            Endpoint::CreateIndex => metrics::Route::CreateIndex,
-            Endpoint::IndexStats => metrics::Route::IndexStats,
-            Endpoint::DeleteIndex => metrics::Route::DeleteIndex,
-            Endpoint::Search => metrics::Route::Search,
-            Endpoint::Upsert => metrics::Route::Upsert,
-            Endpoint::Insert => metrics::Route::Insert,
-            Endpoint::Retrieve => metrics::Route::Retrieve,
-            Endpoint::DeleteEmbeddings => metrics::Route::DeleteEmbeddings,
+            Endpoint::Health => "health",
+            Endpoint::TestAuth => "test_auth",
+            Endpoint::Metrics => "metrics",
+            Endpoint::OpenApi => "openapi",
+            Endpoint::ListIndexes => "list_indexes",
+            Endpoint::CreateIndex => "create_index",
+            Endpoint::IndexStats => "index_stats",
+            Endpoint::DeleteIndex => "delete_index",
+            Endpoint::Search => "search",
+            Endpoint::Upsert => "upsert",
+            Endpoint::Insert => "insert",
+            Endpoint::Retrieve => "retrieve",
+            Endpoint::DeleteEmbeddings => "delete_embeddings",
         }
     }
 
@@ -481,6 +499,9 @@ mod tests {
         assert_eq!(target.endpoint, Endpoint::CreateIndex);
         assert_eq!(&"/api/v1/indexes/abc/create"[target.name], "abc");
         assert_eq!(route(Method::Get, "/api/v1/indexes/list").unwrap().endpoint, Endpoint::ListIndexes);
+        for (position, endpoint) in Endpoint::ALL.into_iter().enumerate() {
+            assert_eq!(endpoint as usize, position, "Endpoint::ALL is in declaration order");
+        }
         assert_eq!(route(Method::Delete, "/api/v1/embeddings/x/delete").unwrap().endpoint, Endpoint::DeleteEmbeddings);
         assert!(matches!(route(Method::Get, "/api/v1/nope"), Err(ApiError::NotFound { .. })));
         assert!(matches!(route(Method::Get, "/api/v1/health/"), Err(ApiError::NotFound { .. })));
