@@ -28,8 +28,9 @@ pub struct Config {
     #[arg(long, env = "QUIVER_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 
-    /// Largest request body in bytes (larger: 413).
-    #[arg(long, default_value_t = limits::BODY_BYTES_MAX_DEFAULT)]
+    /// Largest request body in bytes, at most 1 GiB (larger: 413).
+    #[arg(long, default_value_t = limits::BODY_BYTES_MAX_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..=limits::BODY_BYTES_CEILING as u64).map(|n| n as usize))]
     pub body_bytes_max: usize,
 
     /// Largest request head (request line and headers) in bytes (larger: 431).
@@ -87,8 +88,9 @@ pub struct Config {
     #[arg(long, default_value_t = limits::REQUEST_TIMEOUT_MS_DEFAULT)]
     pub request_timeout_ms: u64,
 
-    /// Largest vector dimensionality an index may be created with.
-    #[arg(long, default_value_t = limits::DIMENSIONS_MAX_DEFAULT)]
+    /// Largest vector dimensionality an index may be created with, at most 1,048,576.
+    #[arg(long, default_value_t = limits::DIMENSIONS_MAX_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..=limits::DIMENSIONS_CEILING as u64).map(|n| n as usize))]
     pub dimensions_max: usize,
 
     /// Largest k a search may ask for.
@@ -116,14 +118,4 @@ pub struct Config {
     /// How much to log.
     #[arg(long, value_enum, default_value_t = crate::log::Level::Info)]
     pub log_level: crate::log::Level,
-}
-
-impl Config {
-    /// The configuration a test or benchmark starts from: defaults, a given data directory.
-    pub fn with_data_dir(data_dir: PathBuf) -> Config {
-        let mut config = Config::parse_from(["quiver"]);
-        config.data_dir = data_dir;
-        config.api_key = None;
-        config
-    }
 }

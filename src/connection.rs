@@ -119,7 +119,7 @@ impl Connection {
 
     /// Reads and answers requests until the socket is drained, this tick's
     /// share is used, or the replies wait on a slow reader.
-    pub fn service(&mut self, app: &mut App, body_bytes_max: usize, shutting_down: bool, now: Instant) -> Progress {
+    pub fn service(&mut self, app: &mut App, shutting_down: bool, now: Instant) -> Progress {
         if let Some(until) = self.linger_until {
             return self.drain_lingering(until, now);
         }
@@ -157,6 +157,7 @@ impl Connection {
                     }
                 }
                 Event::Error(error) => {
+                    let body_bytes_max = self.parser.limits().body_bytes_max;
                     self.refuse(app, &ApiError::Http { error, body_bytes_max }, now);
                     return Progress::Waiting;
                 }
@@ -242,11 +243,6 @@ impl Connection {
             self.closing = true;
         }
         handled != Handled::Answered
-    }
-
-    /// True while a parked search of this connection waits for its answer.
-    pub fn has_parked(&self) -> bool {
-        self.parked.is_some()
     }
 
     /// Writes the answer of this connection's parked search, which has run.

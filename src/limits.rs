@@ -7,6 +7,15 @@
 /// leaves room for bulk loads while bounding what one client can make us hold.
 pub const BODY_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
 
+/// The most `--body-bytes-max` may allow. A log record holds a request's
+/// items with u32 lengths: a body of at most 1 GiB makes a record of at most
+/// about 2 GiB (a 2-byte JSON number becomes a 4-byte f32), well inside them.
+pub const BODY_BYTES_CEILING: usize = 1 << 30;
+
+/// The most `--dimensions-max` may allow: log records and snapshots store
+/// dimensions as u32, and one vector must fit in a body.
+pub const DIMENSIONS_CEILING: usize = 1 << 20;
+
 /// Largest request head (request line + headers). Clients of this API send a
 /// handful of short headers; 16 KiB is what common proxies allow.
 pub const HEAD_BYTES_MAX_DEFAULT: usize = 16 * 1024;
@@ -96,6 +105,10 @@ pub const HEALTH_SAMPLE_INTERVAL_MS: u64 = 1_000;
 pub const TIMEOUT_SWEEP_INTERVAL_MS: u64 = 250;
 
 const _: () = assert!(HEAD_BYTES_MAX_DEFAULT <= BODY_BYTES_MAX_DEFAULT);
+const _: () = assert!(BODY_BYTES_MAX_DEFAULT <= BODY_BYTES_CEILING);
+const _: () = assert!(2 * BODY_BYTES_CEILING + (1 << 20) < u32::MAX as usize);
+const _: () = assert!(DIMENSIONS_MAX_DEFAULT <= DIMENSIONS_CEILING);
+const _: () = assert!(DIMENSIONS_CEILING <= u32::MAX as usize);
 const _: () = assert!(READ_BUF_INITIAL_BYTES >= HEAD_BYTES_MAX_DEFAULT);
 const _: () = assert!(READ_CHUNK_BYTES <= READ_BYTES_PER_TICK_MAX);
 const _: () = assert!(INDEX_NAME_BYTES_MIN <= INDEX_NAME_BYTES_MAX);

@@ -56,10 +56,6 @@ pub fn error(message: fmt::Arguments<'_>) {
     write(Level::Error, message);
 }
 
-pub fn debug(message: fmt::Arguments<'_>) {
-    write(Level::Debug, message);
-}
-
 /// Lets through at most `per_second` warnings a second; says how many it
 /// held back when the next second begins.
 pub struct Limiter {

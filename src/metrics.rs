@@ -86,6 +86,12 @@ fn line(out: &mut Vec<u8>, name: &str, suffix: &str, labels: &str, le: Option<&s
     out.push(b'\n');
 }
 
+/// A metric with one value and no labels: its header and its sample.
+fn single(out: &mut Vec<u8>, name: &str, kind: &str, help: &str, value: f64) {
+    header(out, name, kind, help);
+    line(out, name, "", "", None, value);
+}
+
 fn header(out: &mut Vec<u8>, name: &str, kind: &str, help: &str) {
     out.extend_from_slice(format!("# HELP {name} {help}\n# TYPE {name} {kind}\n").as_bytes());
 }
@@ -176,22 +182,51 @@ impl Metrics {
         for (route, histogram) in self.latency.iter().enumerate().filter(|(_, h)| h.count() > 0) {
             histogram.render(out, "quiver_request_duration_seconds", &format!("route=\"{}\"", route_label(route)));
         }
-        header(out, "quiver_search_scanned_bytes_total", "counter", "Bytes of vectors read by searches.");
-        line(out, "quiver_search_scanned_bytes_total", "", "", None, self.search_bytes_scanned as f64);
-        header(out, "quiver_searches_batched_total", "counter", "Searches run together with others on the same index.");
-        line(out, "quiver_searches_batched_total", "", "", None, self.searches_batched as f64);
-        header(out, "quiver_wal_appends_total", "counter", "Records appended to the write-ahead log and synced.");
-        line(out, "quiver_wal_appends_total", "", "", None, self.wal_appends as f64);
-        header(out, "quiver_wal_sync_failures_total", "counter", "Failed log syncs (the server then refuses writes).");
-        line(out, "quiver_wal_sync_failures_total", "", "", None, self.wal_sync_failures as f64);
+        single(
+            out,
+            "quiver_search_scanned_bytes_total",
+            "counter",
+            "Bytes of vectors read by searches.",
+            self.search_bytes_scanned as f64,
+        );
+        single(
+            out,
+            "quiver_searches_batched_total",
+            "counter",
+            "Searches run together with others on the same index.",
+            self.searches_batched as f64,
+        );
+        single(
+            out,
+            "quiver_wal_appends_total",
+            "counter",
+            "Records appended to the write-ahead log and synced.",
+            self.wal_appends as f64,
+        );
+        single(
+            out,
+            "quiver_wal_sync_failures_total",
+            "counter",
+            "Failed log syncs (the server then refuses writes).",
+            self.wal_sync_failures as f64,
+        );
         header(out, "quiver_wal_sync_duration_seconds", "histogram", "Time to write and sync one tick's log records.");
         self.wal_syncs.render(out, "quiver_wal_sync_duration_seconds", "");
-        header(out, "quiver_open_connections", "gauge", "Client connections open now.");
-        line(out, "quiver_open_connections", "", "", None, self.open_connections as f64);
-        header(out, "quiver_connections_accepted_total", "counter", "Client connections accepted.");
-        line(out, "quiver_connections_accepted_total", "", "", None, self.connections_accepted as f64);
-        header(out, "quiver_connections_refused_total", "counter", "Connections refused for the connection limit.");
-        line(out, "quiver_connections_refused_total", "", "", None, self.connections_refused as f64);
+        single(out, "quiver_open_connections", "gauge", "Client connections open now.", self.open_connections as f64);
+        single(
+            out,
+            "quiver_connections_accepted_total",
+            "counter",
+            "Client connections accepted.",
+            self.connections_accepted as f64,
+        );
+        single(
+            out,
+            "quiver_connections_refused_total",
+            "counter",
+            "Connections refused for the connection limit.",
+            self.connections_refused as f64,
+        );
         header(out, "quiver_index_vectors", "gauge", "Embeddings stored, by index.");
         for (name, index) in store.indexes() {
             line(out, "quiver_index_vectors", "", &format!("index=\"{name}\""), None, index.len() as f64);

@@ -5,7 +5,6 @@
 //! tick); then write the replies. Durable writes will sync the log between the
 //! last two steps, so that no write is acknowledged before it is on disk.
 
-use std::fs;
 use std::io::{self, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -37,11 +36,9 @@ fn token_of(key: usize) -> Token {
 /// Starts the server and runs it until SIGTERM or SIGINT.
 pub fn run(config: Config) -> io::Result<()> {
     let started = Instant::now();
-    fs::create_dir_all(&config.data_dir).map_err(|e| {
-        io::Error::new(e.kind(), format!("cannot create data directory {}: {e}", config.data_dir.display()))
-    })?;
-    // The lock and recovery come first: a second process on the same
-    // directory must stop before it touches anything, the key file included.
+    // The lock and recovery come first (they create the data directory): a
+    // second process on the same directory must stop before it touches
+    // anything, the key file included.
     let options = db::Options {
         data_dir: config.data_dir.clone(),
         snapshot_log_bytes: config.snapshot_log_bytes,
@@ -204,7 +201,7 @@ impl Server {
         for i in 0..self.ready.len() {
             let key = self.ready[i];
             let Some(connection) = self.connections.get_mut(key) else { continue };
-            match connection.service(&mut self.app, self.config.body_bytes_max, shutting_down, now) {
+            match connection.service(&mut self.app, shutting_down, now) {
                 Progress::Waiting => {}
                 Progress::MoreWork => self.carried.push(key),
                 Progress::Close => {

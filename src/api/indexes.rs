@@ -30,7 +30,7 @@ pub fn create(
     if db.store().index(name).is_some() {
         return Err(ApiError::IndexExists { name: name.to_owned() });
     }
-    if db.store().names().count() >= limits.indexes_max {
+    if db.store().len() >= limits.indexes_max {
         return Err(ApiError::TooManyIndexes { max: limits.indexes_max });
     }
     db.apply(&Mutation::CreateIndex { name, dims, metric }).map_err(ApiError::Storage)?;

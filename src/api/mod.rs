@@ -264,10 +264,6 @@ impl App {
         }
     }
 
-    pub fn store(&self) -> &Store {
-        self.db.store()
-    }
-
     /// A read must wait for the next tick while writes of this one are not yet synced.
     pub fn must_wait(&self, target: &Target) -> bool {
         target.endpoint.reads_data() && self.db.has_uncommitted()

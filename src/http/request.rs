@@ -177,6 +177,10 @@ impl Parser {
         }
     }
 
+    pub fn limits(&self) -> FramingLimits {
+        self.limits
+    }
+
     /// True between requests, when no byte of a next request has been taken.
     pub fn is_idle(&self) -> bool {
         self.state == State::Head { scanned: 0 }

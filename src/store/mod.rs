@@ -93,6 +93,15 @@ impl Store {
         self.indexes.get(name)
     }
 
+    /// How many indexes there are.
+    pub fn len(&self) -> usize {
+        self.indexes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.indexes.is_empty()
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.indexes.keys().map(String::as_str)
     }

@@ -81,7 +81,7 @@ fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
         let before = allocations();
         let now = Instant::now();
         connection.readable = true;
-        connection.service(app, 1 << 20, false, now);
+        connection.service(app, false, now);
         // The rest of one turn of the loop, as server.rs runs it.
         app.run_parked();
         connection.complete_search(app);

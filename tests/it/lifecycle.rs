@@ -126,3 +126,14 @@ fn a_busy_port_is_a_clear_start_up_error() {
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot listen on"));
 }
+
+#[test]
+fn limits_past_what_the_log_can_record_are_refused_at_start() {
+    // A log record stores lengths as u32: these would let a client's request panic the server.
+    for (flag, value) in [("--body-bytes-max", "2000000000"), ("--dimensions-max", "2000000")] {
+        let output = Command::new(env!("CARGO_BIN_EXE_quiver")).args([flag, value]).output().unwrap();
+        assert_eq!(output.status.code(), Some(2), "{flag} {value}");
+        let message = String::from_utf8_lossy(&output.stderr);
+        assert!(message.contains(flag) && message.contains("not in"), "{message}");
+    }
+}
