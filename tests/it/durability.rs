@@ -4,13 +4,12 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::harness::{create_index, Client, Rng, Server, KEY};
+use crate::harness::{create_index, start_fails, Client, Rng, Server, KEY};
 
 const DIMS: usize = 8;
 
@@ -293,13 +292,7 @@ fn damage_before_the_end_stops_the_start_unless_repair_is_asked() {
     bytes[offset as usize] ^= 0x10;
     fs::write(&segment, &bytes).unwrap();
 
-    let output = Command::new(env!("CARGO_BIN_EXE_quiver"))
-        .args(["--host", "127.0.0.1", "--port", "0", "--data-dir"])
-        .arg(&data_dir)
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(1));
-    let message = String::from_utf8_lossy(&output.stderr);
+    let message = start_fails(&data_dir, "0", &[]);
     assert!(message.contains(&segment.display().to_string()), "{message}");
     assert!(message.contains(&format!("offset {}", ends[0])), "{message}");
     assert!(message.contains("--repair-log"), "{message}");
@@ -401,13 +394,7 @@ fn a_second_process_on_the_same_directory_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
     let server = start(&data_dir, &[]);
-    let output = Command::new(env!("CARGO_BIN_EXE_quiver"))
-        .args(["--host", "127.0.0.1", "--port", "0", "--data-dir"])
-        .arg(&data_dir)
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(1));
-    let message = String::from_utf8_lossy(&output.stderr);
+    let message = start_fails(&data_dir, "0", &[]);
     assert!(message.contains("in use by another quiver process"), "{message}");
     assert!(message.contains(&server.child.id().to_string()), "{message}");
     // The first one is unharmed.

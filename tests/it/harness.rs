@@ -121,6 +121,19 @@ impl Server {
     }
 }
 
+/// Runs the server on `data_dir` (on `127.0.0.1:port`), expects it to refuse
+/// to start (exit status 1), and returns what it said on standard error.
+pub fn start_fails(data_dir: &Path, port: &str, extra: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_quiver"))
+        .args(["--host", "127.0.0.1", "--port", port, "--data-dir"])
+        .arg(data_dir)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();

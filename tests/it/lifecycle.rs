@@ -4,7 +4,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 
-use crate::harness::{request_bytes, Server};
+use crate::harness::{request_bytes, start_fails, Server};
 
 fn key_file(server: &Server) -> (String, u32) {
     let path = server.data_dir().join("api_key.txt");
@@ -118,13 +118,7 @@ fn a_busy_port_is_a_clear_start_up_error() {
     let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = holder.local_addr().unwrap().port().to_string();
     let dir = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_quiver"))
-        .args(["--host", "127.0.0.1", "--port", &port, "--data-dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot listen on"));
+    assert!(start_fails(dir.path(), &port, &[]).contains("cannot listen on"));
 }
 
 #[test]
