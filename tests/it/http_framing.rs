@@ -334,3 +334,50 @@ fn a_request_budget_of_one_per_turn_still_answers_every_pipelined_request_in_ord
         assert_eq!(r.body["data"]["embeddings"][0]["id"], id, "answers come in request order");
     }
 }
+
+/// A client that pipelines requests with large answers and reads none of
+/// them is not read from once 8 MiB of answers wait for it: the server's
+/// memory stays bounded, others are served, and every answer still arrives.
+#[test]
+fn a_client_that_does_not_read_its_answers_is_held_back_not_buffered() {
+    let server = Server::start();
+    create_index(&server, "wide", 256, "ip");
+    let mut loader = server.connect();
+    for batch in 0..4 {
+        let items: Vec<String> = (0..250)
+            .map(|i| {
+                let id = batch * 250 + i;
+                format!(r#"{{"id":{id},"data":[{}]}}"#, vec![format!("0.{id:04}1234567"); 256].join(","))
+            })
+            .collect();
+        let body = format!(r#"{{"embeddings":[{}]}}"#, items.join(","));
+        assert_eq!(loader.call("PUT", "/api/v1/embeddings/wide/insert", Some(&body)).status, 200);
+    }
+    let ids: Vec<String> = (0..1000).map(|i| i.to_string()).collect();
+    let retrieve = request_bytes(
+        "POST",
+        "/api/v1/embeddings/wide/retrieve",
+        &[AUTH],
+        Some(&format!(r#"{{"ids":[{}]}}"#, ids.join(","))),
+    );
+    let rss_before = resident_kib(server.child.id());
+    let mut greedy = server.connect();
+    let pipelined = 20;
+    for _ in 0..pipelined {
+        greedy.send(&retrieve);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // Each answer is about 3.3 MB: 66 MB would be waiting if all were answered.
+    let grown_kib = resident_kib(server.child.id()).saturating_sub(rss_before);
+    assert!(grown_kib < 32 * 1024, "the server grew by {grown_kib} KiB for answers nobody reads");
+    assert_eq!(server.call("GET", "/api/v1/health", None).status, 200, "others are still served");
+    for n in 0..pipelined {
+        let r = greedy.read_response();
+        assert_eq!((r.status, r.body["data"]["embeddings"].as_array().map(Vec::len)), (200, Some(1000)), "answer {n}");
+    }
+}
+
+fn resident_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().split_whitespace().next().unwrap().parse().unwrap()
+}
