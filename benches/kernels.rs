@@ -5,6 +5,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use quiver::store::kernels::{self, scalar};
 use quiver::store::topk::{Candidate, TopK};
+use quiver::store::{Index, Metric};
 
 fn floats(seed: u64, n: usize) -> Vec<f32> {
     let mut state = seed;
@@ -58,5 +59,40 @@ fn bench_topk(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_kernels, bench_topk);
+/// Several searches of one index read together (`Index::search_many`), on
+/// one thread, against the same searches made one after another. The index,
+/// 20,000 x 768 (61 MB), is larger than the caches, as a real one is.
+/// Throughput is in queries: per query, 1 is the lone scan and the rest is
+/// what reading the rows once for all of them saves.
+fn bench_many(c: &mut Criterion) {
+    const ROWS: usize = 20_000;
+    const DIMS: usize = 768;
+    let values = floats(4, ROWS * DIMS);
+    let mut index = Index::new(DIMS, Metric::Cosine);
+    for (id, vector) in values.chunks_exact(DIMS).enumerate() {
+        index.upsert(id as i64, vector, b"");
+    }
+    let queries: Vec<Vec<f32>> = (0..64).map(|q| floats(100 + q, DIMS)).collect();
+    let mut group = c.benchmark_group("many");
+    group.sample_size(10);
+    for count in [1usize, 4, 16, 64] {
+        let queries: Vec<&[f32]> = queries[..count].iter().map(Vec::as_slice).collect();
+        let ks = vec![10; count];
+        let mut tops: Vec<TopK> = (0..count).map(|_| TopK::new()).collect();
+        group.throughput(Throughput::Elements(count as u64));
+        group.bench_with_input(BenchmarkId::new("batched/20000x768", count), &count, |bench, _| {
+            bench.iter(|| index.search_many_split(black_box(&queries), &ks, &mut tops, &mut Vec::<Vec<TopK>>::new()))
+        });
+        group.bench_with_input(BenchmarkId::new("one_by_one/20000x768", count), &count, |bench, _| {
+            bench.iter(|| {
+                for (query, top) in queries.iter().zip(&mut tops) {
+                    index.search(black_box(query), 10, top);
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_kernels, bench_topk, bench_many);
 criterion_main!(benches);

@@ -152,7 +152,7 @@ fn batch_from(choices: &mut Choices<'_>, dims: usize, count: usize) -> Batch {
             batch.values.push(f32::from(choices.byte() as i8) / 4.0);
         }
         let tag = choices.byte();
-        let metadata = if tag % 2 == 0 { String::new() } else { format!("{{\"t\":\"{tag}\"}}") };
+        let metadata = if tag.is_multiple_of(2) { String::new() } else { format!("{{\"t\":\"{tag}\"}}") };
         batch.metadata_spans.push((batch.metadata.len() as u32, metadata.len() as u32));
         batch.metadata.extend_from_slice(metadata.as_bytes());
     }

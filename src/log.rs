@@ -112,7 +112,7 @@ impl Progress {
         self.done_bytes += bytes;
         self.calls += 1;
         // Small steps: look at the clock every 1024 of them, not each time.
-        if bytes < 65536 && self.calls % 1024 != 0 {
+        if bytes < 65536 && !self.calls.is_multiple_of(1024) {
             return;
         }
         let now = Instant::now();

@@ -1,70 +1,105 @@
 //! Distance kernels: `wide` SIMD versions and the scalar reference they are
 //! tested against.
 //!
-//! The SIMD kernels keep four independent 8-lane accumulators so that the
-//! floating-point adds of consecutive blocks do not wait on each other; a
-//! remainder shorter than 8 is summed by plain scalar code, which is cheaper
-//! than building a zero-padded lane block for it.
+//! Everything is built on one register-tiled kernel, `tile`, which scores
+//! `Q` queries against `R` rows at once: each block of lanes of a row is
+//! loaded once for all `Q` queries, and each block of a query once for all
+//! `R` rows, the way a GEMM micro-kernel reuses its registers. Every
+//! (query, row) pair is summed in the same order whatever the tile's shape
+//! (one accumulator of lanes, block after block, reduced, then the scalar
+//! tail added), so a search batched with others finds exactly the scores it
+//! would find alone.
+//!
+//! The lanes are 16 wide where the CPU has AVX-512 and 8 wide otherwise.
 
-use wide::f32x8;
+#[cfg(target_feature = "avx512f")]
+pub type Lanes = wide::f32x16;
+#[cfg(not(target_feature = "avx512f"))]
+pub type Lanes = wide::f32x8;
 
-const LANES: usize = 8;
-const BLOCK: usize = 4 * LANES;
+/// Floats in one `Lanes`.
+pub const LANES: usize = std::mem::size_of::<Lanes>() / 4;
 
+/// How a (query, row) pair is scored: a per-lane step and its scalar form for
+/// the tail shorter than `LANES`.
+pub trait Measure {
+    fn step(query: Lanes, row: Lanes, sum: Lanes) -> Lanes;
+    fn tail(query: &[f32], row: &[f32]) -> f32;
+}
+
+/// Inner product.
+pub struct Dot;
+
+/// Squared Euclidean distance.
+pub struct L2Squared;
+
+impl Measure for Dot {
+    #[inline(always)]
+    fn step(query: Lanes, row: Lanes, sum: Lanes) -> Lanes {
+        query.mul_add(row, sum)
+    }
+
+    #[inline(always)]
+    fn tail(query: &[f32], row: &[f32]) -> f32 {
+        scalar::dot(query, row)
+    }
+}
+
+impl Measure for L2Squared {
+    #[inline(always)]
+    fn step(query: Lanes, row: Lanes, sum: Lanes) -> Lanes {
+        let d = query - row;
+        d.mul_add(d, sum)
+    }
+
+    #[inline(always)]
+    fn tail(query: &[f32], row: &[f32]) -> f32 {
+        scalar::l2_squared(query, row)
+    }
+}
+
+/// Scores each of `Q` queries against each of `R` consecutive rows of
+/// `rows` (which holds exactly `R` rows of the queries' length):
+/// `scores[q][r]`.
 #[inline(always)]
-fn load(chunk: &[f32]) -> f32x8 {
-    let lanes: [f32; LANES] = chunk.try_into().expect("chunk of LANES floats");
-    f32x8::new(lanes)
+pub fn tile<M: Measure, const Q: usize, const R: usize>(queries: &[&[f32]; Q], rows: &[f32]) -> [[f32; R]; Q] {
+    let dims = rows.len() / R;
+    assert!(rows.len() == R * dims && queries.iter().all(|q| q.len() == dims));
+    let whole = dims / LANES * LANES;
+    let query_blocks: [&[[f32; LANES]]; Q] = std::array::from_fn(|q| queries[q][..whole].as_chunks().0);
+    let row_blocks: [&[[f32; LANES]]; R] = std::array::from_fn(|r| rows[r * dims..r * dims + whole].as_chunks().0);
+    let mut sums = [[Lanes::ZERO; R]; Q];
+    for block in 0..whole / LANES {
+        let row_lanes: [Lanes; R] = std::array::from_fn(|r| Lanes::new(row_blocks[r][block]));
+        for (sums, query) in sums.iter_mut().zip(&query_blocks) {
+            let query_lanes = Lanes::new(query[block]);
+            for (sum, &row_lanes) in sums.iter_mut().zip(&row_lanes) {
+                *sum = M::step(query_lanes, row_lanes, *sum);
+            }
+        }
+    }
+    let mut scores = [[0.0; R]; Q];
+    for (q, (scores, sums)) in scores.iter_mut().zip(sums).enumerate() {
+        for (r, (score, sum)) in scores.iter_mut().zip(sums).enumerate() {
+            *score = sum.reduce_add() + M::tail(&queries[q][whole..], &rows[r * dims + whole..(r + 1) * dims]);
+        }
+    }
+    scores
 }
 
 /// Inner product of two equally long vectors.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    let mut acc = [f32x8::ZERO; 4];
-    let blocks = a.len() / BLOCK * BLOCK;
-    let (a_blocks, a_rest) = a.split_at(blocks);
-    let (b_blocks, b_rest) = b.split_at(blocks);
-    for (x, y) in a_blocks.chunks_exact(BLOCK).zip(b_blocks.chunks_exact(BLOCK)) {
-        for (lane, sum) in acc.iter_mut().enumerate() {
-            let range = lane * LANES..(lane + 1) * LANES;
-            *sum = load(&x[range.clone()]).mul_add(load(&y[range]), *sum);
-        }
-    }
-    let mut x_chunks = a_rest.chunks_exact(LANES);
-    let mut y_chunks = b_rest.chunks_exact(LANES);
-    for (x, y) in (&mut x_chunks).zip(&mut y_chunks) {
-        acc[0] = load(x).mul_add(load(y), acc[0]);
-    }
-    let tail = scalar::dot(x_chunks.remainder(), y_chunks.remainder());
-    ((acc[0] + acc[1]) + (acc[2] + acc[3])).reduce_add() + tail
+    tile::<Dot, 1, 1>(&[a], b)[0][0]
 }
 
 /// Squared Euclidean distance of two equally long vectors.
 #[inline]
 pub fn l2_squared(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    let mut acc = [f32x8::ZERO; 4];
-    let blocks = a.len() / BLOCK * BLOCK;
-    let (a_blocks, a_rest) = a.split_at(blocks);
-    let (b_blocks, b_rest) = b.split_at(blocks);
-    for (x, y) in a_blocks.chunks_exact(BLOCK).zip(b_blocks.chunks_exact(BLOCK)) {
-        for (lane, sum) in acc.iter_mut().enumerate() {
-            let range = lane * LANES..(lane + 1) * LANES;
-            let d = load(&x[range.clone()]) - load(&y[range]);
-            *sum = d.mul_add(d, *sum);
-        }
-    }
-    let mut x_chunks = a_rest.chunks_exact(LANES);
-    let mut y_chunks = b_rest.chunks_exact(LANES);
-    for (x, y) in (&mut x_chunks).zip(&mut y_chunks) {
-        let d = load(x) - load(y);
-        acc[0] = d.mul_add(d, acc[0]);
-    }
-    let tail = scalar::l2_squared(x_chunks.remainder(), y_chunks.remainder());
-    ((acc[0] + acc[1]) + (acc[2] + acc[3])).reduce_add() + tail
+    tile::<L2Squared, 1, 1>(&[a], b)[0][0]
 }
-
 /// The reciprocal of a vector's Euclidean norm, computed in f64 so that the
 /// cosine of a vector with itself is as close to 1 as f32 allows.
 /// Returns 0 for the zero vector (which cosine indexes refuse anyway).
@@ -131,6 +166,36 @@ mod tests {
             let magnitude = n as f32;
             assert!(close(dot(&a, &b), scalar::dot(&a, &b), magnitude));
             assert!(close(l2_squared(&a, &b), scalar::l2_squared(&a, &b), magnitude));
+        }
+    }
+
+    /// Scores every pair of `queries` x `rows` through a `Q` x `R` tile and
+    /// checks each against the same pair scored alone, bit for bit.
+    fn tile_matches_pairs<const Q: usize, const R: usize>(queries: &[Vec<f32>], rows: &[f32]) {
+        let dims = queries[0].len();
+        let queries: [&[f32]; Q] = std::array::from_fn(|q| queries[q].as_slice());
+        let dots = tile::<Dot, Q, R>(&queries, rows);
+        let l2s = tile::<L2Squared, Q, R>(&queries, rows);
+        for q in 0..Q {
+            for r in 0..R {
+                let row = &rows[r * dims..(r + 1) * dims];
+                assert_eq!(dots[q][r].to_bits(), dot(queries[q], row).to_bits(), "dot {Q}x{R} dims {dims}");
+                assert_eq!(l2s[q][r].to_bits(), l2_squared(queries[q], row).to_bits(), "l2 {Q}x{R} dims {dims}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_tile_shape_scores_exactly_as_pairs_do() {
+        for dims in [1, 7, 8, 15, 16, 17, 33, 128, 300, 768] {
+            let queries: Vec<Vec<f32>> = (0..4).map(|q| floats(50 + q, dims)).collect();
+            let rows = floats(99, 8 * dims);
+            tile_matches_pairs::<1, 1>(&queries, &rows[..dims]);
+            tile_matches_pairs::<1, 8>(&queries, &rows);
+            tile_matches_pairs::<2, 3>(&queries, &rows[..3 * dims]);
+            tile_matches_pairs::<3, 3>(&queries, &rows[..3 * dims]);
+            tile_matches_pairs::<4, 3>(&queries, &rows[..3 * dims]);
+            tile_matches_pairs::<4, 1>(&queries, &rows[..dims]);
         }
     }
 
