@@ -122,7 +122,6 @@ fn main() {
     }
     *acknowledged_last.lock().unwrap() = Some(Instant::now());
     let load_seconds = load_started.elapsed().as_secs_f64();
-    let rss_mib = resident_mib(server.child.id());
     server.wait_for_log("snapshot generation 1 written", Duration::from_secs(120));
     done.store(true, Ordering::Relaxed);
     let (longest_pause, answered) = prober.join().unwrap();
@@ -131,13 +130,6 @@ fn main() {
     println!(
         "  load 1,000,000 x 128 by 1,000-vector upserts: {load_seconds:.1} s ({:.0} vectors/s)",
         1e6 / load_seconds
-    );
-    let raw_mib = 1e6 * 128.0 * 4.0 / (1024.0 * 1024.0);
-    let budget_mib = 1.15 * raw_mib + 64.0;
-    println!(
-        "  resident memory with 1,000,000 x 128 loaded: {rss_mib:.0} MiB; raw vectors {raw_mib:.0} MiB; \
-         budget 1.15 x raw + 64 MiB = {budget_mib:.0} MiB; ratio to budget {:.2}",
-        rss_mib / budget_mib
     );
     println!(
         "  longest pause answering health while the snapshot was written: {:.1} ms ({answered} health answers; {})",
@@ -158,12 +150,4 @@ fn main() {
         startup.as_secs_f64() * 1e3,
         loaded.trim_start_matches("quiver: ")
     );
-}
-
-/// The resident memory of process `pid`, from /proc, in MiB.
-fn resident_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap();
-    let kib: f64 = line.split_whitespace().next().unwrap().parse().unwrap();
-    kib / 1024.0
 }

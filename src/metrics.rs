@@ -101,6 +101,7 @@ pub struct Metrics {
     latency: [Histogram; ROUTES],
     search_bytes_scanned: u64,
     searches_batched: u64,
+    search_batches: u64,
     wal_appends: u64,
     wal_syncs: Histogram,
     wal_sync_failures: u64,
@@ -116,6 +117,7 @@ impl Default for Metrics {
             latency: [Histogram::default(); ROUTES],
             search_bytes_scanned: 0,
             searches_batched: 0,
+            search_batches: 0,
             wal_appends: 0,
             wal_syncs: Histogram::default(),
             wal_sync_failures: 0,
@@ -138,9 +140,10 @@ impl Metrics {
         self.search_bytes_scanned += bytes;
     }
 
-    /// Searches that ran together with others on the same index in one turn.
-    pub fn add_searches_batched(&mut self, searches: u64) {
+    /// A batch: `searches` that ran together on the same index in one turn.
+    pub fn add_search_batch(&mut self, searches: u64) {
         self.searches_batched += searches;
+        self.search_batches += 1;
     }
 
     pub fn observe_sync(&mut self, records: u64, elapsed: Duration, ok: bool) {
@@ -195,6 +198,13 @@ impl Metrics {
             "counter",
             "Searches run together with others on the same index.",
             self.searches_batched as f64,
+        );
+        single(
+            out,
+            "quiver_search_batches_total",
+            "counter",
+            "Batches of searches run together (so searches per batch is batched / batches).",
+            self.search_batches as f64,
         );
         single(
             out,

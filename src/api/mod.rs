@@ -327,7 +327,7 @@ impl App {
                 continue;
             }
             let group: Vec<usize> = (first..self.parked_len).filter(same_index).collect();
-            self.metrics.add_searches_batched(group.len() as u64);
+            self.metrics.add_search_batch(group.len() as u64);
             let mut tops: Vec<TopK> = group.iter().map(|&s| std::mem::take(&mut self.parked[s].top)).collect();
             let queries: Vec<&[f32]> = group.iter().map(|&s| self.parked[s].query.as_slice()).collect();
             let ks: Vec<usize> = group.iter().map(|&s| self.parked[s].k).collect();

@@ -111,6 +111,15 @@ impl Server {
         self.connect().call(method, path, body)
     }
 
+    /// One value from /metrics, 0 when it is absent.
+    pub fn metric(&self, name: &str) -> f64 {
+        let mut client = self.connect();
+        client.send(&request_bytes("GET", "/metrics", &[("X-Service-API-Key", KEY), ("Connection", "close")], None));
+        let mut text = String::new();
+        client.stream.read_to_string(&mut text).expect("read /metrics");
+        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')).map_or(0.0, |v| v.parse().unwrap())
+    }
+
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         // SAFETY: signals our own child process.

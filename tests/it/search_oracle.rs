@@ -258,21 +258,10 @@ fn searches_batched_in_one_turn_answer_exactly_as_alone() {
         for (n, client) in clients.iter_mut().enumerate() {
             assert_eq!(client.read_response().body, alone[n], "query {n}");
         }
-        batched_total = batched_searches(&server);
+        batched_total = server.metric("quiver_searches_batched_total");
         if batched_total > 0.0 {
             break;
         }
     }
     assert!(batched_total > 0.0, "no two searches ever ran in one batch");
-}
-
-/// `quiver_searches_batched_total`, read from /metrics.
-fn batched_searches(server: &Server) -> f64 {
-    use std::io::Read;
-    let mut client = server.connect();
-    client.send(&crate::harness::request_bytes("GET", "/metrics", &[("X-Service-API-Key", crate::harness::KEY)], None));
-    let mut text = String::new();
-    client.stream.set_read_timeout(Some(std::time::Duration::from_millis(500))).unwrap();
-    let _ = client.stream.read_to_string(&mut text);
-    text.lines().find_map(|l| l.strip_prefix("quiver_searches_batched_total ")).map_or(0.0, |v| v.parse().unwrap())
 }

@@ -1,0 +1,422 @@
+//! The end-to-end load benchmark: starts the release server, loads the
+//! indexes of the performance targets over HTTP, and for each target prints
+//! our figure, the reference figure measured in the same run, and the ratio.
+//! The table is also written to `target/load-bench.md`.
+//!
+//! The wrk-against-nginx rows need both tools (`apt-get install wrk
+//! nginx-light` on Debian); without them those rows say so and are skipped.
+//!
+//! Run with `make bench` (or `cargo bench --bench load`).
+
+#[allow(dead_code)]
+#[path = "../tests/it/harness.rs"]
+mod harness;
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use harness::{create_index, Rng, Server, KEY};
+
+const WIDE_DIMS: usize = 768;
+const WIDE_ROWS: usize = 100_000;
+const BATCH: usize = 1_000;
+
+/// One line of the table.
+struct Row {
+    target: String,
+    ours: String,
+    reference: String,
+    /// ours / reference, and the goal for it.
+    ratio: Option<f64>,
+    goal: &'static str,
+}
+
+#[derive(Default)]
+struct Table(Vec<Row>);
+
+impl Table {
+    fn add(&mut self, target: &str, ours: String, reference: String, ratio: Option<f64>, goal: &'static str) {
+        let row = Row { target: target.into(), ours, reference, ratio, goal };
+        println!(
+            "  {}: {} | reference {} | ratio {} (goal {})",
+            row.target,
+            row.ours,
+            row.reference,
+            row.ratio.map_or("-".into(), |r| format!("{r:.2}")),
+            row.goal
+        );
+        self.0.push(row);
+    }
+
+    fn markdown(&self) -> String {
+        let mut text = String::from("| target | ours | reference, same run | ratio | goal |\n|---|---|---|---|---|\n");
+        for row in &self.0 {
+            let ratio = row.ratio.map_or("-".into(), |r| format!("{r:.2}"));
+            writeln!(text, "| {} | {} | {} | {} | {} |", row.target, row.ours, row.reference, ratio, row.goal).unwrap();
+        }
+        text
+    }
+}
+
+fn main() {
+    // `cargo bench` passes flags such as `--bench`; this program takes none.
+    let mut table = Table::default();
+    println!("load (release server, loopback; ratios are ours / reference)");
+    {
+        let server = Server::start();
+        ingest_and_search(&server, &mut table);
+        small_requests(&server, &mut table);
+    }
+    memory(&mut table);
+    let out = Path::new("target/load-bench.md");
+    std::fs::write(out, table.markdown()).expect("write target/load-bench.md");
+    println!("table written to {}", out.display());
+}
+
+fn vector_text(rng: &mut Rng, dims: usize, out: &mut String) {
+    out.push('[');
+    for d in 0..dims {
+        if d > 0 {
+            out.push(',');
+        }
+        write!(out, "{}", rng.float()).unwrap();
+    }
+    out.push(']');
+}
+
+fn search_body(rng: &mut Rng, dims: usize) -> String {
+    let mut body = String::from(r#"{"k":10,"queryVector":"#);
+    vector_text(rng, dims, &mut body);
+    body.push('}');
+    body
+}
+
+/// An insert body of `BATCH` embeddings from `first_id` on, each with short
+/// metadata, its vectors taken in turn from `texts`.
+fn insert_body(texts: &[String], first_id: usize) -> String {
+    let mut body = String::from(r#"{"embeddings":["#);
+    for (i, text) in texts.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        write!(body, r#"{{"id":{},"metadata":{{"n":"{}"}},"data":{text}}}"#, first_id + i, first_id + i).unwrap();
+    }
+    body.push_str("]}");
+    body
+}
+
+fn median(samples: &mut [Duration]) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+/// Targets 4, 1 and 2 on a 100,000 x 768 cosine index.
+fn ingest_and_search(server: &Server, table: &mut Table) {
+    create_index(server, "wide", WIDE_DIMS, "cosine");
+    let mut client = server.connect();
+    let mut rng = Rng(7);
+
+    // Ingest: the first ten batches are timed, each of fresh vectors; the
+    // other ninety repeat those vectors under new ids.
+    let texts: Vec<String> = (0..BATCH * 10)
+        .map(|_| {
+            let mut text = String::new();
+            vector_text(&mut rng, WIDE_DIMS, &mut text);
+            text
+        })
+        .collect();
+    let (mut inserts, mut bytes) = (Vec::new(), 0);
+    for batch in 0..WIDE_ROWS / BATCH {
+        let first = (batch % 10) * BATCH;
+        let body = insert_body(&texts[first..first + BATCH], batch * BATCH);
+        let started = Instant::now();
+        let r = client.call("PUT", "/api/v1/embeddings/wide/insert", Some(&body));
+        if batch < 10 {
+            inserts.push(started.elapsed());
+            bytes = body.len();
+        }
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    let insert = median(&mut inserts);
+    let mb_per_s = bytes as f64 / 1e6 / insert.as_secs_f64();
+    table.add(
+        "4. ingest, 1,000 x 768 per insert, durability on (median of 10)",
+        format!("{mb_per_s:.0} MB/s ({:.0} vectors/s, {})", BATCH as f64 / insert.as_secs_f64(), ms(insert)),
+        "200 MB/s".into(),
+        Some(mb_per_s / 200.0),
+        ">= 1",
+    );
+
+    // A lone search against the memory-read floor for the same bytes.
+    let floor = memory_floor(WIDE_ROWS * WIDE_DIMS, 1);
+    let floor_two = memory_floor(WIDE_ROWS * WIDE_DIMS, 2);
+    let mut searches = Vec::new();
+    for _ in 0..30 {
+        let body = search_body(&mut rng, WIDE_DIMS);
+        let started = Instant::now();
+        let r = client.call("POST", "/api/v1/embeddings/wide/search", Some(&body));
+        searches.push(started.elapsed());
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    let search = median(&mut searches);
+    table.add(
+        "1. search 100,000 x 768 cosine, k=10, one client (median of 30)",
+        ms(search),
+        format!("memory-read floor, 1 thread: {} (2 threads: {})", ms(floor), ms(floor_two)),
+        Some(search.as_secs_f64() / floor.as_secs_f64()),
+        "<= 1.1; 0.65 with 2 cores",
+    );
+
+    // 32 clients searching at once, against one client, for the same time.
+    let queries: Vec<String> = (0..32).map(|_| search_body(&mut rng, WIDE_DIMS)).collect();
+    let single = searches_per_second(server.addr, &queries[..1], Duration::from_secs(4));
+    let (batched_before, batches_before) = batch_counters(server);
+    let concurrent = searches_per_second(server.addr, &queries, Duration::from_secs(4));
+    let (batched, batches) = batch_counters(server);
+    table.add(
+        "2. searches/s, 100,000 x 768 cosine, k=10, 32 clients (4 s)",
+        format!(
+            "{concurrent:.0}/s ({:.1} searches per batch)",
+            (batched - batched_before) / (batches - batches_before).max(1.0)
+        ),
+        format!("1 client: {single:.0}/s"),
+        Some(concurrent / single),
+        ">= 10",
+    );
+}
+
+/// `quiver_searches_batched_total` and `quiver_search_batches_total`.
+fn batch_counters(server: &Server) -> (f64, f64) {
+    (server.metric("quiver_searches_batched_total"), server.metric("quiver_search_batches_total"))
+}
+
+/// Searches answered per second with one client per query, each repeating its
+/// query on its own keep-alive connection for `duration`.
+fn searches_per_second(addr: std::net::SocketAddr, queries: &[String], duration: Duration) -> f64 {
+    let started = Instant::now();
+    let threads: Vec<_> = queries
+        .iter()
+        .cloned()
+        .map(|query| {
+            std::thread::spawn(move || {
+                let mut client = harness::Client::connect(addr);
+                let mut answered = 0u64;
+                while started.elapsed() < duration {
+                    let r = client.call("POST", "/api/v1/embeddings/wide/search", Some(&query));
+                    assert_eq!(r.status, 200);
+                    answered += 1;
+                }
+                answered
+            })
+        })
+        .collect();
+    let answered: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    answered as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The time `threads` threads take to read `floats` f32 from memory with
+/// SIMD, each summing its share: the floor a scan of that many vectors
+/// cannot beat with that many threads (median of 9).
+fn memory_floor(floats: usize, threads: usize) -> Duration {
+    use wide::f32x8;
+    let buffer: Vec<f32> = (0..floats).map(|i| (i % 7) as f32).collect();
+    let sum = |share: &[f32]| {
+        let mut acc = [f32x8::ZERO; 4];
+        for block in share.chunks_exact(32) {
+            for (lane, total) in acc.iter_mut().enumerate() {
+                let values: [f32; 8] = block[lane * 8..lane * 8 + 8].try_into().unwrap();
+                *total += f32x8::new(values);
+            }
+        }
+        std::hint::black_box(acc);
+    };
+    let mut runs = Vec::new();
+    for _ in 0..9 {
+        let started = Instant::now();
+        std::thread::scope(|scope| {
+            for share in buffer.chunks(floats.div_ceil(threads)) {
+                scope.spawn(move || sum(share));
+            }
+        });
+        runs.push(started.elapsed());
+    }
+    median(&mut runs)
+}
+
+/// Whether `tool` runs at all.
+fn have(tool: &str) -> bool {
+    Command::new(tool).arg("-v").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
+}
+
+/// Target 3: wrk against quiver and against one nginx worker serving a
+/// static JSON body, each server on core 0 and wrk on core 1 (when taskset
+/// is there to pin them), 50 connections, three rounds of 5 s.
+fn small_requests(server: &Server, table: &mut Table) {
+    const HEALTH: &str = "3. health, wrk -c50 (median of 3 x 5 s)";
+    const SEARCH: &str = "3. search 1,000 x 128 cosine, k=10, wrk -c50 (median of 3 x 5 s)";
+    if !have("wrk") || !have("nginx") {
+        let skipped = "skipped: needs wrk and nginx (apt-get install wrk nginx-light)";
+        table.add(HEALTH, skipped.into(), "-".into(), None, ">= 1");
+        table.add(SEARCH, skipped.into(), "-".into(), None, ">= 1");
+        return;
+    }
+    create_index(server, "small", 128, "cosine");
+    let mut rng = Rng(11);
+    let texts: Vec<String> = (0..BATCH)
+        .map(|_| {
+            let mut text = String::new();
+            vector_text(&mut rng, 128, &mut text);
+            text
+        })
+        .collect();
+    assert_eq!(server.call("PUT", "/api/v1/embeddings/small/insert", Some(&insert_body(&texts, 0))).status, 200);
+    let health_body = serde_json::to_string(&server.call("GET", "/api/v1/health", None).body).unwrap();
+
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let pin = have("taskset");
+    let nginx_port = free_port();
+    let mut nginx = start_nginx(dir.path(), nginx_port, &health_body, pin);
+    if pin {
+        let pid = server.child.id().to_string();
+        Command::new("taskset").args(["-a", "-cp", "0", &pid]).stdout(Stdio::null()).status().unwrap();
+    }
+    let script = dir.path().join("search.lua");
+    std::fs::write(
+        &script,
+        format!(
+            "wrk.method = \"POST\"\nwrk.body = '{}'\nwrk.headers[\"Content-Type\"] = \"application/json\"\n\
+             wrk.headers[\"X-Service-API-Key\"] = \"{KEY}\"\n",
+            search_body(&mut rng, 128)
+        ),
+    )
+    .unwrap();
+    let quiver = format!("http://{}", server.addr);
+    let nginx_url = format!("http://127.0.0.1:{nginx_port}");
+    for (name, path, lua) in
+        [(HEALTH, "/api/v1/health", None), (SEARCH, "/api/v1/embeddings/small/search", Some(&script))]
+    {
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            ours.push(wrk(&format!("{quiver}{path}"), lua.map(|p| p.as_path()), pin));
+            theirs.push(wrk(&format!("{nginx_url}{path}"), lua.map(|p| p.as_path()), pin));
+        }
+        ours.sort_by(f64::total_cmp);
+        theirs.sort_by(f64::total_cmp);
+        table.add(
+            name,
+            format!("{:.0} requests/s", ours[1]),
+            format!("nginx, 1 worker, static JSON: {:.0} requests/s", theirs[1]),
+            Some(ours[1] / theirs[1]),
+            ">= 1",
+        );
+    }
+    let _ = nginx.kill();
+    let _ = nginx.wait();
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// One nginx worker answering every request with `body` as JSON.
+fn start_nginx(dir: &Path, port: u16, body: &str, pin: bool) -> std::process::Child {
+    let d = dir.display();
+    let conf = format!(
+        "worker_processes 1;\ndaemon off;\nmaster_process off;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+         events {{ worker_connections 1024; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  \
+         fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  \
+         server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      default_type application/json;\n      \
+         return 200 '{body}';\n    }}\n  }}\n}}\n"
+    );
+    let path = dir.join("nginx.conf");
+    std::fs::write(&path, conf).unwrap();
+    let mut command = if pin {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "0", "nginx"]);
+        c
+    } else {
+        Command::new("nginx")
+    };
+    let child = command
+        .args(["-p", &d.to_string(), "-e", &format!("{d}/error.log"), "-c"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start nginx");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nginx did not start: {:?}", std::fs::read_to_string(dir.join("error.log")));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// Requests per second wrk reports for 5 s of 50 connections on one thread.
+fn wrk(url: &str, script: Option<&Path>, pin: bool) -> f64 {
+    let mut command = if pin {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "1", "wrk"]);
+        c
+    } else {
+        Command::new("wrk")
+    };
+    command.args(["-t1", "-c50", "-d5s"]);
+    if let Some(script) = script {
+        command.arg("-s").arg(script);
+    }
+    let output = command.arg(url).output().expect("run wrk");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(!text.contains("Non-2xx"), "wrk saw errors from {url}:\n{text}");
+    text.lines()
+        .find_map(|l| l.strip_prefix("Requests/sec:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no Requests/sec from wrk:\n{text}"))
+}
+
+/// Target 5: resident memory of a 1,000,000 x 128 cosine index with short
+/// metadata, loaded over HTTP, against 1.15 x the raw vector bytes + 64 MiB.
+fn memory(table: &mut Table) {
+    const ROWS: usize = 1_000_000;
+    const DIMS: usize = 128;
+    let server = Server::start();
+    create_index(&server, "mem", DIMS, "cosine");
+    let mut rng = Rng(13);
+    let texts: Vec<String> = (0..BATCH * 10)
+        .map(|_| {
+            let mut text = String::new();
+            vector_text(&mut rng, DIMS, &mut text);
+            text
+        })
+        .collect();
+    let mut client = server.connect();
+    for batch in 0..ROWS / BATCH {
+        let first = (batch % 10) * BATCH;
+        let body = insert_body(&texts[first..first + BATCH], batch * BATCH);
+        assert_eq!(client.call("PUT", "/api/v1/embeddings/mem/insert", Some(&body)).status, 200);
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    let rss_kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/<pid>/status");
+    let mib = |bytes: f64| bytes / (1 << 20) as f64;
+    let raw = (ROWS * DIMS * 4) as f64;
+    let budget = 1.15 * raw + (64 << 20) as f64;
+    let rss = rss_kib * 1024.0;
+    table.add(
+        "5. resident memory, 1,000,000 x 128 cosine, metadata {\"n\":\"<id>\"}",
+        format!("{:.0} MiB", mib(rss)),
+        format!("1.15 x {:.0} MiB raw + 64 MiB = {:.0} MiB", mib(raw), mib(budget)),
+        Some(rss / budget),
+        "<= 1",
+    );
+}
