@@ -363,21 +363,19 @@ impl Index {
         let mut start = rows.start;
         while start < rows.end {
             let end = (start + block_rows).min(rows.end);
+            // While this block is scored (from cache), the next is fetched:
+            // each query tile prefetches its share of it.
+            let next = &self.vectors[end * self.dims..(end + block_rows).min(rows.end) * self.dims];
+            let share = next.len().div_ceil(queries.len().div_ceil(QUERY_TILE)).next_multiple_of(kernels::LINE_FLOATS);
+            let mut prefetches = next.chunks(share.max(1));
             let tiles = queries.chunks(QUERY_TILE).zip(scales.chunks(QUERY_TILE)).zip(tops.chunks_mut(QUERY_TILE));
-            for (n, ((queries, scales), tops)) in tiles.enumerate() {
-                // The first tile reads the block from memory, one row at a
-                // time (one stream of rows is read fastest, see `scan`); the
-                // others find it in cache and take several rows at once.
-                let block = start..end;
-                match (queries.len(), n == 0) {
-                    (QUERY_TILE, true) => self.scan_tile::<QUERY_TILE, 1>(queries, scales, block, tops),
-                    (QUERY_TILE, false) => self.scan_tile::<QUERY_TILE, ROW_TILE>(queries, scales, block, tops),
-                    (3, true) => self.scan_tile::<3, 1>(queries, scales, block, tops),
-                    (3, false) => self.scan_tile::<3, ROW_TILE>(queries, scales, block, tops),
-                    (2, true) => self.scan_tile::<2, 1>(queries, scales, block, tops),
-                    (2, false) => self.scan_tile::<2, ROW_TILE>(queries, scales, block, tops),
-                    (_, true) => self.scan_tile::<1, 1>(queries, scales, block, tops),
-                    (_, false) => self.scan_tile::<1, ROW_TILE>(queries, scales, block, tops),
+            for ((queries, scales), tops) in tiles {
+                let (block, prefetch) = (start..end, prefetches.next().unwrap_or_default());
+                match queries.len() {
+                    QUERY_TILE => self.scan_tile::<QUERY_TILE, ROW_TILE>(queries, scales, block, tops, prefetch),
+                    3 => self.scan_tile::<3, ROW_TILE>(queries, scales, block, tops, prefetch),
+                    2 => self.scan_tile::<2, ROW_TILE>(queries, scales, block, tops, prefetch),
+                    _ => self.scan_tile::<1, ROW_TILE>(queries, scales, block, tops, prefetch),
                 }
             }
             start = end;
@@ -390,7 +388,7 @@ impl Index {
         // One row at a time: a lone scan reads from memory, and one stream
         // of rows is read faster than several interleaved (the `kernels`
         // bench: 8 rows at a time took 1.7 times as long).
-        self.scan_tile::<1, 1>(&[query], &[scale], rows, std::slice::from_mut(top));
+        self.scan_tile::<1, 1>(&[query], &[scale], rows, std::slice::from_mut(top), &[]);
     }
 
     /// Cosine: 1/|query|. Scaling the query does not change the order; doing
@@ -403,22 +401,30 @@ impl Index {
     }
 
     /// Scores `Q` queries (with their `scales`) against `rows`, `R` rows at a
-    /// time, and offers each row to each query's top.
+    /// time, and offers each row to each query's top; prefetches `prefetch`
+    /// meanwhile, a little with each tile.
     fn scan_tile<const Q: usize, const R: usize>(
         &self,
         queries: &[&[f32]],
         scales: &[f32],
         rows: Range<usize>,
         tops: &mut [TopK],
+        prefetch: &[f32],
     ) {
         let queries: &[&[f32]; Q] = queries.try_into().expect("a tile of Q queries");
         let scales: &[f32; Q] = scales.try_into().expect("a scale per query");
         match self.metric {
-            Metric::Cosine => self.scan_tile_with::<kernels::Dot, Q, R>(queries, rows, tops, |score, row, q| {
-                -((score * self.inverse_norms[row]) * scales[q])
-            }),
-            Metric::Ip => self.scan_tile_with::<kernels::Dot, Q, R>(queries, rows, tops, |score, _, _| -score),
-            Metric::L2 => self.scan_tile_with::<kernels::L2Squared, Q, R>(queries, rows, tops, |score, _, _| score),
+            Metric::Cosine => {
+                self.scan_tile_with::<kernels::Dot, Q, R>(queries, rows, tops, prefetch, |score, row, q| {
+                    -((score * self.inverse_norms[row]) * scales[q])
+                })
+            }
+            Metric::Ip => {
+                self.scan_tile_with::<kernels::Dot, Q, R>(queries, rows, tops, prefetch, |score, _, _| -score)
+            }
+            Metric::L2 => {
+                self.scan_tile_with::<kernels::L2Squared, Q, R>(queries, rows, tops, prefetch, |score, _, _| score)
+            }
         }
     }
 
@@ -430,11 +436,16 @@ impl Index {
         queries: &[&[f32]; Q],
         rows: Range<usize>,
         tops: &mut [TopK],
+        prefetch: &[f32],
         distance: impl Fn(f32, usize, usize) -> f32,
     ) {
         let dims = self.dims;
+        let tiles = (rows.len() / R).max(1);
+        let mut prefetches =
+            prefetch.chunks(prefetch.len().div_ceil(tiles).next_multiple_of(kernels::LINE_FLOATS).max(1));
         let mut row = rows.start;
         while row + R <= rows.end {
+            kernels::prefetch(prefetches.next().unwrap_or_default());
             let scores = kernels::tile::<M, Q, R>(queries, &self.vectors[row * dims..(row + R) * dims]);
             for (q, (scores, top)) in scores.iter().zip(tops.iter_mut()).enumerate() {
                 for (r, &score) in scores.iter().enumerate() {

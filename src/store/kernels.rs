@@ -87,6 +87,21 @@ pub fn tile<M: Measure, const Q: usize, const R: usize>(queries: &[&[f32]; Q], r
     scores
 }
 
+/// Floats in one cache line.
+pub const LINE_FLOATS: usize = 16;
+
+/// Asks the CPU to bring `floats` into its L2 cache ahead of use, one
+/// prefetch per cache line, without waiting for them.
+#[inline(always)]
+pub fn prefetch(floats: &[f32]) {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    for line in floats.iter().step_by(LINE_FLOATS) {
+        safe_arch::prefetch_t1(line);
+    }
+    #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+    let _ = floats;
+}
+
 /// Inner product of two equally long vectors.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
