@@ -102,6 +102,7 @@ pub struct Metrics {
     search_bytes_scanned: u64,
     searches_batched: u64,
     search_batches: u64,
+    search_gathers: u64,
     wal_appends: u64,
     wal_syncs: Histogram,
     wal_sync_failures: u64,
@@ -118,6 +119,7 @@ impl Default for Metrics {
             search_bytes_scanned: 0,
             searches_batched: 0,
             search_batches: 0,
+            search_gathers: 0,
             wal_appends: 0,
             wal_syncs: Histogram::default(),
             wal_sync_failures: 0,
@@ -144,6 +146,11 @@ impl Metrics {
     pub fn add_search_batch(&mut self, searches: u64) {
         self.searches_batched += searches;
         self.search_batches += 1;
+    }
+
+    /// A turn that waited for more searches to join its batch.
+    pub fn search_gathered(&mut self) {
+        self.search_gathers += 1;
     }
 
     pub fn observe_sync(&mut self, records: u64, elapsed: Duration, ok: bool) {
@@ -205,6 +212,13 @@ impl Metrics {
             "counter",
             "Batches of searches run together (so searches per batch is batched / batches).",
             self.search_batches as f64,
+        );
+        single(
+            out,
+            "quiver_search_gathers_total",
+            "counter",
+            "Turns that waited (at most 2 ms) for more searches to join a batch.",
+            self.search_gathers as f64,
         );
         single(
             out,

@@ -162,22 +162,8 @@ impl Server {
             }
             let now = Instant::now();
             self.ready.append(&mut self.carried);
-            for event in events.iter() {
-                match event.token() {
-                    LISTENER => self.accept(now),
-                    SIGNALS => self.on_signal(now),
-                    Token(t) => {
-                        let key = t - FIRST_CONNECTION;
-                        if let Some(connection) = self.connections.get_mut(key) {
-                            if event.is_readable() || event.is_read_closed() || event.is_error() {
-                                connection.readable = true;
-                            }
-                            self.ready.push(key);
-                        }
-                    }
-                }
-            }
-            self.tick(now);
+            self.take_events(&events, now);
+            self.tick(&mut events, now);
             if now >= next_sweep {
                 self.sweep(now);
                 next_sweep = now + sweep_interval;
@@ -193,25 +179,32 @@ impl Server {
         }
     }
 
-    /// Answers every ready connection, then sends the replies.
-    fn tick(&mut self, now: Instant) {
-        self.ready.sort_unstable();
-        self.ready.dedup();
-        let shutting_down = self.shutdown_deadline.is_some();
-        for i in 0..self.ready.len() {
-            let key = self.ready[i];
-            let Some(connection) = self.connections.get_mut(key) else { continue };
-            match connection.service(&mut self.app, shutting_down, now) {
-                Progress::Waiting => {}
-                Progress::MoreWork => self.carried.push(key),
-                Progress::Close => {
-                    self.close(key);
-                    continue;
+    /// Marks the connections that events name as ready; accepts and handles signals.
+    fn take_events(&mut self, events: &Events, now: Instant) {
+        for event in events.iter() {
+            match event.token() {
+                LISTENER => self.accept(now),
+                SIGNALS => self.on_signal(now),
+                Token(t) => {
+                    let key = t - FIRST_CONNECTION;
+                    if let Some(connection) = self.connections.get_mut(key) {
+                        if event.is_readable() || event.is_read_closed() || event.is_error() {
+                            connection.readable = true;
+                        }
+                        self.ready.push(key);
+                    }
                 }
             }
-            self.to_flush.push(key);
         }
-        self.ready.clear();
+    }
+
+    /// Answers every ready connection, then sends the replies.
+    fn tick(&mut self, events: &mut Events, now: Instant) {
+        self.service_ready(now);
+        if let Some(window) = self.app.gather_window() {
+            self.app.metrics().search_gathered();
+            self.gather(events, now + window);
+        }
         // The searches parked this turn, run together, and their answers.
         self.app.run_parked();
         for i in 0..self.to_flush.len() {
@@ -238,6 +231,56 @@ impl Server {
         }
         self.to_flush.clear();
         self.app.maintain();
+    }
+
+    /// Services the ready connections, noting those with replies to send.
+    fn service_ready(&mut self, now: Instant) {
+        self.ready.sort_unstable();
+        self.ready.dedup();
+        let shutting_down = self.shutdown_deadline.is_some();
+        for i in 0..self.ready.len() {
+            let key = self.ready[i];
+            let Some(connection) = self.connections.get_mut(key) else { continue };
+            match connection.service(&mut self.app, shutting_down, now) {
+                Progress::Waiting => {}
+                Progress::MoreWork => self.carried.push(key),
+                Progress::Close => {
+                    self.close(key);
+                    continue;
+                }
+            }
+            self.to_flush.push(key);
+        }
+        self.ready.clear();
+    }
+
+    /// Waits until `deadline` for more searches to join this turn's batch
+    /// (see `App::gather_window`), servicing the connections that become
+    /// ready meanwhile. One already serviced this turn waits for the next:
+    /// its answer is not written yet.
+    fn gather(&mut self, events: &mut Events, deadline: Instant) {
+        while self.app.gathering() {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            match self.poll.poll(events, Some(deadline - now)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return,
+            }
+            self.take_events(events, now);
+            self.to_flush.sort_unstable();
+            let (ready, serviced, carried) = (&mut self.ready, &self.to_flush, &mut self.carried);
+            ready.retain(|&key| {
+                let fresh = serviced.binary_search(&key).is_err();
+                if !fresh {
+                    carried.push(key);
+                }
+                fresh
+            });
+            self.service_ready(now);
+        }
     }
 
     fn flush(&mut self, key: usize, now: Instant) {

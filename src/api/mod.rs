@@ -15,6 +15,7 @@ pub mod indexes;
 pub mod json;
 
 use std::ops::Range;
+use std::time::{Duration, Instant};
 
 use ahash::AHashSet;
 
@@ -22,6 +23,7 @@ use crate::auth::{self, KeyCheck};
 use crate::db::{Database, StorageError};
 use crate::http::{response, Head, Method};
 use crate::metrics::Metrics;
+use crate::store::index::PARALLEL_SCAN_FLOATS_MIN;
 use crate::store::topk::TopK;
 use crate::store::{Batch, Store};
 pub use error::{ApiError, IndexOp};
@@ -82,6 +84,9 @@ pub struct ApiLimits {
     pub metrics_public: bool,
 }
 
+/// The longest the loop waits for more searches to join a batch (`App::gather_window`).
+const GATHER_WINDOW_MAX: Duration = Duration::from_millis(2);
+
 /// The OpenAPI document, converted from `openapi.yaml` at build time.
 pub const OPENAPI_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/openapi.json"));
 
@@ -127,6 +132,8 @@ pub struct App {
     /// Searches parked this turn: `parked[..parked_len]`.
     parked: Vec<Parked>,
     parked_len: usize,
+    /// The last turn that ran searches: how many, and how long they took.
+    last_run: (usize, Duration),
     /// Per extra thread, one `TopK` per parked search, for `search_many`.
     many_partials: Vec<Vec<TopK>>,
     api_key: Vec<u8>,
@@ -255,6 +262,7 @@ impl App {
             db,
             parked: Vec::new(),
             parked_len: 0,
+            last_run: (0, Duration::ZERO),
             many_partials: (1..search_threads()).map(|_| Vec::new()).collect(),
             api_key: api_key.into_bytes(),
             limits,
@@ -311,6 +319,36 @@ impl App {
     /// Runs every parked search not yet run: those on the same index
     /// together, reading its rows once for all of them.
     pub fn run_parked(&mut self) {
+        let started = Instant::now();
+        let to_run = self.parked[..self.parked_len].iter().filter(|p| !p.done).count();
+        if to_run > 0 {
+            self.run_parked_now();
+            self.last_run = (to_run, started.elapsed());
+        }
+    }
+
+    /// How long the loop may wait for more searches before running those
+    /// parked: while fewer are parked than ran last turn and one of them
+    /// scans a large index, clients that were just answered are likely
+    /// about to ask again, and a search that joins this batch saves a whole
+    /// pass over the rows. A lone client never waits (it was alone last
+    /// turn too); the wait is at most an eighth of the last turn's scan.
+    pub fn gather_window(&self) -> Option<Duration> {
+        let (searches, took) = self.last_run;
+        if self.parked_len == 0 || self.parked_len >= searches {
+            return None;
+        }
+        let store = self.db.store();
+        let large = |p: &Parked| store.index(&p.index).is_some_and(|i| i.len() * i.dims() >= PARALLEL_SCAN_FLOATS_MIN);
+        self.parked[..self.parked_len].iter().any(large).then(|| (took / 8).min(GATHER_WINDOW_MAX))
+    }
+
+    /// Whether fewer searches are parked than ran last turn.
+    pub fn gathering(&self) -> bool {
+        self.parked_len < self.last_run.0
+    }
+
+    fn run_parked_now(&mut self) {
         for first in 0..self.parked_len {
             if self.parked[first].done {
                 continue;

@@ -265,3 +265,55 @@ fn searches_batched_in_one_turn_answer_exactly_as_alone() {
     }
     assert!(batched_total > 0.0, "no two searches ever ran in one batch");
 }
+
+/// On a large index the loop waits a moment for more searches when fewer
+/// are waiting than ran last turn. Clients that pipeline a second search
+/// while the loop waits still get their answers in order, each exactly the
+/// answer it gets alone.
+#[test]
+fn searches_gathered_into_batches_keep_their_order() {
+    // 4,100 x 1,024 floats: just over the size from which the loop gathers.
+    const DIMS: usize = 1024;
+    let server = Server::start();
+    create_index(&server, "gather", DIMS, "l2");
+    let mut rng = Rng(78);
+    let mut client = server.connect();
+    for chunk in 0..41 {
+        let items: Vec<(i64, Vec<f32>, String)> =
+            (chunk * 100..chunk * 100 + 100).map(|id| (id, vector(&mut rng, DIMS), String::new())).collect();
+        write_batch(&mut client, "gather", "insert", &items);
+    }
+    let queries: Vec<String> =
+        (0..8).map(|n| serde_json::json!({"queryVector": vector(&mut rng, DIMS), "k": 3 + n}).to_string()).collect();
+    let alone: Vec<Value> =
+        queries.iter().map(|q| client.call("POST", "/api/v1/embeddings/gather/search", Some(q)).body).collect();
+    let search = |query: &str| {
+        crate::harness::request_bytes(
+            "POST",
+            "/api/v1/embeddings/gather/search",
+            &[("X-Service-API-Key", crate::harness::KEY)],
+            Some(query),
+        )
+    };
+
+    let mut clients: Vec<Client> = queries.iter().map(|_| server.connect()).collect();
+    for round in 0..10 {
+        // All eight at once, so that the next turn expects several...
+        for (client, query) in clients.iter_mut().zip(&queries) {
+            client.send(&search(query));
+        }
+        for (n, client) in clients.iter_mut().enumerate() {
+            assert_eq!(client.read_response().body, alone[n], "round {round}, query {n}");
+        }
+        // ...then two on one connection, the second sent a little later,
+        // while the loop may be waiting for others.
+        let (first, second) = (round % 8, (round + 3) % 8);
+        clients[0].send(&search(&queries[first]));
+        std::thread::sleep(std::time::Duration::from_micros(200 * round as u64));
+        clients[0].send(&search(&queries[second]));
+        assert_eq!(clients[0].read_response().body, alone[first], "round {round}, first");
+        assert_eq!(clients[0].read_response().body, alone[second], "round {round}, second");
+    }
+    assert!(server.metric("quiver_search_gathers_total") > 0.0, "the loop never waited for a batch");
+    assert!(server.metric("quiver_searches_batched_total") > 0.0, "no two searches ever ran in one batch");
+}
