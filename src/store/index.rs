@@ -448,8 +448,15 @@ impl Index {
             kernels::prefetch(prefetches.next().unwrap_or_default());
             let scores = kernels::tile::<M, Q, R>(queries, &self.vectors[row * dims..(row + R) * dims]);
             for (q, (scores, top)) in scores.iter().zip(tops.iter_mut()).enumerate() {
-                for (r, &score) in scores.iter().enumerate() {
-                    offer(top, distance(score, row + r, q), self.ids[row + r], row + r);
+                let distances: [f32; R] = std::array::from_fn(|r| distance(scores[r], row + r, q));
+                if let Some(threshold) = top.threshold() {
+                    // All strictly farther than the farthest kept: none can enter.
+                    if distances.iter().all(|&d| d > threshold) {
+                        continue;
+                    }
+                }
+                for (r, &d) in distances.iter().enumerate() {
+                    offer(top, d, self.ids[row + r], row + r);
                 }
             }
             row += R;
