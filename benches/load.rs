@@ -6,7 +6,8 @@
 //! The wrk-against-nginx rows need both tools (`apt-get install wrk
 //! nginx-light` on Debian); without them those rows say so and are skipped.
 //!
-//! Run with `make bench` (or `cargo bench --bench load`).
+//! Run with `make bench` (or `cargo bench --bench load`; `cargo bench
+//! --bench load -- small` runs only the wrk rows).
 
 #[allow(dead_code)]
 #[path = "../tests/it/harness.rs"]
@@ -61,15 +62,24 @@ impl Table {
 }
 
 fn main() {
-    // `cargo bench` passes flags such as `--bench`; this program takes none.
+    // `cargo bench` passes flags such as `--bench`; other arguments choose
+    // sections: `wide` (targets 4, 1, 2), `small` (3), `memory` (5).
+    let chosen: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let run = |section: &str| chosen.is_empty() || chosen.iter().any(|c| section.contains(c.as_str()));
     let mut table = Table::default();
     println!("load (release server, loopback; ratios are ours / reference)");
     {
         let server = Server::start();
-        ingest_and_search(&server, &mut table);
-        small_requests(&server, &mut table);
+        if run("wide") {
+            ingest_and_search(&server, &mut table);
+        }
+        if run("small") {
+            small_requests(&server, &mut table);
+        }
     }
-    memory(&mut table);
+    if run("memory") {
+        memory(&mut table);
+    }
     let out = Path::new("target/load-bench.md");
     std::fs::write(out, table.markdown()).expect("write target/load-bench.md");
     println!("table written to {}", out.display());
@@ -176,14 +186,16 @@ fn ingest_and_search(server: &Server, table: &mut Table) {
     // 32 clients searching at once, against one client, for the same time.
     let queries: Vec<String> = (0..32).map(|_| search_body(&mut rng, WIDE_DIMS)).collect();
     let single = searches_per_second(server.addr, &queries[..1], Duration::from_secs(4));
-    let (batched_before, batches_before) = batch_counters(server);
+    let before = batch_counters(server);
     let concurrent = searches_per_second(server.addr, &queries, Duration::from_secs(4));
-    let (batched, batches) = batch_counters(server);
+    let after = batch_counters(server);
+    let batches = (after.1 - before.1).max(1.0);
     table.add(
         "2. searches/s, 100,000 x 768 cosine, k=10, 32 clients (4 s)",
         format!(
-            "{concurrent:.0}/s ({:.1} searches per batch)",
-            (batched - batched_before) / (batches - batches_before).max(1.0)
+            "{concurrent:.0}/s ({:.1} searches per batch, {:.2} ms waiting for them per batch)",
+            (after.0 - before.0) / batches,
+            (after.2 - before.2) * 1e3 / batches
         ),
         format!("1 client: {single:.0}/s"),
         Some(concurrent / single),
@@ -191,9 +203,13 @@ fn ingest_and_search(server: &Server, table: &mut Table) {
     );
 }
 
-/// `quiver_searches_batched_total` and `quiver_search_batches_total`.
-fn batch_counters(server: &Server) -> (f64, f64) {
-    (server.metric("quiver_searches_batched_total"), server.metric("quiver_search_batches_total"))
+/// Searches batched, batches, and seconds spent waiting for searches to join them.
+fn batch_counters(server: &Server) -> (f64, f64, f64) {
+    (
+        server.metric("quiver_searches_batched_total"),
+        server.metric("quiver_search_batches_total"),
+        server.metric("quiver_search_gather_seconds_total"),
+    )
 }
 
 /// Searches answered per second with one client per query, each repeating its

@@ -103,6 +103,7 @@ pub struct Metrics {
     searches_batched: u64,
     search_batches: u64,
     search_gathers: u64,
+    search_gather_time: Duration,
     wal_appends: u64,
     wal_syncs: Histogram,
     wal_sync_failures: u64,
@@ -120,6 +121,7 @@ impl Default for Metrics {
             searches_batched: 0,
             search_batches: 0,
             search_gathers: 0,
+            search_gather_time: Duration::ZERO,
             wal_appends: 0,
             wal_syncs: Histogram::default(),
             wal_sync_failures: 0,
@@ -148,9 +150,10 @@ impl Metrics {
         self.search_batches += 1;
     }
 
-    /// A turn that waited for more searches to join its batch.
-    pub fn search_gathered(&mut self) {
+    /// A turn that waited `waited` for more searches to join its batch.
+    pub fn search_gathered(&mut self, waited: Duration) {
         self.search_gathers += 1;
+        self.search_gather_time += waited;
     }
 
     pub fn observe_sync(&mut self, records: u64, elapsed: Duration, ok: bool) {
@@ -219,6 +222,13 @@ impl Metrics {
             "counter",
             "Turns that waited (at most 2 ms) for more searches to join a batch.",
             self.search_gathers as f64,
+        );
+        single(
+            out,
+            "quiver_search_gather_seconds_total",
+            "counter",
+            "Time spent in those waits.",
+            self.search_gather_time.as_secs_f64(),
         );
         single(
             out,

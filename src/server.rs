@@ -202,8 +202,9 @@ impl Server {
     fn tick(&mut self, events: &mut Events, now: Instant) {
         self.service_ready(now);
         if let Some(window) = self.app.gather_window() {
-            self.app.metrics().search_gathered();
+            let started = Instant::now();
             self.gather(events, now + window);
+            self.app.metrics().search_gathered(started.elapsed());
         }
         // The searches parked this turn, run together, and their answers.
         self.app.run_parked();
