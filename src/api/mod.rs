@@ -99,8 +99,6 @@ pub struct Scratch {
     pub items: Vec<u32>,
     pub skipped: Vec<(u32, embeddings::Skip)>,
     pub seen: AHashSet<i64>,
-    /// One per extra thread a large search may use.
-    pub partials: Vec<TopK>,
 }
 
 /// A search taken in this turn of the loop, to be run with the others on
@@ -134,8 +132,8 @@ pub struct App {
     parked_len: usize,
     /// The last turn that ran searches: how many, and how long they took.
     last_run: (usize, Duration),
-    /// Per extra thread, one `TopK` per parked search, for `search_many`.
-    many_partials: Vec<Vec<TopK>>,
+    /// Per extra thread a large search may use, a `TopK` per search of a batch.
+    partials: Vec<Vec<TopK>>,
     api_key: Vec<u8>,
     limits: ApiLimits,
     scratch: Scratch,
@@ -263,10 +261,10 @@ impl App {
             parked: Vec::new(),
             parked_len: 0,
             last_run: (0, Duration::ZERO),
-            many_partials: (1..search_threads()).map(|_| Vec::new()).collect(),
+            partials: (1..search_threads()).map(|_| vec![TopK::new()]).collect(),
             api_key: api_key.into_bytes(),
             limits,
-            scratch: Scratch { partials: (1..search_threads()).map(|_| TopK::new()).collect(), ..Scratch::default() },
+            scratch: Scratch::default(),
             health: health::Health::new(),
             metrics: Metrics::default(),
         }
@@ -360,7 +358,8 @@ impl App {
             if (first + 1..self.parked_len).filter(same_index).count() == 0 {
                 // Alone on its index: no batch to build.
                 let slot = &mut self.parked[first];
-                index.search_parallel(&slot.query, slot.k, &mut slot.top, &mut self.scratch.partials);
+                let top = std::slice::from_mut(&mut slot.top);
+                index.search_many(&[&slot.query], &[slot.k], top, &mut self.partials);
                 slot.answer(index);
                 continue;
             }
@@ -369,10 +368,10 @@ impl App {
             let mut tops: Vec<TopK> = group.iter().map(|&s| std::mem::take(&mut self.parked[s].top)).collect();
             let queries: Vec<&[f32]> = group.iter().map(|&s| self.parked[s].query.as_slice()).collect();
             let ks: Vec<usize> = group.iter().map(|&s| self.parked[s].k).collect();
-            for partial in &mut self.many_partials {
+            for partial in &mut self.partials {
                 partial.resize_with(group.len().max(partial.len()), TopK::new);
             }
-            index.search_many(&queries, &ks, &mut tops, &mut self.many_partials);
+            index.search_many(&queries, &ks, &mut tops, &mut self.partials);
             for (&s, top) in group.iter().zip(tops) {
                 self.parked[s].top = top;
                 self.parked[s].answer(index);

@@ -278,65 +278,42 @@ impl Index {
     /// Exact search: leaves the `k` nearest rows in `top`. The query must have
     /// passed `check_vector`.
     pub fn search(&self, query: &[f32], k: usize, top: &mut TopK) {
-        top.reset(k.min(self.len()));
-        self.scan(query, 0..self.len(), top);
-    }
-
-    /// As `search`, but a large index is scanned by up to `partials.len() + 1`
-    /// threads, each over its own share of the rows (the caller waits anyway;
-    /// memory bandwidth is what one thread cannot use up alone).
-    pub fn search_parallel(&self, query: &[f32], k: usize, top: &mut TopK, partials: &mut [TopK]) {
-        let by_size = self.vectors.len() / PARALLEL_SCAN_FLOATS_MIN;
-        let threads = (partials.len() + 1).min(by_size.max(1));
-        self.search_split(query, k, top, &mut partials[..threads - 1]);
-    }
-
-    /// Scans the rows in `partials.len() + 1` equal shares, one per thread,
-    /// and merges their nearest into `top`. Exact: each of the k nearest rows
-    /// is among the k nearest of its own share.
-    pub fn search_split(&self, query: &[f32], k: usize, top: &mut TopK, partials: &mut [TopK]) {
-        if partials.is_empty() {
-            return self.search(query, k, top);
-        }
-        let (rows, k) = (self.len(), k.min(self.len()));
-        let share = rows.div_ceil(partials.len() + 1);
-        std::thread::scope(|scope| {
-            for (n, partial) in partials.iter_mut().enumerate() {
-                let range = ((n + 1) * share).min(rows)..((n + 2) * share).min(rows);
-                scope.spawn(move || {
-                    partial.reset(k);
-                    self.scan(query, range, partial);
-                });
-            }
-            top.reset(k);
-            self.scan(query, 0..share.min(rows), top);
-        });
-        for partial in partials {
-            for &candidate in partial.sorted() {
-                top.push(candidate);
-            }
-        }
+        self.search_many_split(&[query], &[k], std::slice::from_mut(top), &mut []);
     }
 
     /// Several searches of this index at once: the rows are read once, block
     /// by block (each block small enough to stay in cache), and every query is
     /// scored against a block before the next is read. `tops[q]` receives the
     /// `ks[q]` nearest to `queries[q]`, exactly as `search` would give them.
-    /// A large index is split across `partials.len() + 1` threads; each
-    /// `partials[t]` must hold one `TopK` per query.
+    /// A large index is split across up to `partials.len() + 1` threads (the
+    /// caller waits anyway; memory bandwidth is what one thread cannot use up
+    /// alone); each `partials[t]` must hold a `TopK` per query.
     pub fn search_many(&self, queries: &[&[f32]], ks: &[usize], tops: &mut [TopK], partials: &mut [Vec<TopK>]) {
         let by_size = self.vectors.len() / PARALLEL_SCAN_FLOATS_MIN;
         let threads = (partials.len() + 1).min(by_size.max(1));
         self.search_many_split(queries, ks, tops, &mut partials[..threads - 1]);
     }
 
-    /// `search_many` over `partials.len() + 1` equal shares of the rows, one per thread.
+    /// `search_many` over `partials.len() + 1` equal shares of the rows, one
+    /// per thread, their nearest merged into `tops`. Exact: each of the k
+    /// nearest rows is among the k nearest of its own share.
     pub fn search_many_split(&self, queries: &[&[f32]], ks: &[usize], tops: &mut [TopK], partials: &mut [Vec<TopK>]) {
         assert!(queries.len() == ks.len() && ks.len() == tops.len());
         let threads = partials.len() + 1;
         let rows = self.len();
         let share = rows.div_ceil(threads).max(1);
-        let scales: &[f32] = &queries.iter().map(|query| self.query_scale(query)).collect::<Vec<f32>>();
+        // A lone search keeps its scale on the stack: it allocates nothing.
+        let (one, many): ([f32; 1], Vec<f32>);
+        let scales: &[f32] = if let [query] = queries {
+            one = [self.query_scale(query)];
+            &one
+        } else {
+            many = queries.iter().map(|query| self.query_scale(query)).collect();
+            &many
+        };
+        if partials.is_empty() {
+            return self.scan_many(queries, scales, ks, 0..rows, tops);
+        }
         std::thread::scope(|scope| {
             for (n, partial) in partials.iter_mut().enumerate() {
                 let range = ((n + 1) * share).min(rows)..((n + 2) * share).min(rows);
@@ -353,11 +330,18 @@ impl Index {
         }
     }
 
-    /// `scan` for several queries over `rows`: block by block, each block
-    /// scored against the queries a tile of them at a time.
+    /// Offers every row of `rows` to the tops of the queries: block by
+    /// block, each block scored against the queries a tile of them at a time.
     fn scan_many(&self, queries: &[&[f32]], scales: &[f32], ks: &[usize], rows: Range<usize>, tops: &mut [TopK]) {
         for (top, &k) in tops.iter_mut().zip(ks) {
             top.reset(k.min(self.len()));
+        }
+        if let ([query], [scale], [top]) = (queries, scales, &mut *tops) {
+            // A lone query reads the rows from memory one at a time: one
+            // stream of rows is read faster than several interleaved (the
+            // `kernels` bench: 8 rows at a time took 1.7 times as long).
+            let top = std::slice::from_mut(top);
+            return self.scan_tile::<1, 1>(&[query], &[*scale], rows, top, &[]);
         }
         let block_rows = (MANY_BLOCK_BYTES / (4 * self.dims)).max(1);
         let mut start = rows.start;
@@ -380,15 +364,6 @@ impl Index {
             }
             start = end;
         }
-    }
-
-    /// Offers every row of `rows` to `top`.
-    fn scan(&self, query: &[f32], rows: Range<usize>, top: &mut TopK) {
-        let scale = self.query_scale(query);
-        // One row at a time: a lone scan reads from memory, and one stream
-        // of rows is read faster than several interleaved (the `kernels`
-        // bench: 8 rows at a time took 1.7 times as long).
-        self.scan_tile::<1, 1>(&[query], &[scale], rows, std::slice::from_mut(top), &[]);
     }
 
     /// Cosine: 1/|query|. Scaling the query does not change the order; doing
@@ -546,10 +521,10 @@ mod tests {
             let query = [1.0, -2.0, 0.5, 3.0, -1.0];
             let (mut one, mut split) = (TopK::new(), TopK::new());
             for threads in 1..5 {
-                let mut partials: Vec<TopK> = (0..threads).map(|_| TopK::new()).collect();
+                let mut partials: Vec<Vec<TopK>> = (0..threads).map(|_| vec![TopK::new()]).collect();
                 for k in [1, 10, 500, 5000] {
                     index.search(&query, k, &mut one);
-                    index.search_split(&query, k, &mut split, &mut partials);
+                    index.search_many_split(&[&query], &[k], std::slice::from_mut(&mut split), &mut partials);
                     assert_eq!(split.sorted(), one.sorted(), "{metric:?} threads {} k {k}", threads + 1);
                 }
             }
