@@ -96,6 +96,17 @@ fn vector_text(rng: &mut Rng, dims: usize, out: &mut String) {
     out.push(']');
 }
 
+/// `count` random vectors as JSON arrays.
+fn vector_texts(rng: &mut Rng, count: usize, dims: usize) -> Vec<String> {
+    (0..count)
+        .map(|_| {
+            let mut text = String::new();
+            vector_text(rng, dims, &mut text);
+            text
+        })
+        .collect()
+}
+
 fn search_body(rng: &mut Rng, dims: usize) -> String {
     let mut body = String::from(r#"{"k":10,"queryVector":"#);
     vector_text(rng, dims, &mut body);
@@ -134,13 +145,7 @@ fn ingest_and_search(server: &Server, table: &mut Table) {
 
     // Ingest: the first ten batches are timed, each of fresh vectors; the
     // other ninety repeat those vectors under new ids.
-    let texts: Vec<String> = (0..BATCH * 10)
-        .map(|_| {
-            let mut text = String::new();
-            vector_text(&mut rng, WIDE_DIMS, &mut text);
-            text
-        })
-        .collect();
+    let texts = vector_texts(&mut rng, BATCH * 10, WIDE_DIMS);
     let (mut inserts, mut bytes) = (Vec::new(), 0);
     for batch in 0..WIDE_ROWS / BATCH {
         let first = (batch % 10) * BATCH;
@@ -284,13 +289,7 @@ fn small_requests(server: &Server, table: &mut Table) {
     }
     create_index(server, "small", 128, "cosine");
     let mut rng = Rng(11);
-    let texts: Vec<String> = (0..BATCH)
-        .map(|_| {
-            let mut text = String::new();
-            vector_text(&mut rng, 128, &mut text);
-            text
-        })
-        .collect();
+    let texts = vector_texts(&mut rng, BATCH, 128);
     assert_eq!(server.call("PUT", "/api/v1/embeddings/small/insert", Some(&insert_body(&texts, 0))).status, 200);
     let health_body = serde_json::to_string(&server.call("GET", "/api/v1/health", None).body).unwrap();
 
@@ -405,13 +404,7 @@ fn memory(table: &mut Table) {
     let server = Server::start();
     create_index(&server, "mem", DIMS, "cosine");
     let mut rng = Rng(13);
-    let texts: Vec<String> = (0..BATCH * 10)
-        .map(|_| {
-            let mut text = String::new();
-            vector_text(&mut rng, DIMS, &mut text);
-            text
-        })
-        .collect();
+    let texts = vector_texts(&mut rng, BATCH * 10, DIMS);
     let mut client = server.connect();
     for batch in 0..ROWS / BATCH {
         let first = (batch % 10) * BATCH;

@@ -476,24 +476,14 @@ impl App {
             Endpoint::IndexStats => indexes::stats(db.store(), name, Reply { out, keep_alive }),
             Endpoint::DeleteIndex => indexes::delete(db, name, Reply { out, keep_alive }),
             Endpoint::Search => unreachable!("searches are parked above"),
-            Endpoint::Upsert => embeddings::write(
-                db,
-                scratch,
-                *limits,
-                embeddings::Write::Upsert,
-                name,
-                body,
-                Reply { out, keep_alive },
-            ),
-            Endpoint::Insert => embeddings::write(
-                db,
-                scratch,
-                *limits,
-                embeddings::Write::Insert,
-                name,
-                body,
-                Reply { out, keep_alive },
-            ),
+            Endpoint::Upsert | Endpoint::Insert => {
+                let write = if target.endpoint == Endpoint::Upsert {
+                    embeddings::Write::Upsert
+                } else {
+                    embeddings::Write::Insert
+                };
+                embeddings::write(db, scratch, *limits, write, name, body, Reply { out, keep_alive })
+            }
             Endpoint::Retrieve => {
                 embeddings::retrieve(db.store(), scratch, *limits, name, body, Reply { out, keep_alive })
             }
