@@ -65,6 +65,8 @@ pub struct Connection {
     blocked_on_write: bool,
     /// A search of this connection parked for this turn: its slot, and when it was taken.
     parked: Option<(usize, Instant)>,
+    /// The run (`App::runs`) that answered this connection's last search.
+    answered_in: Option<u64>,
     /// Set once our side is shut down; the connection only drains input until then.
     linger_until: Option<Instant>,
     last_activity: Instant,
@@ -93,6 +95,7 @@ impl Connection {
             closing: false,
             blocked_on_write: false,
             parked: None,
+            answered_in: None,
             linger_until: None,
             last_activity: now,
             request_started: None,
@@ -226,7 +229,12 @@ impl Connection {
             }
         };
         match handled {
-            Handled::Parked(slot) => self.parked = Some((slot, started)),
+            Handled::Parked(slot) => {
+                self.parked = Some((slot, started));
+                if self.answered_in == Some(app.runs()) {
+                    app.search_returned();
+                }
+            }
             Handled::Answered | Handled::Mutated => {
                 let status = status_of(&self.write[reply_at..]);
                 app.metrics().observe_request(route, status, started.elapsed());
@@ -250,8 +258,16 @@ impl Connection {
         let Some((slot, started)) = self.parked.take() else { return };
         let reply_at = self.write.len();
         app.write_parked(slot, &mut self.write);
+        self.answered_in = Some(app.runs());
         let status = status_of(&self.write[reply_at..]);
         app.metrics().observe_request(Some(Endpoint::Search), status, started.elapsed());
+    }
+
+    /// Whether an answer of this turn is still to be written (a parked
+    /// search) or held (a write awaiting its sync): what this connection
+    /// asks next must wait for the next turn, to be answered after it.
+    pub fn answer_pending(&self) -> bool {
+        self.parked.is_some() || self.sync_mark.is_some()
     }
 
     pub fn awaits_sync(&self) -> bool {

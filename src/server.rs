@@ -257,31 +257,36 @@ impl Server {
 
     /// Waits until `deadline` for more searches to join this turn's batch
     /// (see `App::gather_window`), servicing the connections that become
-    /// ready meanwhile. One already serviced this turn waits for the next:
-    /// its answer is not written yet.
+    /// ready meanwhile. One whose answer of this turn is still pending waits
+    /// for the next turn, so that its answers stay in order. Any other is
+    /// serviced now and its search may join the batch, even if the loop
+    /// looked at it earlier this turn (a client answered in the last run
+    /// is looked at first thing, often before it has asked again).
     fn gather(&mut self, events: &mut Events, deadline: Instant) {
         while self.app.gathering() {
             let now = Instant::now();
             if now >= deadline {
-                return;
+                break;
             }
             match self.poll.poll(events, Some(deadline - now)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => return,
+                Err(_) => break,
             }
             self.take_events(events, now);
-            self.to_flush.sort_unstable();
-            let (ready, serviced, carried) = (&mut self.ready, &self.to_flush, &mut self.carried);
+            let (ready, connections, carried) = (&mut self.ready, &self.connections, &mut self.carried);
             ready.retain(|&key| {
-                let fresh = serviced.binary_search(&key).is_err();
-                if !fresh {
+                let pending = connections.get(key).is_some_and(Connection::answer_pending);
+                if pending {
                     carried.push(key);
                 }
-                fresh
+                !pending
             });
             self.service_ready(now);
         }
+        // A connection serviced twice is answered and flushed once.
+        self.to_flush.sort_unstable();
+        self.to_flush.dedup();
     }
 
     fn flush(&mut self, key: usize, now: Instant) {

@@ -132,6 +132,10 @@ pub struct App {
     parked_len: usize,
     /// The last turn that ran searches: how many, and how long they took.
     last_run: (usize, Duration),
+    /// How many turns have run searches: the last one's number.
+    runs: u64,
+    /// Searches parked this turn by clients answered in the last run.
+    returned: usize,
     /// Per extra thread a large search may use, a `TopK` per search of a batch.
     partials: Vec<Vec<TopK>>,
     api_key: Vec<u8>,
@@ -261,6 +265,8 @@ impl App {
             parked: Vec::new(),
             parked_len: 0,
             last_run: (0, Duration::ZERO),
+            runs: 0,
+            returned: 0,
             partials: (1..search_threads()).map(|_| vec![TopK::new()]).collect(),
             api_key: api_key.into_bytes(),
             limits,
@@ -322,28 +328,44 @@ impl App {
         if to_run > 0 {
             self.run_parked_now();
             self.last_run = (to_run, started.elapsed());
+            self.runs += 1;
         }
     }
 
+    /// The number of the last turn that ran searches: a client answered
+    /// in it is expected back (see `search_returned`).
+    pub fn runs(&self) -> u64 {
+        self.runs
+    }
+
+    /// Counts a search just parked by a client answered in the last run.
+    pub fn search_returned(&mut self) {
+        self.returned += 1;
+    }
+
     /// How long the loop may wait for more searches before running those
-    /// parked: while fewer are parked than ran last turn and one of them
-    /// scans a large index, clients that were just answered are likely
-    /// about to ask again, and a search that joins this batch saves a whole
-    /// pass over the rows. A lone client never waits (it was alone last
-    /// turn too); the wait is at most an eighth of the last turn's scan.
+    /// parked: while fewer clients answered in the last run have come back
+    /// than it answered, and one of the parked searches scans a large
+    /// index, those clients are likely about to ask again, and a search
+    /// that joins this batch saves a whole pass over the rows. Searches
+    /// that missed the last run and waited through it do not count: they
+    /// would otherwise stand in for clients still on their way, and every
+    /// batch after one that some missed would be as short. A lone client
+    /// never waits (it was alone last run too); the wait is at most an
+    /// eighth of the last run's scan.
     pub fn gather_window(&self) -> Option<Duration> {
-        let (searches, took) = self.last_run;
-        if self.parked_len == 0 || self.parked_len >= searches {
+        if self.parked_len == 0 || !self.gathering() {
             return None;
         }
         let store = self.db.store();
         let large = |p: &Parked| store.index(&p.index).is_some_and(|i| i.len() * i.dims() >= PARALLEL_SCAN_FLOATS_MIN);
+        let took = self.last_run.1;
         self.parked[..self.parked_len].iter().any(large).then(|| (took / 8).min(GATHER_WINDOW_MAX))
     }
 
-    /// Whether fewer searches are parked than ran last turn.
+    /// Whether fewer clients answered in the last run have searched again than it answered.
     pub fn gathering(&self) -> bool {
-        self.parked_len < self.last_run.0
+        self.returned < self.last_run.0
     }
 
     fn run_parked_now(&mut self) {
@@ -389,6 +411,7 @@ impl App {
     /// Forgets this turn's parked searches (their slots are kept for reuse).
     pub fn end_turn(&mut self) {
         self.parked_len = 0;
+        self.returned = 0;
     }
 
     /// Syncs this tick's writes (see `Database::commit`).

@@ -266,17 +266,14 @@ fn searches_batched_in_one_turn_answer_exactly_as_alone() {
     assert!(batched_total > 0.0, "no two searches ever ran in one batch");
 }
 
-/// On a large index the loop waits a moment for more searches when fewer
-/// are waiting than ran last turn. Clients that pipeline a second search
-/// while the loop waits still get their answers in order, each exactly the
-/// answer it gets alone.
-#[test]
-fn searches_gathered_into_batches_keep_their_order() {
-    // 4,100 x 1,024 floats: just over the size from which the loop gathers.
+/// A server with an index just large enough for the loop to gather
+/// searches into batches (4,100 x 1,024 floats), eight queries for it, and
+/// the answer each gets alone.
+fn gathering_index(seed: u64) -> (Server, Vec<String>, Vec<Value>) {
     const DIMS: usize = 1024;
     let server = Server::start();
     create_index(&server, "gather", DIMS, "l2");
-    let mut rng = Rng(78);
+    let mut rng = Rng(seed);
     let mut client = server.connect();
     for chunk in 0..41 {
         let items: Vec<(i64, Vec<f32>, String)> =
@@ -285,22 +282,31 @@ fn searches_gathered_into_batches_keep_their_order() {
     }
     let queries: Vec<String> =
         (0..8).map(|n| serde_json::json!({"queryVector": vector(&mut rng, DIMS), "k": 3 + n}).to_string()).collect();
-    let alone: Vec<Value> =
-        queries.iter().map(|q| client.call("POST", "/api/v1/embeddings/gather/search", Some(q)).body).collect();
-    let search = |query: &str| {
-        crate::harness::request_bytes(
-            "POST",
-            "/api/v1/embeddings/gather/search",
-            &[("X-Service-API-Key", crate::harness::KEY)],
-            Some(query),
-        )
-    };
+    let alone = queries.iter().map(|q| client.call("POST", "/api/v1/embeddings/gather/search", Some(q)).body).collect();
+    (server, queries, alone)
+}
 
+fn gather_search(query: &str) -> Vec<u8> {
+    crate::harness::request_bytes(
+        "POST",
+        "/api/v1/embeddings/gather/search",
+        &[("X-Service-API-Key", crate::harness::KEY)],
+        Some(query),
+    )
+}
+
+/// On a large index the loop waits a moment for more searches when fewer
+/// are waiting than ran last turn. Clients that pipeline a second search
+/// while the loop waits still get their answers in order, each exactly the
+/// answer it gets alone.
+#[test]
+fn searches_gathered_into_batches_keep_their_order() {
+    let (server, queries, alone) = gathering_index(78);
     let mut clients: Vec<Client> = queries.iter().map(|_| server.connect()).collect();
     for round in 0..10 {
         // All eight at once, so that the next turn expects several...
         for (client, query) in clients.iter_mut().zip(&queries) {
-            client.send(&search(query));
+            client.send(&gather_search(query));
         }
         for (n, client) in clients.iter_mut().enumerate() {
             assert_eq!(client.read_response().body, alone[n], "round {round}, query {n}");
@@ -308,12 +314,49 @@ fn searches_gathered_into_batches_keep_their_order() {
         // ...then two on one connection, the second sent a little later,
         // while the loop may be waiting for others.
         let (first, second) = (round % 8, (round + 3) % 8);
-        clients[0].send(&search(&queries[first]));
+        clients[0].send(&gather_search(&queries[first]));
         std::thread::sleep(std::time::Duration::from_micros(200 * round as u64));
-        clients[0].send(&search(&queries[second]));
+        clients[0].send(&gather_search(&queries[second]));
         assert_eq!(clients[0].read_response().body, alone[first], "round {round}, first");
         assert_eq!(clients[0].read_response().body, alone[second], "round {round}, second");
     }
     assert!(server.metric("quiver_search_gathers_total") > 0.0, "the loop never waited for a batch");
     assert!(server.metric("quiver_searches_batched_total") > 0.0, "no two searches ever ran in one batch");
+}
+
+/// Clients answered in a batch that search again while the loop waits for
+/// them join the next batch, although the loop looked at their connections,
+/// still empty, at the start of that turn.
+#[test]
+fn clients_back_while_the_loop_waits_join_the_batch() {
+    let (server, queries, alone) = gathering_index(79);
+    let mut clients: Vec<Client> = queries.iter().map(|_| server.connect()).collect();
+    let batched = || server.metric("quiver_searches_batched_total");
+    let mut joined = 0;
+    for round in 0..10 {
+        let before = batched();
+        // All eight at once; the first sends its next search at once too, so
+        // that it is waiting when the batch is answered and the loop waits
+        // for the other seven, which ask again only once answered.
+        for (client, query) in clients.iter_mut().zip(&queries) {
+            client.send(&gather_search(query));
+        }
+        let next = (round + 1) % 8;
+        clients[0].send(&gather_search(&queries[next]));
+        for (n, client) in clients.iter_mut().enumerate() {
+            assert_eq!(client.read_response().body, alone[n], "round {round}, query {n}");
+        }
+        for (client, query) in clients.iter_mut().zip(&queries).skip(1) {
+            client.send(&gather_search(query));
+        }
+        assert_eq!(clients[0].read_response().body, alone[next], "round {round}, next");
+        for (n, client) in clients.iter_mut().enumerate().skip(1) {
+            assert_eq!(client.read_response().body, alone[n], "round {round}, query {n} again");
+        }
+        // Two batches of eight: none of the seven was put off to a batch of its own.
+        if batched() - before == 16.0 {
+            joined += 1;
+        }
+    }
+    assert!(joined >= 3, "the clients that came back while the loop waited joined its batch in {joined} of 10 rounds");
 }
