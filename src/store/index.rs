@@ -72,9 +72,10 @@ impl fmt::Display for VectorError {
 /// thread costs more than it would save (4 Mi floats is 16 MiB, a few ms).
 pub const PARALLEL_SCAN_FLOATS_MIN: usize = 4 << 20;
 
-/// Rows scanned together by `search_many` before moving on: small enough to
-/// stay in a core's L2 cache while every query is scored against them.
-const MANY_BLOCK_BYTES: usize = 256 * 1024;
+/// How far ahead of the tile of rows being scored `search_many` asks for
+/// rows from memory, in tiles: far enough that they arrive in time, near
+/// enough that they are still in cache when their turn comes.
+const PREFETCH_TILES: usize = 4;
 
 /// Queries scored together by one tile of `search_many`, and rows per tile
 /// with them: each load then feeds 4 multiply-adds instead of one. With
@@ -330,8 +331,8 @@ impl Index {
         }
     }
 
-    /// Offers every row of `rows` to the tops of the queries: block by
-    /// block, each block scored against the queries a tile of them at a time.
+    /// Offers every row of `rows` to the tops of the queries: a tile of rows
+    /// at a time, each scored against the queries a tile of them at a time.
     fn scan_many(&self, queries: &[&[f32]], scales: &[f32], ks: &[usize], rows: Range<usize>, tops: &mut [TopK]) {
         for (top, &k) in tops.iter_mut().zip(ks) {
             top.reset(k.min(self.len()));
@@ -343,26 +344,29 @@ impl Index {
             let top = std::slice::from_mut(top);
             return self.scan_tile::<1, 1>(&[query], &[*scale], rows, top, &[]);
         }
-        let block_rows = (MANY_BLOCK_BYTES / (4 * self.dims)).max(1);
+        // Each tile of rows is scored against every tile of queries before
+        // the next is read, so the rows are read from memory once, in order,
+        // and stay in L1 meanwhile; the queries (a few KiB each) come from
+        // L2. The query tiles share out the prefetching of a tile ahead.
+        let query_tiles = queries.len().div_ceil(QUERY_TILE);
         let mut start = rows.start;
         while start < rows.end {
-            let end = (start + block_rows).min(rows.end);
-            // While this block is scored (from cache), the next is fetched:
-            // each query tile prefetches its share of it.
-            let next = &self.vectors[end * self.dims..(end + block_rows).min(rows.end) * self.dims];
-            let share = next.len().div_ceil(queries.len().div_ceil(QUERY_TILE)).next_multiple_of(kernels::LINE_FLOATS);
-            let mut prefetches = next.chunks(share.max(1));
+            let tile = start..(start + ROW_TILE).min(rows.end);
+            let ahead = (tile.start + PREFETCH_TILES * ROW_TILE).min(rows.end);
+            let ahead = &self.vectors[ahead * self.dims..(ahead + ROW_TILE).min(rows.end) * self.dims];
+            let share = ahead.len().div_ceil(query_tiles).next_multiple_of(kernels::LINE_FLOATS);
+            let mut prefetches = ahead.chunks(share.max(1));
             let tiles = queries.chunks(QUERY_TILE).zip(scales.chunks(QUERY_TILE)).zip(tops.chunks_mut(QUERY_TILE));
             for ((queries, scales), tops) in tiles {
-                let (block, prefetch) = (start..end, prefetches.next().unwrap_or_default());
+                let (rows, prefetch) = (tile.clone(), prefetches.next().unwrap_or_default());
                 match queries.len() {
-                    QUERY_TILE => self.scan_tile::<QUERY_TILE, ROW_TILE>(queries, scales, block, tops, prefetch),
-                    3 => self.scan_tile::<3, ROW_TILE>(queries, scales, block, tops, prefetch),
-                    2 => self.scan_tile::<2, ROW_TILE>(queries, scales, block, tops, prefetch),
-                    _ => self.scan_tile::<1, ROW_TILE>(queries, scales, block, tops, prefetch),
+                    QUERY_TILE => self.scan_tile::<QUERY_TILE, ROW_TILE>(queries, scales, rows, tops, prefetch),
+                    3 => self.scan_tile::<3, ROW_TILE>(queries, scales, rows, tops, prefetch),
+                    2 => self.scan_tile::<2, ROW_TILE>(queries, scales, rows, tops, prefetch),
+                    _ => self.scan_tile::<1, ROW_TILE>(queries, scales, rows, tops, prefetch),
                 }
             }
-            start = end;
+            start = tile.end;
         }
     }
 
@@ -376,8 +380,8 @@ impl Index {
     }
 
     /// Scores `Q` queries (with their `scales`) against `rows`, `R` rows at a
-    /// time, and offers each row to each query's top; prefetches `prefetch`
-    /// meanwhile, a little with each tile.
+    /// time, and offers each row to each query's top; first asks for
+    /// `prefetch` to be fetched meanwhile.
     fn scan_tile<const Q: usize, const R: usize>(
         &self,
         queries: &[&[f32]],
@@ -415,12 +419,9 @@ impl Index {
         distance: impl Fn(f32, usize, usize) -> f32,
     ) {
         let dims = self.dims;
-        let tiles = (rows.len() / R).max(1);
-        let mut prefetches =
-            prefetch.chunks(prefetch.len().div_ceil(tiles).next_multiple_of(kernels::LINE_FLOATS).max(1));
+        kernels::prefetch(prefetch);
         let mut row = rows.start;
         while row + R <= rows.end {
-            kernels::prefetch(prefetches.next().unwrap_or_default());
             let scores = kernels::tile::<M, Q, R>(queries, &self.vectors[row * dims..(row + R) * dims]);
             for (q, (scores, top)) in scores.iter().zip(tops.iter_mut()).enumerate() {
                 let distances: [f32; R] = std::array::from_fn(|r| distance(scores[r], row + r, q));
