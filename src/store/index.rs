@@ -423,16 +423,24 @@ impl Index {
         let mut row = rows.start;
         while row + R <= rows.end {
             let scores = kernels::tile::<M, Q, R>(queries, &self.vectors[row * dims..(row + R) * dims]);
-            for (q, (scores, top)) in scores.iter().zip(tops.iter_mut()).enumerate() {
-                let distances: [f32; R] = std::array::from_fn(|r| distance(scores[r], row + r, q));
-                if let Some(threshold) = top.threshold() {
-                    // All strictly farther than the farthest kept: none can enter.
-                    if distances.iter().all(|&d| d > threshold) {
-                        continue;
-                    }
+            // One test for the whole tile, without branches: whether every
+            // row is strictly farther than the farthest each query keeps, so
+            // that none can enter (a NaN is not farther; a top not yet full
+            // takes anything).
+            let mut distances = [[0.0; R]; Q];
+            let mut far = true;
+            for (q, top) in tops.iter().enumerate() {
+                let threshold = top.threshold().unwrap_or(f32::INFINITY);
+                for r in 0..R {
+                    distances[q][r] = distance(scores[q][r], row + r, q);
+                    far &= distances[q][r] > threshold;
                 }
-                for (r, &d) in distances.iter().enumerate() {
-                    offer(top, d, self.ids[row + r], row + r);
+            }
+            if !far {
+                for (q, top) in tops.iter_mut().enumerate() {
+                    for (r, &d) in distances[q].iter().enumerate() {
+                        offer(top, d, self.ids[row + r], row + r);
+                    }
                 }
             }
             row += R;
