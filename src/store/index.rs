@@ -282,9 +282,9 @@ impl Index {
         self.search_many_split(&[query], &[k], std::slice::from_mut(top), &mut []);
     }
 
-    /// Several searches of this index at once: the rows are read once, block
-    /// by block (each block small enough to stay in cache), and every query is
-    /// scored against a block before the next is read. `tops[q]` receives the
+    /// Several searches of this index at once: the rows are read once, a
+    /// tile at a time, and every query is scored against a tile before the
+    /// next is read (see `scan_many`). `tops[q]` receives the
     /// `ks[q]` nearest to `queries[q]`, exactly as `search` would give them.
     /// A large index is split across up to `partials.len() + 1` threads (the
     /// caller waits anyway; memory bandwidth is what one thread cannot use up
@@ -445,6 +445,7 @@ impl Index {
             }
             row += R;
         }
+        // The last rows, fewer than a tile: one at a time (`offer` tests each).
         for row in row..rows.end {
             let scores = kernels::tile::<M, Q, 1>(queries, &self.vectors[row * dims..(row + 1) * dims]);
             for (q, (scores, top)) in scores.iter().zip(tops.iter_mut()).enumerate() {
@@ -517,16 +518,22 @@ mod tests {
         assert_eq!(ids_of(&l2, &[1.0, 0.0], 3), vec![1, 3, 2]);
     }
 
+    /// `count` vectors of `dims` under ids `0..count`, each twice (again
+    /// under id + 10,000), so that ties have to break the same way.
+    fn twins(dims: usize, count: i64, metric: Metric) -> Index {
+        let mut index = Index::new(dims, metric);
+        for id in 0..count {
+            let v: Vec<f32> = (0..dims as i64).map(|d| ((id * 31 + d * 17) % 23) as f32 - 11.5).collect();
+            index.upsert(id, &v, b"");
+            index.upsert(10_000 + id, &v, b"");
+        }
+        index
+    }
+
     #[test]
     fn a_split_scan_finds_exactly_what_one_thread_finds() {
         for metric in [Metric::Cosine, Metric::L2, Metric::Ip] {
-            let mut index = Index::new(5, metric);
-            for id in 0..997i64 {
-                let v: Vec<f32> = (0..5).map(|d| ((id * 31 + d * 17) % 23) as f32 - 11.5).collect();
-                // Pairs of equal vectors, so ties have to break the same way.
-                index.upsert(id, &v, b"");
-                index.upsert(10_000 + id, &v, b"");
-            }
+            let index = twins(5, 997, metric);
             let query = [1.0, -2.0, 0.5, 3.0, -1.0];
             let (mut one, mut split) = (TopK::new(), TopK::new());
             for threads in 1..5 {
@@ -543,12 +550,7 @@ mod tests {
     #[test]
     fn many_searches_at_once_find_exactly_what_each_finds_alone() {
         for metric in [Metric::Cosine, Metric::L2, Metric::Ip] {
-            let mut index = Index::new(300, metric);
-            for id in 0..700i64 {
-                let v: Vec<f32> = (0..300).map(|d| ((id * 31 + d * 17) % 23) as f32 - 11.5).collect();
-                index.upsert(id, &v, b"");
-                index.upsert(10_000 + id, &v, b"");
-            }
+            let index = twins(300, 700, metric);
             let queries: Vec<Vec<f32>> =
                 (0..9).map(|q| (0..300).map(|d| ((q * 7 + d * 3) % 11) as f32 - 5.0).collect()).collect();
             let ks = [1, 10, 700, 2000, 3, 1, 5, 10, 64];
