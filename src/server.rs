@@ -273,6 +273,8 @@ impl Server {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
             }
+            // The poll may have waited: what follows is stamped with when it woke.
+            let now = Instant::now();
             self.take_events(events, now);
             let (ready, connections, carried) = (&mut self.ready, &self.connections, &mut self.carried);
             ready.retain(|&key| {
