@@ -133,6 +133,28 @@ fn insert_body(texts: &[String], first_id: usize) -> String {
     body
 }
 
+/// Inserts `rows` embeddings of `dims` into `index`, `BATCH` per request:
+/// ten batches of fresh random vectors, then those vectors again under new
+/// ids. Returns how long each of the first ten took, and one body's size.
+fn load(server: &Server, index: &str, dims: usize, rows: usize, rng: &mut Rng) -> (Vec<Duration>, usize) {
+    let texts = vector_texts(rng, BATCH * 10, dims);
+    let path = format!("/api/v1/embeddings/{index}/insert");
+    let mut client = server.connect();
+    let (mut fresh, mut bytes) = (Vec::new(), 0);
+    for batch in 0..rows / BATCH {
+        let first = (batch % 10) * BATCH;
+        let body = insert_body(&texts[first..first + BATCH], batch * BATCH);
+        let started = Instant::now();
+        let r = client.call("PUT", &path, Some(&body));
+        assert_eq!(r.status, 200, "{r:?}");
+        if batch < 10 {
+            fresh.push(started.elapsed());
+            bytes = body.len();
+        }
+    }
+    (fresh, bytes)
+}
+
 fn median(samples: &mut [Duration]) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
@@ -148,21 +170,8 @@ fn ingest_and_search(server: &Server, table: &mut Table) {
     let mut client = server.connect();
     let mut rng = Rng(7);
 
-    // Ingest: the first ten batches are timed, each of fresh vectors; the
-    // other ninety repeat those vectors under new ids.
-    let texts = vector_texts(&mut rng, BATCH * 10, WIDE_DIMS);
-    let (mut inserts, mut bytes) = (Vec::new(), 0);
-    for batch in 0..WIDE_ROWS / BATCH {
-        let first = (batch % 10) * BATCH;
-        let body = insert_body(&texts[first..first + BATCH], batch * BATCH);
-        let started = Instant::now();
-        let r = client.call("PUT", "/api/v1/embeddings/wide/insert", Some(&body));
-        if batch < 10 {
-            inserts.push(started.elapsed());
-            bytes = body.len();
-        }
-        assert_eq!(r.status, 200, "{r:?}");
-    }
+    // Ingest: the first ten batches, each of fresh vectors, are timed.
+    let (mut inserts, bytes) = load(server, "wide", WIDE_DIMS, WIDE_ROWS, &mut rng);
     let insert = median(&mut inserts);
     let mb_per_s = bytes as f64 / 1e6 / insert.as_secs_f64();
     table.add(
@@ -295,6 +304,16 @@ fn memory_floor(floats: usize, threads: usize) -> Duration {
     median(&mut runs)
 }
 
+/// A command for `tool`, pinned to `core` with taskset when `pin`.
+fn pinned(tool: &str, core: &str, pin: bool) -> Command {
+    if !pin {
+        return Command::new(tool);
+    }
+    let mut command = Command::new("taskset");
+    command.args(["-c", core, tool]);
+    command
+}
+
 /// Whether `tool` runs at all.
 fn have(tool: &str) -> bool {
     Command::new(tool).arg("-v").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
@@ -377,14 +396,7 @@ fn start_nginx(dir: &Path, port: u16, body: &str, pin: bool) -> std::process::Ch
     );
     let path = dir.join("nginx.conf");
     std::fs::write(&path, conf).unwrap();
-    let mut command = if pin {
-        let mut c = Command::new("taskset");
-        c.args(["-c", "0", "nginx"]);
-        c
-    } else {
-        Command::new("nginx")
-    };
-    let child = command
+    let child = pinned("nginx", "0", pin)
         .args(["-p", &d.to_string(), "-e", &format!("{d}/error.log"), "-c"])
         .arg(&path)
         .stdout(Stdio::null())
@@ -401,13 +413,7 @@ fn start_nginx(dir: &Path, port: u16, body: &str, pin: bool) -> std::process::Ch
 
 /// Requests per second wrk reports for 5 s of 50 connections on one thread.
 fn wrk(url: &str, script: Option<&Path>, pin: bool) -> f64 {
-    let mut command = if pin {
-        let mut c = Command::new("taskset");
-        c.args(["-c", "1", "wrk"]);
-        c
-    } else {
-        Command::new("wrk")
-    };
+    let mut command = pinned("wrk", "1", pin);
     command.args(["-t1", "-c50", "-d5s"]);
     if let Some(script) = script {
         command.arg("-s").arg(script);
@@ -428,20 +434,8 @@ fn memory(table: &mut Table) {
     const DIMS: usize = 128;
     let server = Server::start();
     create_index(&server, "mem", DIMS, "cosine");
-    let mut rng = Rng(13);
-    let texts = vector_texts(&mut rng, BATCH * 10, DIMS);
-    let mut client = server.connect();
-    for batch in 0..ROWS / BATCH {
-        let first = (batch % 10) * BATCH;
-        let body = insert_body(&texts[first..first + BATCH], batch * BATCH);
-        assert_eq!(client.call("PUT", "/api/v1/embeddings/mem/insert", Some(&body)).status, 200);
-    }
-    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
-    let rss_kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/<pid>/status");
+    load(&server, "mem", DIMS, ROWS, &mut Rng(13));
+    let rss_kib = server.status_kib("VmRSS") as f64;
     let mib = |bytes: f64| bytes / (1 << 20) as f64;
     let raw = (ROWS * DIMS * 4) as f64;
     let budget = 1.15 * raw + (64 << 20) as f64;

@@ -120,6 +120,14 @@ impl Server {
         text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')).map_or(0.0, |v| v.parse().unwrap())
     }
 
+    /// A figure of the server process in KiB from /proc: `VmRSS` (resident
+    /// now) or `VmHWM` (its peak).
+    pub fn status_kib(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':'));
+        line.and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or_else(|| panic!("{field} in {status}"))
+    }
+
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         // SAFETY: signals our own child process.

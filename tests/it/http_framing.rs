@@ -360,7 +360,7 @@ fn a_client_that_does_not_read_its_answers_is_held_back_not_buffered() {
         &[AUTH],
         Some(&format!(r#"{{"ids":[{}]}}"#, ids.join(","))),
     );
-    let rss_before = resident_kib(server.child.id());
+    let rss_before = server.status_kib("VmRSS");
     let mut greedy = server.connect();
     let pipelined = 20;
     for _ in 0..pipelined {
@@ -368,16 +368,11 @@ fn a_client_that_does_not_read_its_answers_is_held_back_not_buffered() {
     }
     std::thread::sleep(Duration::from_millis(500));
     // Each answer is about 3.3 MB: 66 MB would be waiting if all were answered.
-    let grown_kib = resident_kib(server.child.id()).saturating_sub(rss_before);
+    let grown_kib = server.status_kib("VmRSS").saturating_sub(rss_before);
     assert!(grown_kib < 32 * 1024, "the server grew by {grown_kib} KiB for answers nobody reads");
     assert_eq!(server.call("GET", "/api/v1/health", None).status, 200, "others are still served");
     for n in 0..pipelined {
         let r = greedy.read_response();
         assert_eq!((r.status, r.body["data"]["embeddings"].as_array().map(Vec::len)), (200, Some(1000)), "answer {n}");
     }
-}
-
-fn resident_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().split_whitespace().next().unwrap().parse().unwrap()
 }

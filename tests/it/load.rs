@@ -16,13 +16,6 @@ const ABUSIVE: usize = 200;
 const NORMAL: usize = 100;
 const REQUESTS_PER_NORMAL_CLIENT: usize = 20;
 
-/// The server's peak resident memory, from /proc.
-fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
 /// Lifts this process's soft limit on open files to its hard limit: the
 /// test itself holds some 2,000 sockets.
 fn raise_open_files_limit() {
@@ -142,7 +135,7 @@ fn two_thousand_mixed_connections_and_no_failed_normal_request() {
     let normal_done = started.elapsed();
     let refused = abusive.join().unwrap();
     let trickled = trickle.join().unwrap();
-    let peak_kib = peak_rss_kib(server.child.id());
+    let peak_kib = server.status_kib("VmHWM");
     drop(idle);
 
     println!(
