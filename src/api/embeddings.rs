@@ -45,19 +45,20 @@ impl fmt::Display for SkipReason {
     }
 }
 
-/// Decodes and checks a search body: its query goes into `query`; returns `k`.
-pub fn prepare_search(
-    store: &Store,
+/// Decodes and checks a search body: its query goes into `query`; returns
+/// `k` and the index it searches.
+pub fn prepare_search<'s>(
+    store: &'s Store,
     decoder: &mut super::decode::Decoder,
     limits: ApiLimits,
     name: &str,
     body: &mut [u8],
     query: &mut Vec<f32>,
-) -> Result<usize, ApiError> {
+) -> Result<(usize, &'s Index), ApiError> {
     let k = decoder.search(body, limits.k_max, query)?;
     let index = find(store, name, IndexOp::Fetch)?;
     index.check_vector(query).map_err(|error| ApiError::SearchFailed { reason: format!("queryVector: {error}") })?;
-    Ok(k)
+    Ok((k, index))
 }
 
 /// Writes the answer to a search whose hits are in `top`.

@@ -301,15 +301,13 @@ impl App {
             body,
             &mut slot.query,
         ) {
-            Ok(k) => {
+            Ok((k, index)) => {
                 slot.index.clear();
                 slot.index.push_str(name);
                 slot.k = k;
                 slot.keep_alive = reply.keep_alive;
                 slot.done = false;
-                if let Some(index) = self.db.store().index(name) {
-                    self.metrics.add_search_bytes((index.len() * index.dims() * 4) as u64);
-                }
+                self.metrics.add_search_bytes((index.len() * index.dims() * 4) as u64);
                 self.parked_len += 1;
                 Some(self.parked_len - 1)
             }
