@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ahash::AHashMap;
 
@@ -76,6 +77,11 @@ pub const PARALLEL_SCAN_FLOATS_MIN: usize = 4 << 20;
 /// rows from memory, in tiles: far enough that they arrive in time, near
 /// enough that they are still in cache when their turn comes.
 const PREFETCH_TILES: usize = 4;
+
+/// Rows a thread of a split scan takes at a time, in floats: 4 MiB, a few
+/// hundred microseconds of scanning for one query, so that the threads
+/// meet the chunk counter a few dozen times per scan of a large index.
+const SCAN_CHUNK_FLOATS: usize = 1 << 20;
 
 /// Queries scored together by one tile of `search_many`, and rows per tile
 /// with them: each load then feeds 4 multiply-adds instead of one. With
@@ -295,14 +301,28 @@ impl Index {
         self.search_many_split(queries, ks, tops, &mut partials[..threads - 1]);
     }
 
-    /// `search_many` over `partials.len() + 1` equal shares of the rows, one
-    /// per thread, their nearest merged into `tops`. Exact: each of the k
-    /// nearest rows is among the k nearest of its own share.
+    /// `search_many` on `partials.len() + 1` threads, their nearest merged
+    /// into `tops`. The threads take the rows a chunk at a time, each the
+    /// next chunk no thread has taken, so that a thread slowed down (by the
+    /// host, or by another process on its core) takes fewer chunks instead
+    /// of holding up the others. Exact: each of the k nearest rows is among
+    /// the k nearest of the rows its thread scanned.
     pub fn search_many_split(&self, queries: &[&[f32]], ks: &[usize], tops: &mut [TopK], partials: &mut [Vec<TopK>]) {
-        assert!(queries.len() == ks.len() && ks.len() == tops.len());
-        let threads = partials.len() + 1;
+        let chunk = (SCAN_CHUNK_FLOATS / self.dims).max(1).next_multiple_of(ROW_TILE);
+        self.search_in_chunks(queries, ks, tops, partials, chunk);
+    }
+
+    /// `search_many_split`, the threads taking `chunk` rows at a time.
+    fn search_in_chunks(
+        &self,
+        queries: &[&[f32]],
+        ks: &[usize],
+        tops: &mut [TopK],
+        partials: &mut [Vec<TopK>],
+        chunk: usize,
+    ) {
+        assert!(queries.len() == ks.len() && ks.len() == tops.len() && chunk > 0);
         let rows = self.len();
-        let share = rows.div_ceil(threads).max(1);
         // A lone search keeps its scale on the stack: it allocates nothing.
         let (one, many): ([f32; 1], Vec<f32>);
         let scales: &[f32] = if let [query] = queries {
@@ -312,15 +332,30 @@ impl Index {
             many = queries.iter().map(|query| self.query_scale(query)).collect();
             &many
         };
-        if partials.is_empty() {
-            return self.scan_many(queries, scales, ks, 0..rows, tops);
-        }
-        std::thread::scope(|scope| {
-            for (n, partial) in partials.iter_mut().enumerate() {
-                let range = ((n + 1) * share).min(rows)..((n + 2) * share).min(rows);
-                scope.spawn(move || self.scan_many(queries, scales, ks, range, &mut partial[..queries.len()]));
+        let reset = |tops: &mut [TopK]| {
+            for (top, &k) in tops.iter_mut().zip(ks) {
+                top.reset(k.min(rows));
             }
-            self.scan_many(queries, scales, ks, 0..share.min(rows), tops);
+        };
+        reset(tops);
+        if partials.is_empty() {
+            return self.scan_many(queries, scales, 0..rows, tops);
+        }
+        let taken = AtomicUsize::new(0);
+        let scan = |tops: &mut [TopK]| loop {
+            let start = taken.fetch_add(chunk, Ordering::Relaxed);
+            if start >= rows {
+                break;
+            }
+            self.scan_many(queries, scales, start..(start + chunk).min(rows), tops);
+        };
+        std::thread::scope(|scope| {
+            for partial in partials.iter_mut() {
+                let partial = &mut partial[..queries.len()];
+                reset(partial);
+                scope.spawn(|| scan(partial));
+            }
+            scan(tops);
         });
         for partial in partials {
             for (top, partial) in tops.iter_mut().zip(partial.iter_mut()) {
@@ -333,10 +368,7 @@ impl Index {
 
     /// Offers every row of `rows` to the tops of the queries: a tile of rows
     /// at a time, each scored against the queries a tile of them at a time.
-    fn scan_many(&self, queries: &[&[f32]], scales: &[f32], ks: &[usize], rows: Range<usize>, tops: &mut [TopK]) {
-        for (top, &k) in tops.iter_mut().zip(ks) {
-            top.reset(k.min(self.len()));
-        }
+    fn scan_many(&self, queries: &[&[f32]], scales: &[f32], rows: Range<usize>, tops: &mut [TopK]) {
         if let ([query], [scale], [top]) = (queries, scales, &mut *tops) {
             // A lone query reads the rows from memory one at a time: one
             // stream of rows is read faster than several interleaved (the
@@ -534,14 +566,29 @@ mod tests {
     fn a_split_scan_finds_exactly_what_one_thread_finds() {
         for metric in [Metric::Cosine, Metric::L2, Metric::Ip] {
             let index = twins(5, 997, metric);
-            let query = [1.0, -2.0, 0.5, 3.0, -1.0];
-            let (mut one, mut split) = (TopK::new(), TopK::new());
+            let queries = [[1.0, -2.0, 0.5, 3.0, -1.0], [0.0, 1.0, 2.0, -3.0, 4.0], [2.0, 2.0, -2.0, 0.5, 1.0]];
             for threads in 1..5 {
-                let mut partials: Vec<Vec<TopK>> = (0..threads).map(|_| vec![TopK::new()]).collect();
+                let mut partials: Vec<Vec<TopK>> =
+                    (0..threads).map(|_| (0..3).map(|_| TopK::new()).collect()).collect();
                 for k in [1, 10, 500, 5000] {
-                    index.search(&query, k, &mut one);
-                    index.search_many_split(&[&query], &[k], std::slice::from_mut(&mut split), &mut partials);
-                    assert_eq!(split.sorted(), one.sorted(), "{metric:?} threads {} k {k}", threads + 1);
+                    // One query, then three at once; chunks of one row, of
+                    // a few tiles and a bit, and more than the index holds.
+                    for count in [1, 3] {
+                        let queries: Vec<&[f32]> = queries[..count].iter().map(|q| q.as_slice()).collect();
+                        let ks = vec![k; count];
+                        let mut alone: Vec<TopK> = (0..count).map(|_| TopK::new()).collect();
+                        for (query, top) in queries.iter().zip(&mut alone) {
+                            index.search(query, k, top);
+                        }
+                        for chunk in [1, 4 * ROW_TILE + 1, 1 << 20] {
+                            let mut split: Vec<TopK> = (0..count).map(|_| TopK::new()).collect();
+                            index.search_in_chunks(&queries, &ks, &mut split, &mut partials, chunk);
+                            for (split, alone) in split.iter_mut().zip(&mut alone) {
+                                let what = format!("{metric:?} threads {} k {k} chunk {chunk}", threads + 1);
+                                assert_eq!(split.sorted(), alone.sorted(), "{what}");
+                            }
+                        }
+                    }
                 }
             }
         }
