@@ -256,10 +256,11 @@ fn searches_per_second(addr: std::net::SocketAddr, queries: &[String]) -> f64 {
         .map(|query| {
             std::thread::spawn(move || {
                 let mut client = harness::Client::connect(addr);
+                let path = "/api/v1/embeddings/wide/search";
+                let request = harness::request_bytes("POST", path, &[("X-Service-API-Key", KEY)], Some(&query));
                 let mut answered = 0u64;
                 loop {
-                    let r = client.call("POST", "/api/v1/embeddings/wide/search", Some(&query));
-                    assert_eq!(r.status, 200);
+                    assert_eq!(client.status_of(&request), 200);
                     let now = Instant::now();
                     if now >= until {
                         return answered;
