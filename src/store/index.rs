@@ -562,32 +562,41 @@ mod tests {
         index
     }
 
+    /// Searches `queries` at once, each for its `k` nearest, on
+    /// `partials.len() + 1` threads taking `chunk` rows at a time, and
+    /// asserts that each finds exactly what it finds alone.
+    fn assert_split_finds_what_each_finds_alone(
+        index: &Index,
+        queries: &[&[f32]],
+        k: usize,
+        partials: &mut [Vec<TopK>],
+        chunk: usize,
+    ) {
+        let ks = vec![k; queries.len()];
+        let mut split: Vec<TopK> = queries.iter().map(|_| TopK::new()).collect();
+        index.search_in_chunks(queries, &ks, &mut split, partials, chunk);
+        let mut alone = TopK::new();
+        for (query, split) in queries.iter().zip(&mut split) {
+            index.search(query, k, &mut alone);
+            let what = format!("{:?}, {} threads, k {k}, chunk {chunk}", index.metric, partials.len() + 1);
+            assert_eq!(split.sorted(), alone.sorted(), "{what}");
+        }
+    }
+
     #[test]
     fn a_split_scan_finds_exactly_what_one_thread_finds() {
+        let queries = [[1.0, -2.0, 0.5, 3.0, -1.0], [0.0, 1.0, 2.0, -3.0, 4.0], [2.0, 2.0, -2.0, 0.5, 1.0]];
+        let queries: Vec<&[f32]> = queries.iter().map(|q| q.as_slice()).collect();
         for metric in [Metric::Cosine, Metric::L2, Metric::Ip] {
             let index = twins(5, 997, metric);
-            let queries = [[1.0, -2.0, 0.5, 3.0, -1.0], [0.0, 1.0, 2.0, -3.0, 4.0], [2.0, 2.0, -2.0, 0.5, 1.0]];
-            for threads in 1..5 {
+            for threads in 2..=5 {
                 let mut partials: Vec<Vec<TopK>> =
-                    (0..threads).map(|_| (0..3).map(|_| TopK::new()).collect()).collect();
-                for k in [1, 10, 500, 5000] {
-                    // One query, then three at once; chunks of one row, of
-                    // a few tiles and a bit, and more than the index holds.
-                    for count in [1, 3] {
-                        let queries: Vec<&[f32]> = queries[..count].iter().map(|q| q.as_slice()).collect();
-                        let ks = vec![k; count];
-                        let mut alone: Vec<TopK> = (0..count).map(|_| TopK::new()).collect();
-                        for (query, top) in queries.iter().zip(&mut alone) {
-                            index.search(query, k, top);
-                        }
-                        for chunk in [1, 4 * ROW_TILE + 1, 1 << 20] {
-                            let mut split: Vec<TopK> = (0..count).map(|_| TopK::new()).collect();
-                            index.search_in_chunks(&queries, &ks, &mut split, &mut partials, chunk);
-                            for (split, alone) in split.iter_mut().zip(&mut alone) {
-                                let what = format!("{metric:?} threads {} k {k} chunk {chunk}", threads + 1);
-                                assert_eq!(split.sorted(), alone.sorted(), "{what}");
-                            }
-                        }
+                    (1..threads).map(|_| (0..3).map(|_| TopK::new()).collect()).collect();
+                // One query, then three at once; chunks of one row, of a few
+                // tiles and a bit, and of more than the index holds.
+                for (k, count) in [1, 10, 500, 5000].into_iter().flat_map(|k| [(k, 1), (k, 3)]) {
+                    for chunk in [1, 4 * ROW_TILE + 1, 1 << 20] {
+                        assert_split_finds_what_each_finds_alone(&index, &queries[..count], k, &mut partials, chunk);
                     }
                 }
             }
