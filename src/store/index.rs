@@ -1,7 +1,7 @@
 //! One index: dense rows of vectors, ids and metadata, and an id -> row map.
 //!
-//! Row `r` owns `vectors[r*dims .. (r+1)*dims]`, `ids[r]`, `metadata[r]` and,
-//! for cosine, `inverse_norms[r]`. Deleting swaps the last row into the hole,
+//! Row `r` owns `vectors[r*dims .. (r+1)*dims]`, `ids[r]`, `metadata[r]`,
+//! `norms[r]` and, for cosine, `inverse_norms[r]`. Deleting swaps the last row into the hole,
 //! so the arrays stay dense and a scan never skips tombstones.
 
 use std::fmt;
@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use ahash::AHashMap;
 
 use super::kernels;
+use super::screen::{self, Screen};
 use super::topk::{Candidate, TopK};
 
 /// How nearness is measured.
@@ -94,6 +95,15 @@ const ROW_TILE: usize = 4;
 #[cfg(not(target_feature = "avx512f"))]
 const ROW_TILE: usize = 3;
 
+/// Batches of at least this many searches (of a cosine or inner-product
+/// index) take a first pass in bfloat16 where the CPU has it (`screen`).
+/// Fewer are bound by reading the rows, which the pass does not shorten.
+const SCREEN_QUERIES_MIN: usize = 4;
+
+/// Rows per tile of the bfloat16 pass: each tile of rows is converted once
+/// and then scored against every query, `QUERY_TILE` at a time.
+const SCREEN_ROW_TILE: usize = 4;
+
 /// One row taken out of an index: its vector and metadata text.
 pub type Row = (Vec<f32>, Box<[u8]>);
 
@@ -106,6 +116,8 @@ pub struct Index {
     vectors: Vec<f32>,
     /// Cosine only: 1/|v| per row, so the stored vector stays exactly as given.
     inverse_norms: Vec<f32>,
+    /// An upper bound on |v| per row, for the bfloat16 pass's error bound.
+    norms: Vec<f32>,
     ids: Vec<i64>,
     /// Each row's metadata as a JSON object text, ready to copy into a reply;
     /// empty for `{}`.
@@ -132,6 +144,7 @@ impl Index {
             metric,
             vectors: Vec::new(),
             inverse_norms: Vec::new(),
+            norms: Vec::new(),
             ids: Vec::new(),
             metadata: Vec::new(),
             rows: AHashMap::new(),
@@ -175,14 +188,17 @@ impl Index {
     /// Stores or replaces the embedding `id`. The vector must have passed `check_vector`.
     pub fn upsert(&mut self, id: i64, vector: &[f32], metadata: &[u8]) {
         debug_assert_eq!(self.check_vector(vector), Ok(()));
+        let squared_norm = kernels::squared_norm(vector);
         let inverse_norm = match self.metric {
-            Metric::Cosine => kernels::inverse_norm(vector),
+            Metric::Cosine => kernels::inverse_norm_of(squared_norm),
             Metric::L2 | Metric::Ip => 0.0,
         };
+        let norm = screen::norm_bound_of(squared_norm);
         match self.rows.get(&id) {
             Some(&row) => {
                 let row = row as usize;
                 self.vectors[row * self.dims..(row + 1) * self.dims].copy_from_slice(vector);
+                self.norms[row] = norm;
                 if self.metric == Metric::Cosine {
                     self.inverse_norms[row] = inverse_norm;
                 }
@@ -193,6 +209,7 @@ impl Index {
             None => {
                 let row = u32::try_from(self.ids.len()).expect("an index holds at most 2^32 rows");
                 self.vectors.extend_from_slice(vector);
+                self.norms.push(norm);
                 if self.metric == Metric::Cosine {
                     self.inverse_norms.push(inverse_norm);
                 }
@@ -231,6 +248,7 @@ impl Index {
         }
         self.vectors.truncate(last * self.dims);
         self.ids.swap_remove(row);
+        self.norms.swap_remove(row);
         if self.metric == Metric::Cosine {
             self.inverse_norms.swap_remove(row);
         }
@@ -260,11 +278,13 @@ impl Index {
                 return Err(format!("id {id} appears twice"));
             }
         }
+        let squared_norms: Vec<f64> = vectors.chunks_exact(dims).map(kernels::squared_norm).collect();
         let inverse_norms = match metric {
-            Metric::Cosine => vectors.chunks_exact(dims).map(kernels::inverse_norm).collect(),
+            Metric::Cosine => squared_norms.iter().map(|&s| kernels::inverse_norm_of(s)).collect(),
             Metric::L2 | Metric::Ip => Vec::new(),
         };
-        Ok(Index { dims, metric, vectors, inverse_norms, ids, metadata, rows })
+        let norms = squared_norms.into_iter().map(screen::norm_bound_of).collect();
+        Ok(Index { dims, metric, vectors, inverse_norms, norms, ids, metadata, rows })
     }
 
     /// The rows, for writing a snapshot: ids, vectors (row after row), metadata texts.
@@ -338,8 +358,14 @@ impl Index {
             }
         };
         reset(tops);
+        let screen = if queries.len() >= SCREEN_QUERIES_MIN && self.metric != Metric::L2 {
+            Screen::new(queries, scales, self.dims)
+        } else {
+            None
+        };
+        let screen = screen.as_ref();
         if partials.is_empty() {
-            return self.scan_many(queries, scales, 0..rows, tops);
+            return self.scan_many(queries, scales, screen, 0..rows, tops);
         }
         let taken = AtomicUsize::new(0);
         let scan = |tops: &mut [TopK]| loop {
@@ -347,7 +373,7 @@ impl Index {
             if start >= rows {
                 break;
             }
-            self.scan_many(queries, scales, start..(start + chunk).min(rows), tops);
+            self.scan_many(queries, scales, screen, start..(start + chunk).min(rows), tops);
         };
         std::thread::scope(|scope| {
             for partial in partials.iter_mut() {
@@ -366,9 +392,30 @@ impl Index {
         }
     }
 
+    /// Offers every row of `rows` to the tops of the queries, through the
+    /// bfloat16 pass where there is a `screen`.
+    fn scan_many(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        screen: Option<&Screen>,
+        rows: Range<usize>,
+        tops: &mut [TopK],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(screen) = screen {
+            // SAFETY: a `Screen` is only made where the CPU has both features.
+            unsafe { self.scan_screened(queries, scales, screen, rows, tops) };
+            return;
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = screen;
+        self.scan_exact(queries, scales, rows, tops);
+    }
+
     /// Offers every row of `rows` to the tops of the queries: a tile of rows
     /// at a time, each scored against the queries a tile of them at a time.
-    fn scan_many(&self, queries: &[&[f32]], scales: &[f32], rows: Range<usize>, tops: &mut [TopK]) {
+    fn scan_exact(&self, queries: &[&[f32]], scales: &[f32], rows: Range<usize>, tops: &mut [TopK]) {
         if let ([query], [scale], [top]) = (queries, scales, &mut *tops) {
             // A lone query reads the rows from memory one at a time: one
             // stream of rows is read faster than several interleaved (the
@@ -427,7 +474,7 @@ impl Index {
         match self.metric {
             Metric::Cosine => {
                 self.scan_tile_with::<kernels::Dot, Q, R>(queries, rows, tops, prefetch, |score, row, q| {
-                    -((score * self.inverse_norms[row]) * scales[q])
+                    self.cosine_distance(score, row, scales[q])
                 })
             }
             Metric::Ip => {
@@ -437,6 +484,90 @@ impl Index {
                 self.scan_tile_with::<kernels::L2Squared, Q, R>(queries, rows, tops, prefetch, |score, _, _| score)
             }
         }
+    }
+
+    /// Cosine: the distance of the dot product `score` of a query (whose
+    /// inverse norm is `scale`) and `row`.
+    #[inline(always)]
+    fn cosine_distance(&self, score: f32, row: usize, scale: f32) -> f32 {
+        -((score * self.inverse_norms[row]) * scale)
+    }
+
+    /// `scan_exact` with the bfloat16 pass (`screen`'s doc): the rows are
+    /// converted a tile at a time, each tile scored against every query in
+    /// bfloat16, and a pair scored exactly (as `scan_exact` would) only where
+    /// the bound cannot rule it out. Returns how many pairs were.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    fn scan_screened(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        screen: &Screen,
+        rows: Range<usize>,
+        tops: &mut [TopK],
+    ) -> usize {
+        const R: usize = SCREEN_ROW_TILE;
+        let dims = self.dims;
+        let mut converted = vec![screen::Block::default(); R * screen.blocks()];
+        let mut rescored = 0;
+        let mut row = rows.start;
+        let query_tiles = queries.len().div_ceil(QUERY_TILE);
+        while row + R <= rows.end {
+            for (r, blocks) in converted.chunks_exact_mut(screen.blocks()).enumerate() {
+                screen::convert(&self.vectors[(row + r) * dims..(row + r + 1) * dims], blocks);
+            }
+            let row_scales = match self.metric {
+                Metric::Cosine => self.inverse_norms[row..row + R].try_into().expect("R rows"),
+                Metric::Ip => [1.0; R],
+                Metric::L2 => unreachable!("the bfloat16 pass bounds dot products only"),
+            };
+            // The query tiles share out the prefetching of a tile ahead, so
+            // that it overlaps their arithmetic instead of stalling at once.
+            let ahead = (row + PREFETCH_TILES * R).min(rows.end);
+            let ahead = &self.vectors[ahead * dims..(ahead + R).min(rows.end) * dims];
+            let share = ahead.len().div_ceil(query_tiles).next_multiple_of(kernels::LINE_FLOATS);
+            let mut prefetches = ahead.chunks(share.max(1));
+            let tiles = (0..).step_by(QUERY_TILE).zip(tops.chunks_mut(QUERY_TILE));
+            for (first, tops) in tiles {
+                kernels::prefetch(prefetches.next().unwrap_or_default());
+                let tile = ScreenTile { queries, screen, first, row, converted: &converted, row_scales: &row_scales };
+                rescored += match tops.len() {
+                    QUERY_TILE => self.screen_tile::<QUERY_TILE, R>(tile, tops),
+                    3 => self.screen_tile::<3, R>(tile, tops),
+                    2 => self.screen_tile::<2, R>(tile, tops),
+                    _ => self.screen_tile::<1, R>(tile, tops),
+                };
+            }
+            row += R;
+        }
+        // The last rows, fewer than a tile: exactly.
+        self.scan_exact(queries, scales, row..rows.end, tops);
+        rescored
+    }
+
+    /// Scores `Q` queries against `R` converted rows in bfloat16, and offers
+    /// each pair the bound cannot rule out to its query's top, scored
+    /// exactly. Returns how many pairs were.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[inline]
+    fn screen_tile<const Q: usize, const R: usize>(&self, tile: ScreenTile<R>, tops: &mut [TopK]) -> usize {
+        let ScreenTile { queries, screen, first, row, converted, row_scales } = tile;
+        let scores = screen::tile::<Q, R>(std::array::from_fn(|q| screen.query(first + q)), converted);
+        let thresholds = std::array::from_fn(|q| tops[q].threshold().unwrap_or(f32::INFINITY));
+        let norms = self.norms[row..row + R].try_into().expect("R rows");
+        let mut undecided = screen.undecided::<Q, R>(scores, first, norms, row_scales, thresholds);
+        let rescored = undecided.count_ones() as usize;
+        while undecided != 0 {
+            let (q, r) = screen::pair_of_lane(undecided.trailing_zeros() as usize, R);
+            undecided &= undecided - 1;
+            let row = row + r;
+            let exact = kernels::dot(queries[first + q], &self.vectors[row * self.dims..(row + 1) * self.dims]);
+            let distance = screen::distance(exact, row_scales[r], screen.scale(first + q));
+            offer(&mut tops[q], distance, self.ids[row], row);
+        }
+        rescored
     }
 
     /// `scan_tile` for one measure; `distance(score, row, q)` turns a score
@@ -485,6 +616,20 @@ impl Index {
             }
         }
     }
+}
+
+/// What `screen_tile` scores: queries `first..` against the `R` rows from
+/// `row`, which are `converted` to bfloat16 and scale their scores by
+/// `row_scales` (see `screen::distance`).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct ScreenTile<'a, const R: usize> {
+    queries: &'a [&'a [f32]],
+    screen: &'a Screen,
+    first: usize,
+    row: usize,
+    converted: &'a [screen::Block],
+    row_scales: &'a [f32; R],
 }
 
 #[inline(always)]
@@ -626,6 +771,94 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `count` random vectors of `dims` in [-1, 1), xorshift from `seed`.
+    #[cfg(target_arch = "x86_64")]
+    fn random_vectors(seed: u64, dims: usize, count: usize) -> Vec<Vec<f32>> {
+        let mut state = seed | 1;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        (0..count).map(|_| (0..dims).map(|_| next()).collect()).collect()
+    }
+
+    /// Each of `vectors` under two ids (`i` and `i + len`), so that ties
+    /// have to break the same way.
+    #[cfg(target_arch = "x86_64")]
+    fn twins_of(vectors: &[Vec<f32>], metric: Metric) -> Index {
+        let mut index = Index::new(vectors[0].len(), metric);
+        for (id, v) in (0..).zip(vectors) {
+            index.upsert(id, v, b"");
+            index.upsert(vectors.len() as i64 + id, v, b"");
+        }
+        index
+    }
+
+    /// A batch through the bfloat16 pass against each search alone, on
+    /// random rows (where the pass rules most pairs out) and on a crowd of
+    /// rows around one point (where bfloat16 cannot tell the nearest apart,
+    /// so that the exact pass has to).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_bfloat16_pass_finds_exactly_what_each_search_finds_alone() {
+        for metric in [Metric::Cosine, Metric::Ip] {
+            for dims in [100, 768] {
+                let random = random_vectors(1, dims, 1000);
+                let center = &random[0];
+                let crowd: Vec<Vec<f32>> = random_vectors(2, dims, 1000)
+                    .iter()
+                    .map(|noise| center.iter().zip(noise).map(|(c, n)| c + 0.001 * n).collect())
+                    .collect();
+                for (data, vectors) in [("random", random.clone()), ("crowd", crowd)] {
+                    let index = twins_of(&vectors, metric);
+                    // Stored rows (each tied with its twin) and blends of two.
+                    let queries: Vec<Vec<f32>> = (0..9)
+                        .map(|q| {
+                            let (a, b) = (&random[q * 97], &random[q * 31 + 5]);
+                            a.iter().zip(b).map(|(a, b)| if q % 3 == 0 { *a } else { a - 0.5 * b }).collect()
+                        })
+                        .collect();
+                    let what = format!("{metric:?}, {dims} dims, {data}");
+                    let Some(rescored) = assert_screened_finds_what_each_finds_alone(&index, &queries, &what) else {
+                        eprintln!("this CPU has no AVX512-BF16: the bfloat16 pass is not tested here");
+                        return;
+                    };
+                    // Where rows are apart, the pass must rule most pairs
+                    // out, or it only costs time.
+                    let pairs = queries.len() * index.len();
+                    if data == "random" {
+                        assert!(rescored * 10 < pairs, "{what}: {rescored} of {pairs} pairs scored twice");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Searches `queries` at once through the bfloat16 pass and asserts
+    /// that each finds exactly what it finds alone. Returns how many pairs
+    /// were scored exactly; `None` where the CPU has no pass.
+    #[cfg(target_arch = "x86_64")]
+    fn assert_screened_finds_what_each_finds_alone(index: &Index, queries: &[Vec<f32>], what: &str) -> Option<usize> {
+        let queries: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+        let ks = [1, 10, 10, 5, 20, 10, 3, 10, 40];
+        let scales: Vec<f32> = queries.iter().map(|q| index.query_scale(q)).collect();
+        let screen = Screen::new(&queries, &scales, index.dims())?;
+        let mut tops: Vec<TopK> = ks.iter().map(|_| TopK::new()).collect();
+        for (top, &k) in tops.iter_mut().zip(&ks) {
+            top.reset(k);
+        }
+        // SAFETY: `Screen::new` found the features.
+        let rescored = unsafe { index.scan_screened(&queries, &scales, &screen, 0..index.len(), &mut tops) };
+        let mut alone = TopK::new();
+        for (q, top) in tops.iter_mut().enumerate() {
+            index.search(queries[q], ks[q], &mut alone);
+            assert_eq!(top.sorted(), alone.sorted(), "{what}, query {q}");
+        }
+        Some(rescored)
     }
 
     #[test]

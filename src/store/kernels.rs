@@ -98,49 +98,64 @@ fn reduce<const Q: usize, const R: usize>(sums: [[Lanes; R]; Q]) -> [[f32; R]; Q
     sums.map(|sums| sums.map(Lanes::reduce_add))
 }
 
-/// Sums the lanes of each of the `Q` x `R` accumulators (at most 16), all
-/// in one tree, as a 16 x 16 transpose does: each step halves the lanes
-/// every accumulator spans and packs two vectors into one, so that the
-/// accumulators of a tile share every shuffle and add (45 instructions for
-/// 16, against 8 each alone). Every accumulator is summed in one order
-/// whatever the tile (lane `i` with `i + 8`, then with `i + 4`, `i + 2` and
-/// `i + 1`; missing accumulators are zeros, apart): what makes a batched
-/// score bit-identical to the lone one.
+/// Sums the lanes of each of the `Q` x `R` accumulators (at most 16) in
+/// one tree (`reduce16`). Every accumulator is summed in one order whatever
+/// the tile: what makes a batched score bit-identical to the lone one.
 #[cfg(target_feature = "avx512f")]
 #[inline(always)]
 fn reduce<const Q: usize, const R: usize>(sums: [[Lanes; R]; Q]) -> [[f32; R]; Q] {
-    use std::arch::x86_64::{
-        __m512, _mm512_add_ps, _mm512_castpd_ps, _mm512_castps_pd, _mm512_shuffle_f32x4, _mm512_shuffle_ps,
-        _mm512_unpackhi_pd, _mm512_unpacklo_pd,
-    };
-    const { assert!(Q * R <= 16, "a tile of at most 16 accumulators") };
     let mut v = [bytemuck::cast::<Lanes, safe_arch::m512>(Lanes::ZERO).0; 16];
     for (v, sum) in v.iter_mut().zip(sums.iter().flatten()) {
         *v = bytemuck::cast::<Lanes, safe_arch::m512>(*sum).0;
     }
     // SAFETY: compiled only where the build enables avx512f (`cfg` above),
-    // so the CPU that runs it has these instructions; none touches memory.
-    let last = unsafe {
-        // 16 lanes -> 8: vector j holds accumulators 2j and 2j + 1, 8 lanes each.
-        let halves = |x: __m512, y: __m512| {
-            _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(x, y), _mm512_shuffle_f32x4::<0xEE>(x, y))
-        };
-        let v: [__m512; 8] = std::array::from_fn(|j| halves(v[2 * j], v[2 * j + 1]));
-        // 8 -> 4: vector k holds accumulator 4k + b in its 128-bit block b.
-        let quarters = |x: __m512, y: __m512| {
-            _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(x, y), _mm512_shuffle_f32x4::<0xDD>(x, y))
-        };
-        let v: [__m512; 4] = std::array::from_fn(|k| quarters(v[2 * k], v[2 * k + 1]));
-        // 4 -> 2: vector m holds accumulators 8m + b and 8m + 4 + b in block b.
-        let pairs = |x: __m512, y: __m512| {
-            let (x, y) = (_mm512_castps_pd(x), _mm512_castps_pd(y));
-            _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)))
-        };
-        let v: [__m512; 2] = std::array::from_fn(|m| pairs(v[2 * m], v[2 * m + 1]));
-        // 2 -> 1: lane 4b + c holds accumulator 4c + b.
-        _mm512_add_ps(_mm512_shuffle_ps::<0x88>(v[0], v[1]), _mm512_shuffle_ps::<0xDD>(v[0], v[1]))
-    };
+    // so the CPU that runs it has it.
+    let last = unsafe { reduce16(v) };
     let lanes = bytemuck::cast::<safe_arch::m512, Lanes>(safe_arch::m512(last)).to_array();
+    unpack16(lanes)
+}
+
+/// Sums the lanes of each of 16 accumulators, all in one tree, as a 16 x 16
+/// transpose does: each step halves the lanes every accumulator spans and
+/// packs two vectors into one, so that the accumulators share every shuffle
+/// and add (45 instructions for 16, against 8 each alone). Each is summed in
+/// one order (lane `i` with `i + 8`, then with `i + 4`, `i + 2` and `i + 1`).
+/// Accumulator `a` ends in lane `a % 4 * 4 + a / 4`: see `unpack16`.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub fn reduce16(v: [std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::{
+        __m512, _mm512_add_ps, _mm512_castpd_ps, _mm512_castps_pd, _mm512_shuffle_f32x4, _mm512_shuffle_ps,
+        _mm512_unpackhi_pd, _mm512_unpacklo_pd,
+    };
+    // 16 lanes -> 8: vector j holds accumulators 2j and 2j + 1, 8 lanes each.
+    let halves =
+        |x: __m512, y: __m512| _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(x, y), _mm512_shuffle_f32x4::<0xEE>(x, y));
+    let v: [__m512; 8] = std::array::from_fn(|j| halves(v[2 * j], v[2 * j + 1]));
+    // 8 -> 4: vector k holds accumulator 4k + b in its 128-bit block b.
+    let quarters =
+        |x: __m512, y: __m512| _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(x, y), _mm512_shuffle_f32x4::<0xDD>(x, y));
+    let v: [__m512; 4] = std::array::from_fn(|k| quarters(v[2 * k], v[2 * k + 1]));
+    // 4 -> 2: vector m holds accumulators 8m + b and 8m + 4 + b in block b.
+    let pairs = |x: __m512, y: __m512| {
+        let (x, y) = (_mm512_castps_pd(x), _mm512_castps_pd(y));
+        _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)))
+    };
+    let v: [__m512; 2] = std::array::from_fn(|m| pairs(v[2 * m], v[2 * m + 1]));
+    // 2 -> 1: lane 4b + c holds accumulator 4c + b.
+    _mm512_add_ps(_mm512_shuffle_ps::<0x88>(v[0], v[1]), _mm512_shuffle_ps::<0xDD>(v[0], v[1]))
+}
+
+/// The `Q` x `R` sums that `reduce16` leaves in its lanes, accumulator
+/// `q * R + r` as `[q][r]`.
+#[cfg(target_feature = "avx512f")]
+#[inline(always)]
+fn unpack16<const Q: usize, const R: usize>(lanes: [f32; 16]) -> [[f32; R]; Q] {
+    const { assert!(Q * R <= 16, "a tile of at most 16 accumulators") };
     std::array::from_fn(|q| std::array::from_fn(|r| lanes[(q * R + r) % 4 * 4 + (q * R + r) / 4]))
 }
 
@@ -172,15 +187,26 @@ pub fn l2_squared(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     tile::<L2Squared, 1, 1>(&[a], b)[0][0]
 }
+/// The sum of a vector's squares, in f64: each square is exact, the sum
+/// off by at most `dims` x 2^-53 of itself (under 2^-33 for the dimensions
+/// an index allows), and it cannot overflow (f32's largest square is 2^256).
+pub fn squared_norm(v: &[f32]) -> f64 {
+    v.iter().map(|&x| f64::from(x) * f64::from(x)).sum()
+}
+
 /// The reciprocal of a vector's Euclidean norm, computed in f64 so that the
 /// cosine of a vector with itself is as close to 1 as f32 allows.
 /// Returns 0 for the zero vector (which cosine indexes refuse anyway).
 pub fn inverse_norm(v: &[f32]) -> f32 {
-    let sum: f64 = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
-    if sum == 0.0 {
+    inverse_norm_of(squared_norm(v))
+}
+
+/// `inverse_norm` from the vector's `squared_norm`.
+pub fn inverse_norm_of(squared: f64) -> f32 {
+    if squared == 0.0 {
         0.0
     } else {
-        (1.0 / sum.sqrt()) as f32
+        (1.0 / squared.sqrt()) as f32
     }
 }
 

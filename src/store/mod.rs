@@ -7,6 +7,7 @@
 
 pub mod index;
 pub mod kernels;
+pub mod screen;
 pub mod topk;
 
 use std::collections::BTreeMap;
