@@ -100,6 +100,10 @@ const ROW_TILE: usize = 3;
 /// Fewer are bound by reading the rows, which the pass does not shorten.
 const SCREEN_QUERIES_MIN: usize = 4;
 
+/// Pairs of a tile left undecided by the bfloat16 pass above which the f32
+/// tile scores all its pairs: that costs about what 4 pairs scored alone do.
+const SCREEN_WHOLE_TILE_PAIRS: usize = 4;
+
 /// Rows per tile of the bfloat16 pass: each tile of rows is converted once
 /// and then scored against every query, `QUERY_TILE` at a time.
 const SCREEN_ROW_TILE: usize = 4;
@@ -364,16 +368,34 @@ impl Index {
             None
         };
         let screen = screen.as_ref();
-        if partials.is_empty() {
-            return self.scan_many(queries, scales, screen, 0..rows, tops);
+        if partials.is_empty() && screen.is_none() {
+            return self.scan_exact(queries, scales, 0..rows, tops);
         }
         let taken = AtomicUsize::new(0);
-        let scan = |tops: &mut [TopK]| loop {
-            let start = taken.fetch_add(chunk, Ordering::Relaxed);
-            if start >= rows {
-                break;
+        let scan = |tops: &mut [TopK]| {
+            // After a chunk where the pass had to score most pairs exactly
+            // anyway (rows it cannot tell apart), the next go straight to
+            // the exact scan: one, then twice as many after each chunk the
+            // pass fails again, so that on rows it cannot thin out the pass
+            // is tried on a few chunks only.
+            let (mut exact_chunks, mut backoff) = (0, 1);
+            loop {
+                let start = taken.fetch_add(chunk, Ordering::Relaxed);
+                if start >= rows {
+                    break;
+                }
+                let range = start..(start + chunk).min(rows);
+                let pairs = range.len() * queries.len();
+                if exact_chunks > 0 || screen.is_none() {
+                    exact_chunks -= usize::from(exact_chunks > 0);
+                    self.scan_exact(queries, scales, range, tops);
+                } else if self.scan_screened_or_exact(queries, scales, screen, range, tops) * 2 > pairs {
+                    exact_chunks = backoff;
+                    backoff *= 2;
+                } else {
+                    backoff = 1;
+                }
             }
-            self.scan_many(queries, scales, screen, start..(start + chunk).min(rows), tops);
         };
         std::thread::scope(|scope| {
             for partial in partials.iter_mut() {
@@ -393,24 +415,25 @@ impl Index {
     }
 
     /// Offers every row of `rows` to the tops of the queries, through the
-    /// bfloat16 pass where there is a `screen`.
-    fn scan_many(
+    /// bfloat16 pass where there is a `screen`. Returns how many pairs the
+    /// pass scored exactly.
+    fn scan_screened_or_exact(
         &self,
         queries: &[&[f32]],
         scales: &[f32],
         screen: Option<&Screen>,
         rows: Range<usize>,
         tops: &mut [TopK],
-    ) {
+    ) -> usize {
         #[cfg(target_arch = "x86_64")]
         if let Some(screen) = screen {
             // SAFETY: a `Screen` is only made where the CPU has both features.
-            unsafe { self.scan_screened(queries, scales, screen, rows, tops) };
-            return;
+            return unsafe { self.scan_screened(queries, scales, screen, rows, tops) };
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = screen;
         self.scan_exact(queries, scales, rows, tops);
+        0
     }
 
     /// Offers every row of `rows` to the tops of the queries: a tile of rows
@@ -554,16 +577,28 @@ impl Index {
     #[inline]
     fn screen_tile<const Q: usize, const R: usize>(&self, tile: ScreenTile<R>, tops: &mut [TopK]) -> usize {
         let ScreenTile { queries, screen, first, row, converted, row_scales } = tile;
+        let dims = self.dims;
         let scores = screen::tile::<Q, R>(std::array::from_fn(|q| screen.query(first + q)), converted);
         let thresholds = std::array::from_fn(|q| tops[q].threshold().unwrap_or(f32::INFINITY));
         let norms = self.norms[row..row + R].try_into().expect("R rows");
         let mut undecided = screen.undecided::<Q, R>(scores, first, norms, row_scales, thresholds);
         let rescored = undecided.count_ones() as usize;
+        if rescored > SCREEN_WHOLE_TILE_PAIRS {
+            let tile_queries = queries[first..first + Q].try_into().expect("Q queries");
+            let exact = kernels::tile::<kernels::Dot, Q, R>(tile_queries, &self.vectors[row * dims..(row + R) * dims]);
+            for (q, (top, exact)) in tops.iter_mut().zip(exact).enumerate() {
+                for (r, exact) in exact.into_iter().enumerate() {
+                    let distance = screen::distance(exact, row_scales[r], screen.scale(first + q));
+                    offer(top, distance, self.ids[row + r], row + r);
+                }
+            }
+            return rescored;
+        }
         while undecided != 0 {
             let (q, r) = screen::pair_of_lane(undecided.trailing_zeros() as usize, R);
             undecided &= undecided - 1;
             let row = row + r;
-            let exact = kernels::dot(queries[first + q], &self.vectors[row * self.dims..(row + 1) * self.dims]);
+            let exact = kernels::dot(queries[first + q], &self.vectors[row * dims..(row + 1) * dims]);
             let distance = screen::distance(exact, row_scales[r], screen.scale(first + q));
             offer(&mut tops[q], distance, self.ids[row], row);
         }
@@ -857,6 +892,19 @@ mod tests {
         for (q, top) in tops.iter_mut().enumerate() {
             index.search(queries[q], ks[q], &mut alone);
             assert_eq!(top.sorted(), alone.sorted(), "{what}, query {q}");
+        }
+        // In small chunks on one and two threads: chunks through the pass
+        // and chunks straight to the exact scan, where the pass falls back.
+        for threads in 1..=2 {
+            for chunk in [8, 100] {
+                let mut partials: Vec<Vec<TopK>> =
+                    (1..threads).map(|_| queries.iter().map(|_| TopK::new()).collect()).collect();
+                index.search_in_chunks(&queries, &ks, &mut tops, &mut partials, chunk);
+                for (q, top) in tops.iter_mut().enumerate() {
+                    index.search(queries[q], ks[q], &mut alone);
+                    assert_eq!(top.sorted(), alone.sorted(), "{what}, query {q}, {threads} threads, chunk {chunk}");
+                }
+            }
         }
         Some(rescored)
     }
