@@ -13,9 +13,11 @@
 //! product, `s_f` the f32 kernel's and `s_b` the bfloat16 pass's. Let
 //! `u = 2^-8` (rounding an f32 to bfloat16's 8-bit significand, to nearest),
 //! `t = 2^-126` (the smallest normal f32: the most that flushing a tiny
-//! value or result to zero loses), and `m = n / 8 + 64`, more roundings than
-//! any product passes through in either sum (lanes of 8 or 16, a reduction
-//! tree of 4 levels, a tail of at most 15); `g = m 2^-24 / (1 - m 2^-24)`.
+//! value or result to zero loses), and `m = n / 4 + 64`, more roundings than
+//! any product passes through in either sum (the f32 kernel's lanes of 8
+//! take two per 8 values where the build has no fused multiply-add, then a
+//! reduction tree of at most 4 levels and a tail of at most 15;
+//! `vdpbf16ps` takes at most two per 32 values); `g = m 2^-24 / (1 - m 2^-24)`.
 //! - Converting: `|bf(v) - v| <= u |v| + t` for each value (rounding, or a
 //!   tiny value flushed to zero). So each product of the pass is within
 //!   `(2u + u^2) |q_i x_i| + t (1 + u) (|q_i| + |x_i|) + t^2` of the true one.
@@ -24,7 +26,9 @@
 //!   instruction), and the reduction's, is off by at most `2^-24` of the
 //!   partial sum, plus `t` where a result or an input is flushed to zero.
 //!   So the sum is off by at most `g` times the sum of the products'
-//!   magnitudes, plus `t` per operation: fewer than `2n + 32` of them.
+//!   magnitudes, plus `t` per flush: at most three per instruction on a lane
+//!   that holds values (lanes of padding stay exactly zero) and one per add
+//!   of the reduction, fewer than `2n + 32` in all.
 //! - The f32 kernel, by the same reasoning, is within `g sum|q_i x_i|` (plus
 //!   underflow, far below `t` per operation) of `s`.
 //!
@@ -120,7 +124,7 @@ struct Bound {
 impl Bound {
     fn new(dims: usize) -> Bound {
         let (u, t, n) = (2f64.powi(-8), 2f64.powi(-126), dims as f64);
-        let m = (dims / 8 + 64) as f64 * 2f64.powi(-24);
+        let m = (dims / 4 + 64) as f64 * 2f64.powi(-24);
         let g = m / (1.0 - m);
         Bound {
             relative: 2.0 * u + u * u + 2.0 * g * (1.0 + u) * (1.0 + u) + 2f64.powi(-20),
