@@ -21,7 +21,8 @@
 //! - [`http`]: resumable request parsing (httparse) and the response writer.
 //! - [`api`]: routing, authentication, body decoding (simd-json) and the endpoints.
 //! - [`db`]: the durable store: apply, log, commit or undo, snapshots, recovery.
-//! - [`store`]: indexes, distance kernels (`wide` SIMD and a scalar reference), top-k.
+//! - [`store`]: indexes, distance kernels (`wide` SIMD and a scalar reference), the
+//!   bfloat16 first pass of batched searches, top-k.
 //! - [`wal`]: the write-ahead log's records, segments, group commit and replay.
 //! - [`snapshot`]: per-index snapshot files and the manifest.
 //! - [`auth`]: the API key.
