@@ -222,11 +222,12 @@ pub mod scalar {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// splitmix64: a tiny deterministic generator, enough for test data.
-    fn floats(seed: u64, n: usize) -> Vec<f32> {
+    /// splitmix64, as floats in [-1, 1): a tiny deterministic generator,
+    /// enough for test data.
+    pub(crate) fn floats(seed: u64, n: usize) -> Vec<f32> {
         let mut state = seed;
         (0..n)
             .map(|_| {

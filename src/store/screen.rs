@@ -359,21 +359,7 @@ pub fn tile<const Q: usize, const R: usize>(queries: [&[Block]; Q], rows: &[Bloc
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
-
-    /// splitmix64, as floats in [-1, 1).
-    fn floats(seed: u64, n: usize) -> Vec<f32> {
-        let mut state = seed;
-        (0..n)
-            .map(|_| {
-                state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                let mut z = state;
-                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                z ^= z >> 31;
-                (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::store::kernels::tests::floats;
 
     /// Checks, for every pair of `queries` x `rows` (multiples of 4 each),
     /// that the pass cannot rule the pair out when its query's threshold is
