@@ -378,22 +378,26 @@ impl Index {
             // the exact scan: one, then twice as many after each chunk the
             // pass fails again, so that on rows it cannot thin out the pass
             // is tried on a few chunks only.
-            let (mut exact_chunks, mut backoff) = (0, 1);
+            let (mut exact_chunks, mut backoff) = (0usize, 1);
             loop {
                 let start = taken.fetch_add(chunk, Ordering::Relaxed);
                 if start >= rows {
                     break;
                 }
                 let range = start..(start + chunk).min(rows);
-                let pairs = range.len() * queries.len();
-                if exact_chunks > 0 || screen.is_none() {
-                    exact_chunks -= usize::from(exact_chunks > 0);
-                    self.scan_exact(queries, scales, range, tops);
-                } else if self.scan_screened_or_exact(queries, scales, screen, range, tops) * 2 > pairs {
-                    exact_chunks = backoff;
-                    backoff *= 2;
-                } else {
-                    backoff = 1;
+                match screen {
+                    Some(screen) if exact_chunks == 0 => {
+                        let pairs = range.len() * queries.len();
+                        if self.scan_through(screen, queries, scales, range, tops) * 2 > pairs {
+                            (exact_chunks, backoff) = (backoff, backoff * 2);
+                        } else {
+                            backoff = 1;
+                        }
+                    }
+                    _ => {
+                        exact_chunks = exact_chunks.saturating_sub(1);
+                        self.scan_exact(queries, scales, range, tops);
+                    }
                 }
             }
         };
@@ -414,26 +418,24 @@ impl Index {
         }
     }
 
-    /// Offers every row of `rows` to the tops of the queries, through the
-    /// bfloat16 pass where there is a `screen`. Returns how many pairs the
-    /// pass scored exactly.
-    fn scan_screened_or_exact(
+    /// `scan_screened`, which a `Screen` makes safe to call. Returns how
+    /// many pairs the pass scored exactly.
+    fn scan_through(
         &self,
+        screen: &Screen,
         queries: &[&[f32]],
         scales: &[f32],
-        screen: Option<&Screen>,
         rows: Range<usize>,
         tops: &mut [TopK],
     ) -> usize {
+        // SAFETY: a `Screen` is only made where the CPU has both features.
         #[cfg(target_arch = "x86_64")]
-        if let Some(screen) = screen {
-            // SAFETY: a `Screen` is only made where the CPU has both features.
-            return unsafe { self.scan_screened(queries, scales, screen, rows, tops) };
-        }
+        return unsafe { self.scan_screened(queries, scales, screen, rows, tops) };
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = screen;
-        self.scan_exact(queries, scales, rows, tops);
-        0
+        {
+            let _ = (screen, queries, scales, rows, tops);
+            unreachable!("a `Screen` is only made on x86-64")
+        }
     }
 
     /// Offers every row of `rows` to the tops of the queries: a tile of rows
@@ -450,14 +452,10 @@ impl Index {
         // the next is read, so the rows are read from memory once, in order,
         // and stay in L1 meanwhile; the queries (a few KiB each) come from
         // L2. The query tiles share out the prefetching of a tile ahead.
-        let query_tiles = queries.len().div_ceil(QUERY_TILE);
         let mut start = rows.start;
         while start < rows.end {
             let tile = start..(start + ROW_TILE).min(rows.end);
-            let ahead = (tile.start + PREFETCH_TILES * ROW_TILE).min(rows.end);
-            let ahead = &self.vectors[ahead * self.dims..(ahead + ROW_TILE).min(rows.end) * self.dims];
-            let share = ahead.len().div_ceil(query_tiles).next_multiple_of(kernels::LINE_FLOATS);
-            let mut prefetches = ahead.chunks(share.max(1));
+            let mut prefetches = self.prefetch_shares(tile.start, ROW_TILE, rows.end, queries.len());
             let tiles = queries.chunks(QUERY_TILE).zip(scales.chunks(QUERY_TILE)).zip(tops.chunks_mut(QUERY_TILE));
             for ((queries, scales), tops) in tiles {
                 let (rows, prefetch) = (tile.clone(), prefetches.next().unwrap_or_default());
@@ -470,6 +468,17 @@ impl Index {
             }
             start = tile.end;
         }
+    }
+
+    /// The rows of the tile `PREFETCH_TILES` ahead of the one of `tile_rows`
+    /// rows at `row` (not past `end`), in one share per tile of `queries`
+    /// queries: each query tile asks for its share, so that the prefetching
+    /// overlaps their arithmetic instead of stalling all at once.
+    fn prefetch_shares(&self, row: usize, tile_rows: usize, end: usize, queries: usize) -> std::slice::Chunks<'_, f32> {
+        let ahead = (row + PREFETCH_TILES * tile_rows).min(end);
+        let ahead = &self.vectors[ahead * self.dims..(ahead + tile_rows).min(end) * self.dims];
+        let share = ahead.len().div_ceil(queries.div_ceil(QUERY_TILE)).next_multiple_of(kernels::LINE_FLOATS);
+        ahead.chunks(share.max(1))
     }
 
     /// Cosine: 1/|query|. Scaling the query does not change the order; doing
@@ -497,7 +506,7 @@ impl Index {
         match self.metric {
             Metric::Cosine => {
                 self.scan_tile_with::<kernels::Dot, Q, R>(queries, rows, tops, prefetch, |score, row, q| {
-                    self.cosine_distance(score, row, scales[q])
+                    screen::distance(score, self.inverse_norms[row], scales[q])
                 })
             }
             Metric::Ip => {
@@ -507,13 +516,6 @@ impl Index {
                 self.scan_tile_with::<kernels::L2Squared, Q, R>(queries, rows, tops, prefetch, |score, _, _| score)
             }
         }
-    }
-
-    /// Cosine: the distance of the dot product `score` of a query (whose
-    /// inverse norm is `scale`) and `row`.
-    #[inline(always)]
-    fn cosine_distance(&self, score: f32, row: usize, scale: f32) -> f32 {
-        -((score * self.inverse_norms[row]) * scale)
     }
 
     /// `scan_exact` with the bfloat16 pass (`screen`'s doc): the rows are
@@ -535,7 +537,6 @@ impl Index {
         let mut converted = vec![screen::Block::default(); R * screen.blocks()];
         let mut rescored = 0;
         let mut row = rows.start;
-        let query_tiles = queries.len().div_ceil(QUERY_TILE);
         while row + R <= rows.end {
             for (r, blocks) in converted.chunks_exact_mut(screen.blocks()).enumerate() {
                 screen::convert(&self.vectors[(row + r) * dims..(row + r + 1) * dims], blocks);
@@ -545,12 +546,7 @@ impl Index {
                 Metric::Ip => [1.0; R],
                 Metric::L2 => unreachable!("the bfloat16 pass bounds dot products only"),
             };
-            // The query tiles share out the prefetching of a tile ahead, so
-            // that it overlaps their arithmetic instead of stalling at once.
-            let ahead = (row + PREFETCH_TILES * R).min(rows.end);
-            let ahead = &self.vectors[ahead * dims..(ahead + R).min(rows.end) * dims];
-            let share = ahead.len().div_ceil(query_tiles).next_multiple_of(kernels::LINE_FLOATS);
-            let mut prefetches = ahead.chunks(share.max(1));
+            let mut prefetches = self.prefetch_shares(row, R, rows.end, queries.len());
             let tiles = (0..).step_by(QUERY_TILE).zip(tops.chunks_mut(QUERY_TILE));
             for (first, tops) in tiles {
                 kernels::prefetch(prefetches.next().unwrap_or_default());

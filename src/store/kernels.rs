@@ -120,7 +120,7 @@ fn reduce<const Q: usize, const R: usize>(sums: [[Lanes; R]; Q]) -> [[f32; R]; Q
 /// packs two vectors into one, so that the accumulators share every shuffle
 /// and add (45 instructions for 16, against 8 each alone). Each is summed in
 /// one order (lane `i` with `i + 8`, then with `i + 4`, `i + 2` and `i + 1`).
-/// Accumulator `a` ends in lane `a % 4 * 4 + a / 4`: see `unpack16`.
+/// Accumulator `a` ends in lane `transposed(a)`.
 ///
 /// # Safety
 /// The CPU must have AVX-512F.
@@ -150,13 +150,19 @@ pub fn reduce16(v: [std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__m512
     _mm512_add_ps(_mm512_shuffle_ps::<0x88>(v[0], v[1]), _mm512_shuffle_ps::<0xDD>(v[0], v[1]))
 }
 
+/// Where `reduce16` leaves accumulator `i`: the lanes hold the sums as a
+/// 4 x 4 transpose, so this also gives the accumulator of lane `i`.
+pub const fn transposed(i: usize) -> usize {
+    i % 4 * 4 + i / 4
+}
+
 /// The `Q` x `R` sums that `reduce16` leaves in its lanes, accumulator
 /// `q * R + r` as `[q][r]`.
 #[cfg(target_feature = "avx512f")]
 #[inline(always)]
 fn unpack16<const Q: usize, const R: usize>(lanes: [f32; 16]) -> [[f32; R]; Q] {
     const { assert!(Q * R <= 16, "a tile of at most 16 accumulators") };
-    std::array::from_fn(|q| std::array::from_fn(|r| lanes[(q * R + r) % 4 * 4 + (q * R + r) / 4]))
+    std::array::from_fn(|q| std::array::from_fn(|r| lanes[transposed(q * R + r)]))
 }
 
 /// Floats in one cache line.

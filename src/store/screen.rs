@@ -245,7 +245,7 @@ impl Screen {
 /// The pair (query, row) of a tile of `rows` rows whose score lane `lane`
 /// of `Scores` holds (the order `kernels::reduce16` leaves them in).
 pub const fn pair_of_lane(lane: usize, rows: usize) -> (usize, usize) {
-    let pair = lane % 4 * 4 + lane / 4;
+    let pair = kernels::transposed(lane);
     (pair / rows, pair % rows)
 }
 
@@ -382,35 +382,54 @@ mod tests {
                     // SAFETY: `Screen::new` found the features.
                     unsafe { convert(row, blocks) };
                 }
-                let row_norms = std::array::from_fn(|r| norm_bound_of(kernels::squared_norm(&rows[r])));
-                let row_scales = std::array::from_fn(|r| scale(&rows[r]));
+                let rows: &[Vec<f32>; 4] = rows.try_into().expect("4 rows");
                 for first in (0..queries.len()).step_by(4) {
-                    let exact: [[f32; 4]; 4] = std::array::from_fn(|q| {
-                        std::array::from_fn(|r| {
-                            distance(kernels::dot(&queries[first + q], &rows[r]), row_scales[r], scales[first + q])
-                        })
-                    });
-                    for r in 0..4 {
-                        // SAFETY: as above.
-                        let undecided = unsafe {
-                            let scores = tile::<4, 4>(std::array::from_fn(|q| screen.query(first + q)), &converted);
-                            screen.undecided::<4, 4>(scores, first, &row_norms, &row_scales, exact.map(|d| d[r]))
-                        };
-                        for lane in (0..16).filter(|&lane| pair_of_lane(lane, 4).1 == r) {
-                            let q = pair_of_lane(lane, 4).0;
-                            assert!(
-                                undecided & 1 << lane != 0,
-                                "{what}, cosine {cosine}: query {}, row {} ruled out at its own distance {}",
-                                first + q,
-                                row_tile * 4 + r,
-                                exact[q][r]
-                            );
-                        }
-                    }
+                    let what = format!("{what}, cosine {cosine}, rows from {}", row_tile * 4);
+                    let (screen, converted) = (&screen, converted.as_slice());
+                    assert_tile_keeps_each_pair_at_its_own_distance(
+                        screen, cosine, first, queries, rows, converted, &what,
+                    );
                 }
             }
         }
         true
+    }
+
+    /// The 4 x 4 tile of queries `first..` and `rows` (`converted` to
+    /// bfloat16), with cosine's scales or the inner product's: with each
+    /// query's threshold set to its distance to row `r`, no pair of row `r`
+    /// may be ruled out.
+    fn assert_tile_keeps_each_pair_at_its_own_distance(
+        screen: &Screen,
+        cosine: bool,
+        first: usize,
+        queries: &[Vec<f32>],
+        rows: &[Vec<f32>; 4],
+        converted: &[Block],
+        what: &str,
+    ) {
+        let row_scales = rows.each_ref().map(|row| if cosine { kernels::inverse_norm(row) } else { 1.0 });
+        let row_norms = rows.each_ref().map(|row| norm_bound_of(kernels::squared_norm(row)));
+        let exact: [[f32; 4]; 4] = std::array::from_fn(|q| {
+            let dots = rows.each_ref().map(|row| kernels::dot(&queries[first + q], row));
+            std::array::from_fn(|r| distance(dots[r], row_scales[r], screen.scale(first + q)))
+        });
+        for r in 0..4 {
+            // SAFETY: the `Screen` found the features.
+            let undecided = unsafe {
+                let scores = tile::<4, 4>(std::array::from_fn(|q| screen.query(first + q)), converted);
+                screen.undecided::<4, 4>(scores, first, &row_norms, &row_scales, exact.map(|d| d[r]))
+            };
+            for lane in (0..16).filter(|&lane| pair_of_lane(lane, 4).1 == r) {
+                let q = pair_of_lane(lane, 4).0;
+                let at = exact[q][r];
+                assert!(
+                    undecided & 1 << lane != 0,
+                    "{what}: query {}, row +{r} ruled out at its own distance {at}",
+                    first + q
+                );
+            }
+        }
     }
 
     #[test]
