@@ -333,8 +333,8 @@ fn small_requests(server: &Server, table: &mut Table) {
     const FLOOR: &str = "3. the same search of 12 rows: all but the scan (median of 3 x 5 s)";
     if !have("wrk") || !have("nginx") {
         let skipped = "skipped: needs wrk and nginx (apt-get install wrk nginx-light)";
-        for name in [HEALTH, SEARCH, FLOOR] {
-            table.add(name, skipped.into(), "-".into(), None, ">= 1");
+        for (name, goal) in [(HEALTH, ">= 1"), (SEARCH, ">= 1"), (FLOOR, "-")] {
+            table.add(name, skipped.into(), "-".into(), None, goal);
         }
         return;
     }
