@@ -1,8 +1,9 @@
 //! One index: dense rows of vectors, ids and metadata, and an id -> row map.
 //!
 //! Row `r` owns `vectors[r*dims .. (r+1)*dims]`, `ids[r]`, `metadata[r]`,
-//! `norms[r]` and, for cosine, `inverse_norms[r]`. Deleting swaps the last row into the hole,
-//! so the arrays stay dense and a scan never skips tombstones.
+//! `norms[r]` and, for cosine, `inverse_norms[r]`. Deleting swaps the last
+//! row into the hole, so the arrays stay dense and a scan never skips
+//! tombstones.
 
 use std::fmt;
 use std::ops::Range;
@@ -314,7 +315,7 @@ impl Index {
 
     /// Several searches of this index at once: the rows are read once, a
     /// tile at a time, and every query is scored against a tile before the
-    /// next is read (see `scan_many`). `tops[q]` receives the
+    /// next is read (see `scan_exact`). `tops[q]` receives the
     /// `ks[q]` nearest to `queries[q]`, exactly as `search` would give them.
     /// A large index is split across up to `partials.len() + 1` threads (the
     /// caller waits anyway; memory bandwidth is what one thread cannot use up
@@ -348,12 +349,16 @@ impl Index {
         assert!(queries.len() == ks.len() && ks.len() == tops.len() && chunk > 0);
         let rows = self.len();
         // A lone search keeps its scale on the stack: it allocates nothing.
-        let (one, many): ([f32; 1], Vec<f32>);
+        // A batch sums each query's squares once, for its scale and for the
+        // bfloat16 pass's bound.
+        let (one, squared_norms, many): ([f32; 1], Vec<f64>, Vec<f32>);
         let scales: &[f32] = if let [query] = queries {
-            one = [self.query_scale(query)];
+            squared_norms = Vec::new();
+            one = [self.query_scale(|| kernels::squared_norm(query))];
             &one
         } else {
-            many = queries.iter().map(|query| self.query_scale(query)).collect();
+            squared_norms = queries.iter().map(|query| kernels::squared_norm(query)).collect();
+            many = squared_norms.iter().map(|&squared| self.query_scale(|| squared)).collect();
             &many
         };
         let reset = |tops: &mut [TopK]| {
@@ -363,7 +368,7 @@ impl Index {
         };
         reset(tops);
         let screen = if queries.len() >= SCREEN_QUERIES_MIN && self.metric != Metric::L2 {
-            Screen::new(queries, scales, self.dims)
+            Screen::new(queries, &squared_norms, scales, self.dims)
         } else {
             None
         };
@@ -481,11 +486,12 @@ impl Index {
         ahead.chunks(share.max(1))
     }
 
-    /// Cosine: 1/|query|. Scaling the query does not change the order; doing
-    /// it once keeps the similarities comparable in magnitude to 1.
-    fn query_scale(&self, query: &[f32]) -> f32 {
+    /// Cosine: 1/|query|, from the query's `squared_norm` (asked for only
+    /// here). Scaling the query does not change the order; doing it once
+    /// keeps the similarities comparable in magnitude to 1.
+    fn query_scale(&self, squared_norm: impl FnOnce() -> f64) -> f32 {
         match self.metric {
-            Metric::Cosine => kernels::inverse_norm(query),
+            Metric::Cosine => kernels::inverse_norm_of(squared_norm()),
             Metric::L2 | Metric::Ip => 1.0,
         }
     }
@@ -726,16 +732,11 @@ mod tests {
         assert_eq!(ids_of(&l2, &[1.0, 0.0], 3), vec![1, 3, 2]);
     }
 
-    /// `count` vectors of `dims` under ids `0..count`, each twice (again
-    /// under id + 10,000), so that ties have to break the same way.
+    /// `count` patterned vectors of `dims`, each under two ids (`twins_of`).
     fn twins(dims: usize, count: i64, metric: Metric) -> Index {
-        let mut index = Index::new(dims, metric);
-        for id in 0..count {
-            let v: Vec<f32> = (0..dims as i64).map(|d| ((id * 31 + d * 17) % 23) as f32 - 11.5).collect();
-            index.upsert(id, &v, b"");
-            index.upsert(10_000 + id, &v, b"");
-        }
-        index
+        let vectors: Vec<Vec<f32>> =
+            (0..count).map(|id| (0..dims as i64).map(|d| ((id * 31 + d * 17) % 23) as f32 - 11.5).collect()).collect();
+        twins_of(&vectors, metric)
     }
 
     /// Searches `queries` at once, each for its `k` nearest, on
@@ -804,22 +805,14 @@ mod tests {
         }
     }
 
-    /// `count` random vectors of `dims` in [-1, 1), xorshift from `seed`.
+    /// `count` random vectors of `dims` in [-1, 1), from `seed`.
     #[cfg(target_arch = "x86_64")]
     fn random_vectors(seed: u64, dims: usize, count: usize) -> Vec<Vec<f32>> {
-        let mut state = seed | 1;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
-        (0..count).map(|_| (0..dims).map(|_| next()).collect()).collect()
+        kernels::tests::floats(seed, dims * count).chunks_exact(dims).map(<[f32]>::to_vec).collect()
     }
 
     /// Each of `vectors` under two ids (`i` and `i + len`), so that ties
     /// have to break the same way.
-    #[cfg(target_arch = "x86_64")]
     fn twins_of(vectors: &[Vec<f32>], metric: Metric) -> Index {
         let mut index = Index::new(vectors[0].len(), metric);
         for (id, v) in (0..).zip(vectors) {
@@ -876,8 +869,9 @@ mod tests {
     fn assert_screened_finds_what_each_finds_alone(index: &Index, queries: &[Vec<f32>], what: &str) -> Option<usize> {
         let queries: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
         let ks = [1, 10, 10, 5, 20, 10, 3, 10, 40];
-        let scales: Vec<f32> = queries.iter().map(|q| index.query_scale(q)).collect();
-        let screen = Screen::new(&queries, &scales, index.dims())?;
+        let squared_norms: Vec<f64> = queries.iter().map(|q| kernels::squared_norm(q)).collect();
+        let scales: Vec<f32> = squared_norms.iter().map(|&squared| index.query_scale(|| squared)).collect();
+        let screen = Screen::new(&queries, &squared_norms, &scales, index.dims())?;
         let mut tops: Vec<TopK> = ks.iter().map(|_| TopK::new()).collect();
         for (top, &k) in tops.iter_mut().zip(&ks) {
             top.reset(k);

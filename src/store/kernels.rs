@@ -193,6 +193,7 @@ pub fn l2_squared(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     tile::<L2Squared, 1, 1>(&[a], b)[0][0]
 }
+
 /// The sum of a vector's squares, in f64: each square is exact, the sum
 /// off by at most `dims` x 2^-53 of itself (under 2^-33 for the dimensions
 /// an index allows), and it cannot overflow (f32's largest square is 2^256).

@@ -165,10 +165,12 @@ pub struct Screen {
 }
 
 impl Screen {
-    /// The pass for `queries` of `dims` values, whose distances are scaled
-    /// by `scales`; `None` where the CPU cannot run it.
+    /// The pass for `queries` of `dims` values, with their `squared_norms`
+    /// (`kernels::squared_norm`), whose distances are scaled by `scales`;
+    /// `None` where the CPU cannot run it.
     #[cfg(target_arch = "x86_64")]
-    pub fn new(queries: &[&[f32]], scales: &[f32], dims: usize) -> Option<Screen> {
+    pub fn new(queries: &[&[f32]], squared_norms: &[f64], scales: &[f32], dims: usize) -> Option<Screen> {
+        assert!(queries.len() == squared_norms.len() && queries.len() == scales.len());
         if !available() {
             return None;
         }
@@ -179,14 +181,13 @@ impl Screen {
             unsafe { convert(query, out) };
         }
         let bound = Bound::new(dims);
-        let (slopes, offsets) =
-            queries.iter().map(|query| bound.for_query(norm_bound_of(kernels::squared_norm(query)))).unzip();
+        let (slopes, offsets) = squared_norms.iter().map(|&squared| bound.for_query(norm_bound_of(squared))).unzip();
         Some(Screen { blocks, queries: converted, scales: scales.to_vec(), slopes, offsets })
     }
 
     /// The pass is x86-64's alone.
     #[cfg(not(target_arch = "x86_64"))]
-    pub fn new(_queries: &[&[f32]], _scales: &[f32], _dims: usize) -> Option<Screen> {
+    pub fn new(_queries: &[&[f32]], _squared_norms: &[f64], _scales: &[f32], _dims: usize) -> Option<Screen> {
         None
     }
 
@@ -372,7 +373,8 @@ mod tests {
         for cosine in [true, false] {
             let scale = |v: &[f32]| if cosine { kernels::inverse_norm(v) } else { 1.0 };
             let scales: Vec<f32> = queries.iter().map(|q| scale(q)).collect();
-            let Some(screen) = Screen::new(&query_refs, &scales, dims) else {
+            let squared_norms: Vec<f64> = queries.iter().map(|q| kernels::squared_norm(q)).collect();
+            let Some(screen) = Screen::new(&query_refs, &squared_norms, &scales, dims) else {
                 eprintln!("this CPU has no AVX512-BF16: the bfloat16 pass is not tested here");
                 return false;
             };
