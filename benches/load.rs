@@ -156,8 +156,9 @@ fn load(server: &Server, index: &str, dims: usize, rows: usize, rng: &mut Rng) -
     (fresh, bytes)
 }
 
-fn median(samples: &mut [Duration]) -> Duration {
-    samples.sort();
+/// The middle of `samples` in the order `compare` gives.
+fn median<T: Copy>(samples: &mut [T], compare: impl FnMut(&T, &T) -> std::cmp::Ordering) -> T {
+    samples.sort_by(compare);
     samples[samples.len() / 2]
 }
 
@@ -173,7 +174,7 @@ fn ingest_and_search(server: &Server, table: &mut Table) {
 
     // Ingest: the first ten batches, each of fresh vectors, are timed.
     let (mut inserts, bytes) = load(server, "wide", WIDE_DIMS, WIDE_ROWS, &mut rng);
-    let insert = median(&mut inserts);
+    let insert = median(&mut inserts, Duration::cmp);
     let mb_per_s = bytes as f64 / 1e6 / insert.as_secs_f64();
     table.add(
         "4. ingest, 1,000 x 768 per insert, durability on (median of 10)",
@@ -194,7 +195,7 @@ fn ingest_and_search(server: &Server, table: &mut Table) {
         searches.push(started.elapsed());
         assert_eq!(r.status, 200, "{r:?}");
     }
-    let search = median(&mut searches);
+    let search = median(&mut searches, Duration::cmp);
     table.add(
         "1. search 100,000 x 768 cosine, k=10, one client (median of 30)",
         ms(search),
@@ -219,9 +220,9 @@ fn ingest_and_search(server: &Server, table: &mut Table) {
         let waiting_ms = (after.2 - before.2) * 1e3 / batches;
         rounds.push((concurrent / single, single, concurrent, per_batch, waiting_ms));
     }
-    rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // `median` leaves the rounds sorted, for the list of their ratios.
+    let (ratio, single, concurrent, per_batch, waiting_ms) = median(&mut rounds, |a, b| a.0.total_cmp(&b.0));
     let ratios: Vec<String> = rounds.iter().map(|r| format!("{:.2}", r.0)).collect();
-    let (ratio, single, concurrent, per_batch, waiting_ms) = rounds[rounds.len() / 2];
     table.add(
         "2. searches/s, 100,000 x 768 cosine, k=10, 32 clients (median of 5 rounds of 2 s)",
         format!(
@@ -303,7 +304,7 @@ fn memory_floor(floats: usize, threads: usize) -> Duration {
         });
         runs.push(started.elapsed());
     }
-    median(&mut runs)
+    median(&mut runs, Duration::cmp)
 }
 
 /// A command for `tool`, pinned to `core` with taskset when `pin`.
@@ -379,7 +380,8 @@ fn small_requests(server: &Server, table: &mut Table) {
             ours.push(served(server.child.id(), || wrk(&format!("{quiver}{path}"), lua, pin)));
             theirs.push(served(nginx.id(), || wrk(&format!("{nginx_url}{path}"), lua, pin)));
         }
-        let (ours, theirs) = (median_served(&mut ours), median_served(&mut theirs));
+        let by_rate = |a: &Served, b: &Served| a.rate.total_cmp(&b.rate);
+        let (ours, theirs) = (median(&mut ours, by_rate), median(&mut theirs, by_rate));
         table.add(
             name,
             ours.to_string(),
@@ -415,11 +417,6 @@ fn served(pid: u32, load: impl FnOnce() -> f64) -> Served {
     let requests = rate * WRK_SECONDS as f64;
     let per_request = |spent: f64| spent * 1e6 / requests;
     Served { rate, user_us: per_request(after.0 - before.0), kernel_us: per_request(after.1 - before.1) }
-}
-
-fn median_served(runs: &mut [Served]) -> Served {
-    runs.sort_by(|a, b| a.rate.total_cmp(&b.rate));
-    runs[runs.len() / 2]
 }
 
 /// The user and kernel CPU seconds of process `pid` (all its threads) so far.
