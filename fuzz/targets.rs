@@ -290,8 +290,9 @@ pub fn store_ops(input: &[u8]) {
             _ => {
                 let Some(entry) = model.get(name) else { continue };
                 let index: &Index = store.index(name).unwrap();
-                let query: Vec<f32> = (0..entry.dims).map(|_| f32::from(choices.byte() as i8) / 4.0).collect();
-                if index.check_vector(&query).is_err() {
+                let mut query: Vec<f32> = (0..entry.dims).map(|_| f32::from(choices.byte() as i8) / 4.0).collect();
+                // Prepared the way the API does; the model scores the prepared query.
+                if index.prepare_query(&mut query).is_err() {
                     continue;
                 }
                 let k = usize::from(choices.below(20)) + 1;

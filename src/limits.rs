@@ -65,6 +65,22 @@ pub const DIMENSIONS_MAX_DEFAULT: usize = 65_536;
 /// Largest `k` a search may ask for.
 pub const K_MAX_DEFAULT: usize = 10_000;
 
+/// Largest Euclidean norm of a stored vector or a query: 2^62 (about
+/// 4.6e18). Inside it no f32 product or sum of a search can overflow: a dot
+/// product is at most |q||x| <= 2^124, a squared distance at most
+/// (|q| + |x|)^2 <= 2^126, and their partial sums grow by rounding to at
+/// most (1 + 2^-24)^n of that (under 1.01 for the largest dimensions), all
+/// below f32's 2^128. Written as the squared norm, which is what is summed.
+pub const SQUARED_NORM_MAX: f64 = (1u128 << 124) as f64;
+
+/// Smallest Euclidean norm of a vector or a query in a cosine index: 2^-62
+/// (about 2.2e-19). A cosine query is scaled to a norm in [1, 2) before the
+/// scan, so a row's products with it sum to about |x| >= 2^-62, while each
+/// product that underflows f32's normal range (2^-126) loses at most 2^-149:
+/// relative to the score, under 2^-71 for the largest dimensions, far below
+/// the score's own rounding. The inverse norm 1/|x| stays within f32 too.
+pub const COSINE_SQUARED_NORM_MIN: f64 = 1.0 / SQUARED_NORM_MAX;
+
 /// Index names: `^[a-z0-9-]{3,32}$`.
 pub const INDEX_NAME_BYTES_MIN: usize = 3;
 pub const INDEX_NAME_BYTES_MAX: usize = 32;

@@ -3,6 +3,20 @@
 //!
 //! Every structural problem becomes `ApiError::BadBody` with a `detail` naming
 //! the exact place, e.g. `embeddings[3].data[7]: expected a number`.
+//!
+//! # Rounding a number once
+//! A vector value is the f32 nearest to the number's decimal text, rounded
+//! once (ties to even). simd-json gives the f64 nearest to the text, and
+//! rounding that to f32 is the same as rounding the text, except where the
+//! f64 lies exactly halfway between two f32s: the text may then lie on
+//! either side of that halfway point (every halfway point is an f64, so
+//! whenever the two roundings differ there is one between the text and its
+//! f64, and the f64 nearest the text can only be that point itself). Those
+//! numbers, rare in real data, are read again from their text
+//! (`reread_numbers`). An integer is converted straight from its exact value;
+//! simd-json keeps the sign of `-0` by giving it as a signed integer, and
+//! gives integers beyond 64 bits as f64 (its `big-int-as-float`), which the
+//! halfway check covers like any other.
 
 use simd_json::{Buffers, Node, StaticNode, Tape};
 
@@ -35,8 +49,17 @@ impl BodyLimits {
 pub struct Decoder {
     buffers: Buffers,
     tape: Option<Tape<'static>>,
-    /// Scratch for metadata de-duplication: tape positions of keys.
+    scratch: Scratch,
+}
+
+/// What reading a tape collects besides its values.
+#[derive(Default)]
+struct Scratch {
+    /// Metadata de-duplication: tape positions of keys.
     keys: Vec<u32>,
+    /// Numbers to read again from their text (see the module doc): (tape
+    /// position, place in the output vector).
+    rereads: Vec<(usize, usize)>,
 }
 
 impl Default for Decoder {
@@ -44,7 +67,7 @@ impl Default for Decoder {
         Decoder {
             buffers: Buffers::with_max_depth(0, crate::limits::JSON_DEPTH_MAX),
             tape: Some(Tape::null()),
-            keys: Vec::new(),
+            scratch: Scratch::default(),
         }
     }
 }
@@ -54,18 +77,56 @@ impl Decoder {
     fn with_tape<T>(
         &mut self,
         body: &mut [u8],
-        read: impl FnOnce(Nodes<'_, '_>, &mut Vec<u32>) -> Result<T, ApiError>,
+        read: impl FnOnce(Nodes<'_, '_>, &mut Scratch) -> Result<T, ApiError>,
     ) -> Result<T, ApiError> {
         if body.iter().all(u8::is_ascii_whitespace) {
             return Err(ApiError::bad_body("body: expected a JSON object, got an empty body"));
         }
+        self.scratch.rereads.clear();
         let mut tape = self.tape.take().unwrap_or_else(Tape::null).reset();
         let result = match simd_json::fill_tape(body, &mut self.buffers, &mut tape) {
-            Ok(()) => read(&tape.0, &mut self.keys),
+            Ok(()) => read(&tape.0, &mut self.scratch),
             Err(error) => Err(ApiError::bad_body(format_args!("body: invalid JSON ({error})"))),
         };
         self.tape = Some(tape.reset());
         result
+    }
+
+    /// Reads the numbers `numbers` left to their text, into `out`. The
+    /// tape holds one node per value or key, in the order of the text, and
+    /// simd-json's structural indexes mark where each starts (among the
+    /// `,`, `:` and closing brackets): so node `n` starts at the `n`-th of
+    /// those marks that opens something. Unescaping strings in place
+    /// leaves every mark's byte as it was (a string's content is written
+    /// after its opening quote), and numbers are not touched at all.
+    fn reread_numbers(&mut self, body: &[u8], out: &mut [f32]) -> Result<(), ApiError> {
+        let rereads = &mut self.scratch.rereads;
+        if rereads.is_empty() {
+            return Ok(());
+        }
+        rereads.sort_unstable();
+        let mut starts = self
+            .buffers
+            .structural_indexes()
+            .iter()
+            .map(|&at| at as usize)
+            .filter(|&at| at < body.len() && !matches!(body[at], b',' | b':' | b']' | b'}'));
+        let mut passed = 0;
+        for &(node, slot) in rereads.iter() {
+            let start = starts.nth(node - passed);
+            passed = node + 1;
+            let text = start.map(|start| {
+                let len = body[start..]
+                    .iter()
+                    .take_while(|b| matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
+                    .count();
+                &body[start..start + len]
+            });
+            let value = text.and_then(|text| std::str::from_utf8(text).ok()?.parse::<f32>().ok());
+            out[slot] =
+                value.ok_or_else(|| ApiError::bad_body("body: a number could not be read again from its text"))?;
+        }
+        Ok(())
     }
 
     /// `{"dimensions": int, "metric": string}`.
@@ -99,7 +160,7 @@ impl Decoder {
     /// `{"queryVector": [numbers], "k": int}`; the vector goes into `query`.
     pub fn search(&mut self, body: &mut [u8], k_max: usize, query: &mut Vec<f32>) -> Result<usize, ApiError> {
         query.clear();
-        self.with_tape(body, |nodes, _| {
+        let k = self.with_tape(body, |nodes, scratch| {
             let (mut k, mut have_vector) = (None, false);
             for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
                 match key {
@@ -112,7 +173,8 @@ impl Decoder {
                     }
                     "queryVector" => {
                         query.clear();
-                        numbers(nodes, at, query, &|| "queryVector".to_owned())?;
+                        scratch.rereads.clear();
+                        numbers(nodes, at, query, &mut scratch.rereads, &|| "queryVector".to_owned())?;
                         have_vector = true;
                     }
                     _ => {}
@@ -122,7 +184,9 @@ impl Decoder {
                 return Err(ApiError::bad_body("queryVector: required"));
             }
             k.ok_or_else(|| ApiError::bad_body("k: required"))
-        })
+        })?;
+        self.reread_numbers(body, query)?;
+        Ok(k)
     }
 
     /// `{"ids": [int]}`.
@@ -160,7 +224,7 @@ impl Decoder {
     /// `{"embeddings": [{"id": int, "data": [numbers], "metadata": {string: string}?}]}`.
     pub fn embeddings(&mut self, body: &mut [u8], limits: BodyLimits, batch: &mut Batch) -> Result<(), ApiError> {
         batch.clear();
-        self.with_tape(body, |nodes, keys| {
+        self.with_tape(body, |nodes, scratch| {
             let mut found = false;
             for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
                 if key != "embeddings" {
@@ -176,8 +240,9 @@ impl Decoder {
                     )));
                 }
                 batch.clear();
+                scratch.rereads.clear();
                 for (i, element) in elements(nodes, at).enumerate() {
-                    embedding(nodes, element, i, limits, batch, keys)?;
+                    embedding(nodes, element, i, limits, batch, scratch)?;
                 }
                 found = true;
             }
@@ -186,7 +251,8 @@ impl Decoder {
             } else {
                 Err(ApiError::bad_body("embeddings: required"))
             }
-        })
+        })?;
+        self.reread_numbers(body, &mut batch.values)
     }
 }
 
@@ -196,7 +262,7 @@ fn embedding(
     i: usize,
     limits: BodyLimits,
     batch: &mut Batch,
-    keys: &mut Vec<u32>,
+    scratch: &mut Scratch,
 ) -> Result<(), ApiError> {
     let (mut id, mut vector, mut metadata) = (None, None, None);
     let fields =
@@ -216,7 +282,7 @@ fn embedding(
     let id = id.ok_or_else(|| ApiError::bad_body(format_args!("embeddings[{i}].id: required")))?;
     let vector = vector.ok_or_else(|| ApiError::bad_body(format_args!("embeddings[{i}].data: required")))?;
     let start = batch.values.len();
-    numbers(nodes, vector, &mut batch.values, &|| format!("embeddings[{i}].data"))?;
+    numbers(nodes, vector, &mut batch.values, &mut scratch.rereads, &|| format!("embeddings[{i}].data"))?;
     let metadata_start = batch.metadata.len();
     if let Some(at) = metadata {
         if let Node::Object { len, .. } = nodes[at] {
@@ -225,7 +291,7 @@ fn embedding(
                 return Err(ApiError::bad_body(format_args!("embeddings[{i}].metadata: at most {max} entries")));
             }
         }
-        write_metadata(nodes, at, i, &mut batch.metadata, keys)?;
+        write_metadata(nodes, at, i, &mut batch.metadata, &mut scratch.keys)?;
         if batch.metadata.len() - metadata_start > limits.metadata_bytes_max {
             let max = limits.metadata_bytes_max;
             return Err(ApiError::bad_body(format_args!("embeddings[{i}].metadata: at most {max} bytes of JSON text")));
@@ -299,9 +365,17 @@ fn write_metadata(
     Ok(())
 }
 
-/// Reads an array of numbers as f32 (out-of-range magnitudes become infinite
-/// and are refused by the vector checks that follow).
-fn numbers(nodes: Nodes<'_, '_>, at: usize, out: &mut Vec<f32>, path: &dyn Fn() -> String) -> Result<(), ApiError> {
+/// Reads an array of numbers as f32, each rounded once (see the module
+/// doc); the ones that need their text are noted in `rereads` and hold 0
+/// until `reread_numbers`. Magnitudes beyond f32 become infinite and are
+/// refused by the vector checks that follow.
+fn numbers(
+    nodes: Nodes<'_, '_>,
+    at: usize,
+    out: &mut Vec<f32>,
+    rereads: &mut Vec<(usize, usize)>,
+    path: &dyn Fn() -> String,
+) -> Result<(), ApiError> {
     let Node::Array { len, count } = nodes[at] else {
         return Err(ApiError::bad_body(format_args!("{}: expected an array of numbers", path())));
     };
@@ -309,9 +383,17 @@ fn numbers(nodes: Nodes<'_, '_>, at: usize, out: &mut Vec<f32>, path: &dyn Fn() 
         // No nested containers: every element is one node.
         out.reserve(len);
         for (j, node) in nodes[at + 1..at + 1 + len].iter().enumerate() {
-            out.push(
-                number(node).ok_or_else(|| ApiError::bad_body(format_args!("{}[{j}]: expected a number", path())))?,
-            );
+            let value = match *node {
+                Node::Static(StaticNode::F64(x)) => f32_once(x),
+                Node::Static(StaticNode::I64(0)) => Some(-0.0),
+                Node::Static(StaticNode::I64(n)) => Some(n as f32),
+                Node::Static(StaticNode::U64(n)) => Some(n as f32),
+                _ => return Err(ApiError::bad_body(format_args!("{}[{j}]: expected a number", path()))),
+            };
+            if value.is_none() {
+                rereads.push((at + 1 + j, out.len()));
+            }
+            out.push(value.unwrap_or(0.0));
         }
         return Ok(());
     }
@@ -319,14 +401,27 @@ fn numbers(nodes: Nodes<'_, '_>, at: usize, out: &mut Vec<f32>, path: &dyn Fn() 
     Err(ApiError::bad_body(format_args!("{}[{j}]: expected a number", path())))
 }
 
-#[inline]
-fn number(node: &Node<'_>) -> Option<f32> {
-    match *node {
-        Node::Static(StaticNode::F64(x)) => Some(x as f32),
-        Node::Static(StaticNode::I64(n)) => Some(n as f32),
-        Node::Static(StaticNode::U64(n)) => Some(n as f32),
-        _ => None,
+/// Halfway between f32's largest value and the next power of two, 2^128:
+/// an f64 there rounds to infinity, a text just below it to f32::MAX.
+const HALFWAY_TO_INFINITY: f64 = 340_282_356_779_733_661_637_539_395_458_142_568_448.0;
+
+/// The f32 nearest to a number whose nearest f64 is `x`, or `None` where
+/// only its text can tell: `x` halfway between two f32s (module doc).
+fn f32_once(x: f64) -> Option<f32> {
+    let y = x as f32;
+    if f64::from(y) == x {
+        return Some(y);
     }
+    if x.abs() == HALFWAY_TO_INFINITY {
+        return None;
+    }
+    let other = if f64::from(y) < x { y.next_up() } else { y.next_down() };
+    if y.is_infinite() || other.is_infinite() {
+        return Some(y);
+    }
+    // Exact: two neighbouring f32s sum without rounding in f64.
+    let halfway = (f64::from(y) + f64::from(other)) / 2.0;
+    (halfway != x).then_some(y)
 }
 
 /// A JSON integer that fits in i64 (floats such as `3.0` are not integers).
@@ -470,5 +565,111 @@ mod tests {
         assert_eq!(ids, vec![3, -1]);
         let error = Decoder::default().ids(&mut br#"{"ids":[3,true]}"#.to_vec(), BodyLimits::DEFAULT, &mut ids);
         assert_eq!(detail(error), "ids[1]: expected a 64-bit integer");
+    }
+
+    /// Embeds `numbers` (JSON texts) as one vector, after metadata whose
+    /// strings hold escapes, and decodes it.
+    fn decode_vector(numbers: &[String]) -> Vec<f32> {
+        let data = numbers.join(",");
+        let mut body = format!(
+            r#"{{"extra":["a\"b\\5",{{"k":[1,"\"2"]}}],"embeddings":[{{"id":3,"metadata":{{"q\"":"x\\\"9\n"}},"data":[{data}]}}]}}"#
+        )
+        .into_bytes();
+        let mut batch = Batch::default();
+        Decoder::default().embeddings(&mut body, BodyLimits::DEFAULT, &mut batch).unwrap();
+        assert_eq!(batch.metadata(0), br#"{"q\"":"x\\\"9\n"}"#);
+        batch.vector(0).to_vec()
+    }
+
+    #[test]
+    fn numbers_are_rounded_to_f32_once() {
+        let cases: Vec<(&str, f32)> = vec![
+            // Just above halfway between 1 and the next f32: rounding to
+            // f64 first lands on halfway, and ties to even would give 1.
+            ("1.0000000596046448", 1.000_000_1),
+            ("1.00000005960464477539062501", 1.000_000_1),
+            ("1.00000005960464477539062499", 1.0),
+            ("1.000000059604644775390625", 1.0),
+            ("18446744073709551616", 18_446_744_073_709_551_616.0),
+            ("-18446744073709551617", -18_446_744_073_709_551_616.0),
+            ("123456789012345678901234567890", 1.234_567_9e29),
+            ("3.4028235677973366e38", f32::MAX),
+            ("1e39", f32::INFINITY),
+            ("-1e39", f32::NEG_INFINITY),
+            ("1e-46", 0.0),
+            ("16777217", 16_777_216.0),
+            ("16777219", 16_777_220.0),
+        ];
+        let texts: Vec<String> = cases.iter().map(|(text, _)| text.to_string()).collect();
+        let values = decode_vector(&texts);
+        for ((text, want), got) in cases.iter().zip(&values) {
+            assert_eq!(got.to_bits(), want.to_bits(), "{text}: {got:e}");
+            assert_eq!(got.to_bits(), text.parse::<f32>().unwrap().to_bits(), "{text}");
+        }
+        let zeros = decode_vector(&["-0".into(), "0".into(), "-0.0".into(), "0e5".into(), "-0E-3".into()]);
+        assert_eq!(zeros.map_bits(), [(-0.0f32).to_bits(), 0, (-0.0f32).to_bits(), 0, (-0.0f32).to_bits()]);
+    }
+
+    trait MapBits {
+        fn map_bits(&self) -> Vec<u32>;
+    }
+
+    impl MapBits for Vec<f32> {
+        fn map_bits(&self) -> Vec<u32> {
+            self.iter().map(|x| x.to_bits()).collect()
+        }
+    }
+
+    /// Halfway points between neighbouring f32s at every scale, and numbers
+    /// a little above and below them, each as the decimal text that reads
+    /// back as that f64 and with extra digits: every one must decode as the
+    /// standard library's correctly rounded parse of its text does.
+    #[test]
+    fn numbers_near_halfway_points_round_as_their_text_does() {
+        let mut texts = Vec::new();
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..3000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            // Any finite f32 bit pattern, subnormals included.
+            let low = f32::from_bits((state as u32) & 0x7F7F_FFFF);
+            let high = low.next_up();
+            let halfway = (f64::from(low) + f64::from(high)) / 2.0;
+            let sign = if state >> 63 == 1 { "-" } else { "" };
+            texts.push(format!("{sign}{halfway:e}"));
+            texts.push(format!("{sign}{:e}", halfway.next_up()));
+            texts.push(format!("{sign}{:e}", halfway.next_down()));
+            texts.push(format!("{sign}{:.30e}", halfway));
+            let digits = format!("{halfway:.40e}");
+            texts.push(format!(
+                "{sign}{}1{}",
+                &digits[..digits.find('e').unwrap()],
+                &digits[digits.find('e').unwrap()..]
+            ));
+        }
+        texts.push("340282356779733661637539395458142568448".into());
+        texts.push("340282356779733661637539395458142568447.9".into());
+        texts.push("1.401298464324817e-45".into());
+        texts.push("7.006492321624085e-46".into());
+        texts.push("7.0064923216240854e-46".into());
+        let values = decode_vector(&texts);
+        for (text, got) in texts.iter().zip(&values) {
+            assert_eq!(got.to_bits(), text.parse::<f32>().unwrap().to_bits(), "{text}: {got:e}");
+        }
+    }
+
+    #[test]
+    fn a_query_is_rounded_once_too() {
+        let mut query = Vec::new();
+        let mut body = br#"{"queryVector":[9,9],"k":1,"queryVector":["x\"y",1.0000000596046448,-0]}"#.to_vec();
+        assert!(Decoder::default().search(&mut body, 10, &mut query).is_err());
+        let mut body = br#"{"queryVector":[1.0000000596046448,-0, 2],"k":1,"m":"\"1"}"#.to_vec();
+        Decoder::default().search(&mut body, 10, &mut query).unwrap();
+        assert_eq!(query.map_bits(), vec![1.000_000_1f32.to_bits(), (-0.0f32).to_bits(), 2.0f32.to_bits()]);
+        // A query given twice: the last one counts, and its numbers are the ones read again.
+        let mut body = br#"{"queryVector":[1.0000000596046448,3],"k":1,"queryVector":[5,1.0000000596046448]}"#.to_vec();
+        Decoder::default().search(&mut body, 10, &mut query).unwrap();
+        assert_eq!(query, vec![5.0, 1.000_000_1]);
     }
 }

@@ -45,8 +45,9 @@ impl fmt::Display for SkipReason {
     }
 }
 
-/// Decodes and checks a search body: its query goes into `query`; returns
-/// `k` and the index it searches.
+/// Decodes and checks a search body: its query goes into `query`, made
+/// ready to scan (`Index::prepare_query`); returns `k` and the index it
+/// searches.
 pub fn prepare_search<'s>(
     store: &'s Store,
     decoder: &mut super::decode::Decoder,
@@ -57,7 +58,7 @@ pub fn prepare_search<'s>(
 ) -> Result<(usize, &'s Index), ApiError> {
     let k = decoder.search(body, limits.k_max, query)?;
     let index = find(store, name, IndexOp::Fetch)?;
-    index.check_vector(query).map_err(|error| ApiError::SearchFailed { reason: format!("queryVector: {error}") })?;
+    index.prepare_query(query).map_err(|error| ApiError::SearchFailed { reason: format!("queryVector: {error}") })?;
     Ok((k, index))
 }
 

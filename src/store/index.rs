@@ -14,6 +14,7 @@ use ahash::AHashMap;
 use super::kernels;
 use super::screen::{self, Screen};
 use super::topk::{Candidate, TopK};
+use crate::limits::{COSINE_SQUARED_NORM_MIN, SQUARED_NORM_MAX};
 
 /// How nearness is measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,9 +51,18 @@ impl Metric {
 /// Why one vector cannot be stored in (or searched against) an index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VectorError {
-    WrongDimensions { expected: usize, got: usize },
-    NotFinite { position: usize },
+    WrongDimensions {
+        expected: usize,
+        got: usize,
+    },
+    NotFinite {
+        position: usize,
+    },
     ZeroForCosine,
+    /// Euclidean norm above 2^62 (`limits::SQUARED_NORM_MAX`).
+    NormTooLarge,
+    /// Cosine only: a Euclidean norm below 2^-62 (`limits::COSINE_SQUARED_NORM_MIN`).
+    NormTooSmall,
 }
 
 impl fmt::Display for VectorError {
@@ -67,6 +77,13 @@ impl fmt::Display for VectorError {
             VectorError::ZeroForCosine => {
                 write!(f, "an all-zero vector has no direction in a cosine index")
             }
+            VectorError::NormTooLarge => {
+                write!(f, "its Euclidean norm is above 2^62 (about 4.6e18), the largest that is scored exactly")
+            }
+            VectorError::NormTooSmall => write!(
+                f,
+                "its Euclidean norm is below 2^-62 (about 2.2e-19), the smallest a cosine index scores exactly"
+            ),
         }
     }
 }
@@ -176,7 +193,8 @@ impl Index {
         self.rows.contains_key(&id)
     }
 
-    /// Checks a vector against this index: length, finiteness, and (cosine) a direction.
+    /// Checks a vector against this index: length, finiteness, (cosine) a
+    /// direction, and a norm inside the numeric domain (`limits`).
     pub fn check_vector(&self, vector: &[f32]) -> Result<(), VectorError> {
         if vector.len() != self.dims {
             return Err(VectorError::WrongDimensions { expected: self.dims, got: vector.len() });
@@ -186,6 +204,30 @@ impl Index {
         }
         if self.metric == Metric::Cosine && vector.iter().all(|&x| x == 0.0) {
             return Err(VectorError::ZeroForCosine);
+        }
+        let squared = kernels::squared_norm(vector);
+        if squared > SQUARED_NORM_MAX {
+            return Err(VectorError::NormTooLarge);
+        }
+        if self.metric == Metric::Cosine && squared < COSINE_SQUARED_NORM_MIN {
+            return Err(VectorError::NormTooSmall);
+        }
+        Ok(())
+    }
+
+    /// Checks a query (`check_vector`) and makes it ready to scan: for
+    /// cosine and the inner product, scales it by the power of two that
+    /// brings its norm into [1, 2). Every product with a row is then about
+    /// the row's own magnitude: none underflows because the query is tiny,
+    /// and the ranking does not depend on the query's scale. A power of two
+    /// changes no ranking, and no bit of any product or sum but the
+    /// exponent, wherever nothing underflows or overflows (every distance
+    /// of cosine, which divides the norm back out, is unchanged bit for
+    /// bit). l2 subtracts the query from each row and is left as it is.
+    pub fn prepare_query(&self, query: &mut [f32]) -> Result<(), VectorError> {
+        self.check_vector(query)?;
+        if self.metric != Metric::L2 {
+            kernels::scale_to_unit_norm(query);
         }
         Ok(())
     }
@@ -308,7 +350,7 @@ impl Index {
     }
 
     /// Exact search: leaves the `k` nearest rows in `top`. The query must have
-    /// passed `check_vector`.
+    /// passed `prepare_query`.
     pub fn search(&self, query: &[f32], k: usize, top: &mut TopK) {
         self.search_many_split(&[query], &[k], std::slice::from_mut(top), &mut []);
     }
@@ -899,6 +941,84 @@ mod tests {
         Some(rescored)
     }
 
+    /// Rows and queries across the numeric domain: norms from 2^-62 to
+    /// 2^62, tiny and huge components side by side, signs that cancel.
+    fn extreme_vectors(seed: u64, dims: usize, count: usize, metric: Metric) -> Vec<Vec<f32>> {
+        let scales = [3e-19f32, 1e-18, 1e-9, 1.0, 1e9, 1e17];
+        let noise = kernels::tests::floats(seed, dims * count);
+        noise
+            .chunks_exact(dims)
+            .enumerate()
+            .map(|(n, v)| {
+                let norm = scales[n % scales.len()];
+                let scale = norm / (dims as f32).sqrt();
+                let mut v: Vec<f32> =
+                    v.iter().enumerate().map(|(i, x)| x * scale * if (i + n) % 3 == 0 { 1e-6 } else { 1.0 }).collect();
+                v[n % dims] = norm;
+                let index = Index::new(dims, metric);
+                assert_eq!(index.check_vector(&v), Ok(()), "test data inside the domain");
+                v
+            })
+            .collect()
+    }
+
+    #[test]
+    fn prepared_queries_keep_every_cosine_distance_bit_for_bit() {
+        let vectors = random_vectors(3, 37, 50);
+        let index = twins_of(&vectors, Metric::Cosine);
+        for (q, query) in random_vectors(4, 37, 6).into_iter().enumerate() {
+            let mut prepared = query.iter().map(|x| x * 2f32.powi(q as i32 * 7 - 20)).collect::<Vec<f32>>();
+            index.prepare_query(&mut prepared).unwrap();
+            let norm = kernels::squared_norm(&prepared).sqrt();
+            assert!((1.0..2.0).contains(&norm), "{norm}");
+            let (mut plain, mut scaled) = (TopK::new(), TopK::new());
+            index.search(&query, 100, &mut plain);
+            index.search(&prepared, 100, &mut scaled);
+            assert_eq!(plain.sorted(), scaled.sorted(), "query {q}");
+        }
+    }
+
+    #[test]
+    fn prepare_query_refuses_what_check_vector_refuses() {
+        let index = Index::new(2, Metric::Cosine);
+        assert_eq!(index.prepare_query(&mut [1e20, 5e19]), Err(VectorError::NormTooLarge));
+        assert_eq!(index.prepare_query(&mut [1e-23, 5e-24]), Err(VectorError::NormTooSmall));
+        assert_eq!(index.prepare_query(&mut [0.0, 0.0]), Err(VectorError::ZeroForCosine));
+        let mut tiny = [f32::from_bits(1 << 9), 0.0]; // 2^-140, a subnormal
+        assert_eq!(Index::new(2, Metric::Ip).prepare_query(&mut tiny), Ok(()));
+        assert_eq!(tiny, [1.0, 0.0]);
+        let mut l2 = [1e-40f32, 3.0];
+        assert_eq!(Index::new(2, Metric::L2).prepare_query(&mut l2), Ok(()));
+        assert_eq!(l2, [1e-40, 3.0], "l2 queries are left as given");
+    }
+
+    /// Batches of prepared queries at extreme magnitudes: split, tiled and
+    /// (where the CPU has it) through the bfloat16 pass, each answer is the
+    /// answer alone.
+    #[test]
+    fn batches_at_extreme_magnitudes_find_exactly_what_each_finds_alone() {
+        for metric in [Metric::Cosine, Metric::L2, Metric::Ip] {
+            for dims in [3, 64, 768] {
+                let index = twins_of(&extreme_vectors(11, dims, 300, metric), metric);
+                let mut queries = extreme_vectors(12, dims, 9, metric);
+                for query in &mut queries {
+                    index.prepare_query(query).unwrap();
+                }
+                let refs: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+                let mut partials: Vec<Vec<TopK>> = vec![(0..9).map(|_| TopK::new()).collect()];
+                for k in [1, 10, 600] {
+                    assert_split_finds_what_each_finds_alone(&index, &refs, k, &mut partials, 64);
+                    assert_split_finds_what_each_finds_alone(&index, &refs, k, &mut [], 1 << 20);
+                }
+                #[cfg(target_arch = "x86_64")]
+                if metric != Metric::L2 {
+                    let what = format!("{metric:?}, {dims} dims, extreme magnitudes");
+                    let _ = assert_screened_finds_what_each_finds_alone(&index, &queries, &what);
+                }
+            }
+        }
+    }
+
     #[test]
     fn cosine_keeps_the_stored_vector_exact() {
         let mut index = Index::new(3, Metric::Cosine);
@@ -914,5 +1034,13 @@ mod tests {
         assert_eq!(index.check_vector(&[1.0, f32::INFINITY]), Err(VectorError::NotFinite { position: 1 }));
         assert_eq!(index.check_vector(&[0.0, -0.0]), Err(VectorError::ZeroForCosine));
         assert_eq!(Index::new(2, Metric::L2).check_vector(&[0.0, 0.0]), Ok(()));
+        // The numeric domain's edges: norms 2^62 and 2^-62 are inside it.
+        let (top, bottom) = (2f32.powi(62), 2f32.powi(-62));
+        assert_eq!(index.check_vector(&[top, 0.0]), Ok(()));
+        assert_eq!(index.check_vector(&[top.next_up(), 0.0]), Err(VectorError::NormTooLarge));
+        assert_eq!(index.check_vector(&[bottom, 0.0]), Ok(()));
+        assert_eq!(index.check_vector(&[0.0, bottom.next_down()]), Err(VectorError::NormTooSmall));
+        assert_eq!(Index::new(2, Metric::Ip).check_vector(&[bottom.next_down(), 0.0]), Ok(()));
+        assert_eq!(Index::new(2, Metric::L2).check_vector(&[top.next_up(), 0.0]), Err(VectorError::NormTooLarge));
     }
 }

@@ -217,6 +217,24 @@ pub fn inverse_norm_of(squared: f64) -> f32 {
     }
 }
 
+/// Scales `v` by the power of two that brings its Euclidean norm into
+/// [1, 2); leaves a zero vector as it is. Exact for every value that stays
+/// a normal f32 (a value below 2^-126 of the new norm rounds to f32's
+/// subnormals, off by at most 2^-150).
+pub fn scale_to_unit_norm(v: &mut [f32]) {
+    let squared = squared_norm(v);
+    if squared == 0.0 {
+        return;
+    }
+    // The norm's binary exponent; the norm is a normal f64 (at least the
+    // smallest f32, 2^-149).
+    let exponent = ((squared.sqrt().to_bits() >> 52) & 0x7FF) as i64 - 1023;
+    let factor = f64::from_bits(((1023 - exponent) as u64) << 52);
+    for x in v {
+        *x = (f64::from(*x) * factor) as f32;
+    }
+}
+
 /// Plain loops, one element at a time: the reference the SIMD kernels must agree with.
 pub mod scalar {
     pub fn dot(a: &[f32], b: &[f32]) -> f32 {

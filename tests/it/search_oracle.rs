@@ -8,15 +8,20 @@ use serde_json::Value;
 
 use crate::harness::{create_index, Client, Rng, Server};
 
-#[derive(Clone, Copy, PartialEq)]
-enum Metric {
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Metric {
     Cosine,
     L2,
     Ip,
 }
 
+/// f32's unit roundoff.
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+/// The smallest f32 subnormal: the most an underflowing product loses.
+const TINY: f64 = 1.401_298_464_324_817e-45;
+
 impl Metric {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Metric::Cosine => "cosine",
             Metric::L2 => "l2",
@@ -30,16 +35,40 @@ impl Metric {
         match self {
             Metric::Ip => dot,
             Metric::L2 => -q.iter().zip(v).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum::<f64>(),
+            Metric::Cosine => dot / (norm(q) * norm(v)),
+        }
+    }
+
+    /// The most the server's f32 score of `v` can be off from `nearness`
+    /// (CONTRACT "Numeric domain": exact means the true order except between
+    /// rows closer than this): `m` roundings of at most `U` of the sum of the
+    /// terms' magnitudes (each product or square, each add of a lane, the
+    /// reduction tree and the scalar tail: fewer than `n / 4 + 40`), plus a
+    /// subnormal's worth per term where a product underflows. The server
+    /// scales cosine and ip queries by a power of two to a norm in [1, 2),
+    /// so their underflow is counted in that scale, `|q|` of the query's.
+    fn tolerance(self, q: &[f32], v: &[f32]) -> f64 {
+        let n = q.len() as f64;
+        let m = n / 4.0 + 40.0;
+        let gamma = m * U / (1.0 - m * U);
+        let magnitudes: f64 = q.iter().zip(v).map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs()).sum();
+        let underflow = (n + n.sqrt() * norm(v)) * TINY * norm(q);
+        match self {
+            Metric::Ip => gamma * magnitudes + underflow,
             Metric::Cosine => {
-                let norm = |x: &[f32]| x.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>().sqrt();
-                dot / (norm(q) * norm(v))
+                (gamma * magnitudes + underflow) / (norm(q) * norm(v)) + 5.0 * U * self.nearness(q, v).abs()
             }
+            Metric::L2 => (gamma + 3.0 * U) * -self.nearness(q, v) + n * TINY,
         }
     }
 }
 
+fn norm(x: &[f32]) -> f64 {
+    x.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>().sqrt()
+}
+
 /// The model: id -> (vector, metadata value).
-type Model = BTreeMap<i64, (Vec<f32>, String)>;
+pub type Model = BTreeMap<i64, (Vec<f32>, String)>;
 
 fn vector(rng: &mut Rng, dims: usize) -> Vec<f32> {
     loop {
@@ -50,7 +79,7 @@ fn vector(rng: &mut Rng, dims: usize) -> Vec<f32> {
     }
 }
 
-fn write_batch(client: &mut Client, index: &str, endpoint: &str, items: &[(i64, Vec<f32>, String)]) {
+pub fn write_batch(client: &mut Client, index: &str, endpoint: &str, items: &[(i64, Vec<f32>, String)]) {
     let embeddings: Vec<Value> =
         items.iter().map(|(id, v, tag)| serde_json::json!({"id": id, "data": v, "metadata": {"tag": tag}})).collect();
     let body = serde_json::json!({ "embeddings": embeddings }).to_string();
@@ -58,8 +87,11 @@ fn write_batch(client: &mut Client, index: &str, endpoint: &str, items: &[(i64, 
     assert_eq!(r.status, 200, "{r:?}");
 }
 
-/// Asserts that the server's hits are the true k nearest, in order.
-fn check_search(client: &mut Client, index: &str, metric: Metric, model: &Model, query: &[f32], k: usize) {
+/// Asserts that the server's hits are the true k nearest, in order, as the
+/// contract defines exact: no two hits out of order and no row left out
+/// that is nearer than a hit, by more than their scores' f32 error
+/// (`tolerance`); rows with identical vectors in id order.
+pub fn check_search(client: &mut Client, index: &str, metric: Metric, model: &Model, query: &[f32], k: usize) {
     let body = serde_json::json!({"queryVector": query, "k": k}).to_string();
     let r = client.call("POST", &format!("/api/v1/embeddings/{index}/search"), Some(&body));
     assert_eq!(r.status, 200, "{r:?}");
@@ -77,29 +109,38 @@ fn check_search(client: &mut Client, index: &str, metric: Metric, model: &Model,
         assert_eq!(hit["metadata"]["tag"].as_str(), Some(tag.as_str()));
     }
     let ranked: Vec<i64> = by_rank.into_iter().map(Option::unwrap).collect();
-
-    // The oracle: every live embedding's nearness, best first, ties by id.
-    let mut oracle: Vec<(f64, i64)> = model.iter().map(|(&id, (v, _))| (metric.nearness(query, v), id)).collect();
-    oracle.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    let scale = oracle.iter().map(|(s, _)| s.abs()).fold(1.0, f64::max);
-    let tolerance = 1e-5 * scale;
-    for (rank, &id) in ranked.iter().enumerate() {
-        let got = metric.nearness(query, &model[&id].0);
-        let want = oracle[rank].0;
-        // Ranked hits carry the oracle's rank-th nearness (f32 rounding aside):
-        // the set is the true top k and the order is nearest first.
-        assert!(
-            (got - want).abs() <= tolerance,
-            "rank {rank}: id {id} has {got}, oracle has {want} (id {})",
-            oracle[rank].1
-        );
+    let score = |id: i64| {
+        let v = &model[&id].0;
+        (metric.nearness(query, v), metric.tolerance(query, v))
+    };
+    let what = |id: i64| format!("{metric:?} k={k}: id {id} {:?}, query {query:?}", model[&id].0);
+    for pair in ranked.windows(2) {
+        let ((a, a_error), (b, b_error)) = (score(pair[0]), score(pair[1]));
+        assert!(a >= b - (a_error + b_error), "{} ({a}) ranked before {} ({b})", what(pair[0]), what(pair[1]));
     }
-    // Exact agreement where the data leaves no doubt: equal to the oracle
-    // wherever neighbouring scores are farther apart than the tolerance.
-    for rank in 0..expected_len {
-        let separated = |r: usize| r >= oracle.len() || (oracle[r].0 - oracle[rank].0).abs() > 2.0 * tolerance;
-        if (rank == 0 || separated(rank - 1)) && separated(rank + 1) {
-            assert_eq!(ranked[rank], oracle[rank].1, "rank {rank} of k={k}");
+    if let Some(&last) = ranked.last() {
+        let (worst, worst_error) = score(last);
+        for &id in model.keys().filter(|id| !ranked.contains(id)) {
+            let (left_out, error) = score(id);
+            assert!(
+                left_out <= worst + worst_error + error,
+                "{} ({left_out}) left out, {} ({worst}) ranked",
+                what(id),
+                what(last)
+            );
+        }
+    }
+    // Identical vectors score identically: they rank by id, and a hit's
+    // twin with a smaller id is a hit before it.
+    for (rank, &id) in ranked.iter().enumerate() {
+        let bits = |id: i64| model[&id].0.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        for &twin in model.keys().filter(|&&twin| twin < id && bits(twin) == bits(id)) {
+            let twin_rank = ranked.iter().position(|&r| r == twin);
+            assert!(
+                twin_rank.is_some_and(|r| r < rank),
+                "{} ranked {rank}, its twin {twin} at {twin_rank:?}",
+                what(id)
+            );
         }
     }
 }
