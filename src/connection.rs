@@ -333,7 +333,8 @@ impl Connection {
     }
 
     /// Sends buffered replies until done or the socket is full. An answer
-    /// held for the log's sync, and what follows it, stays.
+    /// held for the log's sync, and what follows it, stays; so does the
+    /// connection while a parked search of it has yet to be answered.
     pub fn flush(&mut self, now: Instant) -> Flushed {
         let sendable = self.sync_mark.map_or(self.write.len(), |(reply_at, _)| reply_at);
         while self.written < sendable {
@@ -348,7 +349,9 @@ impl Connection {
                 Err(_) => return Flushed::Close,
             }
         }
-        if self.sync_mark.is_some() {
+        // An answer still to come (held for the sync, or a parked search
+        // not yet run) keeps the buffer, and the connection, as they are.
+        if self.sync_mark.is_some() || self.parked.is_some() {
             return Flushed::Partly;
         }
         self.write.clear();

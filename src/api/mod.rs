@@ -350,9 +350,11 @@ impl App {
     /// would otherwise stand in for clients still on their way, and every
     /// batch after one that some missed would be as short. A lone client
     /// never waits (it was alone last run too); the wait is at most an
-    /// eighth of the last run's scan.
+    /// eighth of the last run's scan. Nor does a turn with a write not yet
+    /// synced: no search could join (reads wait for the sync), and the
+    /// sync and every answer of the turn would wait for the window.
     pub fn gather_window(&self) -> Option<Duration> {
-        if self.parked_len == 0 || !self.gathering() {
+        if self.parked_len == 0 || !self.gathering() || self.db.has_uncommitted() {
             return None;
         }
         let store = self.db.store();
