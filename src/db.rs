@@ -64,6 +64,8 @@ pub struct Database {
     undo: Vec<Undo>,
     broken: Option<String>,
     child: Option<SnapshotChild>,
+    /// The thread removing unused files, if one runs (`remove_unused_files`).
+    remover: Option<std::thread::JoinHandle<()>>,
     snapshot_log_bytes: u64,
     /// Held for the life of the process: one process per data directory.
     _lock: File,
@@ -75,10 +77,13 @@ impl Database {
         let data_dir = options.data_dir.clone();
         let wal_dir = data_dir.join("wal");
         let snapshots_dir = data_dir.join("snapshots");
-        for dir in [&data_dir, &wal_dir, &snapshots_dir] {
+        // The lock before anything else is written: a second process on
+        // this directory stops here.
+        fs::create_dir_all(&data_dir).map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
+        let lock = lock(&data_dir)?;
+        for dir in [&wal_dir, &snapshots_dir] {
             fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         }
-        let lock = lock(&data_dir)?;
 
         let started = Instant::now();
         let manifest = snapshot::read_manifest(&data_dir)?.unwrap_or_default();
@@ -112,13 +117,13 @@ impl Database {
             }
         })?;
         if let Some((segment, offset, bytes)) = replayed.torn_tail {
-            log::info(format_args!(
+            log::warn(format_args!(
                 "recovery: cut a torn record of {bytes} bytes at the end of log segment {segment} (offset {offset}): \
                  an append interrupted by a crash, never acknowledged"
             ));
         }
         if let Some((segment, offset)) = replayed.repaired_at {
-            log::info(format_args!(
+            log::warn(format_args!(
                 "recovery: --repair-log cut the log at segment {segment} offset {offset}; every record after it is gone"
             ));
         }
@@ -135,7 +140,7 @@ impl Database {
         let next = segments.last().map_or(manifest.log_start, |&last| last + 1).max(manifest.log_start);
         let mut log_file = Log::create(&wal_dir, next).map_err(|e| format!("cannot start log segment {next}: {e}"))?;
         log_file.set_sync(options.sync);
-        let database = Database {
+        let mut database = Database {
             store,
             log: log_file,
             data_dir,
@@ -145,6 +150,7 @@ impl Database {
             undo: Vec::new(),
             broken: None,
             child: None,
+            remover: None,
             snapshot_log_bytes: options.snapshot_log_bytes,
             _lock: lock,
         };
@@ -216,7 +222,7 @@ impl Database {
             }
             Err(error) => {
                 let why = format!("writing the log failed ({error}); writes are refused until the server is restarted");
-                log::info(format_args!("{why}"));
+                log::error(format_args!("{why}"));
                 self.rollback();
                 self.broken = Some(why.clone());
                 Err(StorageError::Failed(format!("the write could not be made durable: {error}")))
@@ -276,19 +282,26 @@ impl Database {
         let log_start = match self.log.rotate() {
             Ok(segment) => segment,
             Err(error) => {
-                log::info(format_args!("cannot start a new log segment for a snapshot: {error}"));
+                log::error(format_args!("cannot start a new log segment for a snapshot: {error}"));
                 return;
             }
         };
         let generation = self.manifest.generation + 1;
         let rotated_ms = rotating.elapsed().as_millis();
+        // A fork copies only the calling thread: another thread holding a
+        // lock (the allocator's, say) at that moment would leave the child
+        // stuck on it. The loop's only other threads are a search's scan
+        // threads, joined before the search returns, and the file remover,
+        // joined here; so the process is single-threaded when it forks.
+        self.join_remover();
         let forking = Instant::now();
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
-        // SAFETY: the server is single-threaded; the child only writes files
-        // and leaves with `_exit`, running no destructors of the parent's state.
+        // SAFETY: the process is single-threaded here (above); the child only
+        // writes files and leaves with `_exit`, running no destructors of the
+        // parent's state.
         match unsafe { libc::fork() } {
-            -1 => log::info(format_args!("cannot fork to write a snapshot: {}", io::Error::last_os_error())),
+            -1 => log::error(format_args!("cannot fork to write a snapshot: {}", io::Error::last_os_error())),
             0 => {
                 // The child must not outlive a crashed parent: it holds the
                 // data directory's lock and the listening socket.
@@ -356,7 +369,7 @@ impl Database {
             self.manifest = child.manifest;
             self.remove_unused_files(true);
         } else {
-            log::info(format_args!(
+            log::error(format_args!(
                 "snapshot generation {} failed; the previous one and the log stay in use",
                 child.manifest.generation
             ));
@@ -374,14 +387,16 @@ impl Database {
                 self.manifest = manifest;
                 self.remove_unused_files(true);
             }
-            Err(error) => log::info(format_args!("cannot rewrite the manifest: {error}")),
+            Err(error) => log::error(format_args!("cannot rewrite the manifest: {error}")),
         }
     }
 
     /// Removes log segments and snapshot files the manifest no longer needs.
     /// Unlinking a large file can take a tenth of a second, so while serving
-    /// this happens on a short-lived thread, never in the loop.
-    fn remove_unused_files(&self, in_background: bool) {
+    /// this happens on a short-lived thread, never in the loop; the thread
+    /// is joined before the next one starts and before any fork.
+    fn remove_unused_files(&mut self, in_background: bool) {
+        self.join_remover();
         let child_generation = self.child.as_ref().map(|c| c.manifest.generation);
         let unused = unused_files(&self.wal_dir, &self.snapshots_dir, &self.manifest, child_generation);
         if unused.is_empty() {
@@ -395,9 +410,17 @@ impl Database {
             let _ = wal::sync_dir(&snapshots_dir);
         };
         if in_background {
-            std::thread::spawn(remove);
+            self.remover = Some(std::thread::spawn(remove));
         } else {
             remove();
+        }
+    }
+
+    /// Waits for the file remover, if one is running.
+    fn join_remover(&mut self) {
+        if let Some(remover) = self.remover.take() {
+            // A remover that panicked removed less: the next one retries.
+            let _ = remover.join();
         }
     }
 
@@ -428,7 +451,7 @@ impl Database {
                 self.remove_unused_files(false);
                 log::info(format_args!("final snapshot written in {} ms", started.elapsed().as_millis()));
             }
-            Err(error) => log::info(format_args!("final snapshot failed ({error}); the log keeps every write")),
+            Err(error) => log::error(format_args!("final snapshot failed ({error}); the log keeps every write")),
         }
     }
 }

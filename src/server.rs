@@ -2,8 +2,11 @@
 //!
 //! Each tick has a fixed order: take readiness events; read and answer every
 //! complete request on every ready connection (each within its share of the
-//! tick); then write the replies. Durable writes will sync the log between the
-//! last two steps, so that no write is acknowledged before it is on disk.
+//! tick), parking searches; on a large index, send the replies that are
+//! ready and wait a moment for more searches to join the batch; run the
+//! parked searches together; send the replies that wait on no write; sync
+//! the log once; then send the answers of the tick's writes, so that no write
+//! is acknowledged before it is on disk.
 
 use std::io::{self, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -36,9 +39,13 @@ fn token_of(key: usize) -> Token {
 /// Starts the server and runs it until SIGTERM or SIGINT.
 pub fn run(config: Config) -> io::Result<()> {
     let started = Instant::now();
-    // The lock and recovery come first (they create the data directory): a
-    // second process on the same directory must stop before it touches
-    // anything, the key file included.
+    // The port first, then the lock and recovery (which create the data
+    // directory), then the key file: a second process, on the same port or
+    // the same directory, stops before it writes anything to disk. Clients
+    // that connect during recovery wait in the listen backlog.
+    let address = resolve(&config.host, config.port)?;
+    let listener =
+        TcpListener::bind(address).map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
     let options = db::Options {
         data_dir: config.data_dir.clone(),
         snapshot_log_bytes: config.snapshot_log_bytes,
@@ -46,25 +53,22 @@ pub fn run(config: Config) -> io::Result<()> {
         sync: !config.unsafe_no_sync,
     };
     if config.unsafe_no_sync {
-        log::info(format_args!(
-            "WARNING: --unsafe-no-sync: answered writes are not synced and can be lost on power failure"
-        ));
+        log::warn(format_args!("--unsafe-no-sync: answered writes are not synced and can be lost on power failure"));
     }
     let database = Database::open(&options).map_err(io::Error::other)?;
     let (api_key, key_source) = auth::load_or_create(&config.data_dir, config.api_key.as_deref())?;
     raise_descriptor_limit(config.connections_max);
-    let address = resolve(&config.host, config.port)?;
-    let listener =
-        TcpListener::bind(address).map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
     let local = listener.local_addr()?;
     let key_source = match key_source {
         auth::KeySource::Flag => "from --api-key or QUIVER_API_KEY",
         auth::KeySource::KeyFile => "from the key file",
         auth::KeySource::Generated => "newly generated",
     };
+    // Never the key itself: logs are shipped and read by others.
     log::banner(format_args!(
-        "listening on {local}, data directory {}, API key {api_key} ({key_source}, kept in {}), started in {} ms",
+        "listening on {local}, data directory {}, API key {} ({key_source}, read it from {}), started in {} ms",
         config.data_dir.display(),
+        auth::fingerprint(&api_key),
         config.data_dir.join(auth::KEY_FILE).display(),
         started.elapsed().as_millis()
     ));
@@ -202,6 +206,12 @@ impl Server {
     fn tick(&mut self, events: &mut Events, now: Instant) {
         self.service_ready(now);
         if let Some(window) = self.app.gather_window() {
+            // Replies that are ready leave before the loop waits: only the
+            // parked searches wait for the batch.
+            for i in 0..self.to_flush.len() {
+                let key = self.to_flush[i];
+                self.flush(key, now);
+            }
             let started = Instant::now();
             self.gather(events, now + window);
             self.app.metrics().search_gathered(started.elapsed());
@@ -311,7 +321,7 @@ impl Server {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // Out of descriptors or the like: keep serving who we have.
-                    log::info(format_args!("accept failed: {e}"));
+                    log::warn(format_args!("accept failed: {e}"));
                     return;
                 }
             };
@@ -333,7 +343,7 @@ impl Server {
             let key = entry.key();
             let interest = Interest::READABLE | Interest::WRITABLE;
             if let Err(e) = self.poll.registry().register(&mut socket, token_of(key), interest) {
-                log::info(format_args!("cannot register a connection: {e}"));
+                log::warn(format_args!("cannot register a connection: {e}"));
                 continue;
             }
             let framing = FramingLimits {

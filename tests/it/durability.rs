@@ -401,6 +401,19 @@ fn a_second_process_on_the_same_directory_refuses_to_start() {
     assert_eq!(server.call("GET", "/api/v1/indexes/list", None).status, 200);
 }
 
+/// A second process on a busy port stops before it writes anything: no
+/// data directory, no key file.
+#[test]
+fn a_second_process_on_a_busy_port_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(&dir.path().join("first"), &[]);
+    let second = dir.path().join("second");
+    let message = start_fails(&second, &server.addr.port().to_string(), &[]);
+    assert!(message.contains("cannot listen on"), "{message}");
+    assert!(!second.exists(), "the second process created {}", second.display());
+    assert_eq!(server.call("GET", "/api/v1/indexes/list", None).status, 200);
+}
+
 #[test]
 fn a_failed_sync_answers_500_applies_nothing_and_turns_read_only() {
     let dir = tempfile::tempdir().unwrap();

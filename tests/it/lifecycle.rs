@@ -18,15 +18,19 @@ fn status_with_key(server: &Server, key: &str) -> u16 {
 }
 
 #[test]
-fn a_generated_key_is_logged_kept_0600_and_reused() {
+fn a_generated_key_is_kept_0600_reused_and_never_logged() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
     let server = Server::start_in(None, data_dir.clone(), &[], &[]);
     let (key, mode) = key_file(&server);
     assert!(key.len() >= 32 && key.bytes().all(|b| b.is_ascii_hexdigit()), "{key}");
     assert_eq!(mode, 0o600);
-    assert!(server.log_line.contains(&key), "the start-up log shows the key: {}", server.log_line);
-    assert!(server.log_line.contains(&data_dir.display().to_string()));
+    let log = server.log();
+    assert!(!log.contains(&key[..8]) && !server.log_line.contains(&key[..8]), "the key is logged: {log}");
+    let fingerprint = format!("API key {}… ({} characters)", &key[..4], key.len());
+    assert!(server.log_line.contains(&fingerprint), "the start-up log shows a fingerprint: {}", server.log_line);
+    let key_path = data_dir.join("api_key.txt").display().to_string();
+    assert!(server.log_line.contains(&key_path), "the start-up log names the key file: {}", server.log_line);
     assert_eq!(status_with_key(&server, &key), 200);
     drop(server);
 
