@@ -93,6 +93,12 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=limits::DIMENSIONS_CEILING as u64).map(|n| n as usize))]
     pub dimensions_max: usize,
 
+    /// Largest reply one request may produce, in bytes, at least 65,536 (larger: 400
+    /// REPLY_TOO_LARGE, saying how many ids or hits fit).
+    #[arg(long, default_value_t = limits::REPLY_BYTES_MAX_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(limits::REPLY_BYTES_FLOOR as u64..=u32::MAX as u64).map(|n| n as usize))]
+    pub reply_bytes_max: usize,
+
     /// Largest k a search may ask for.
     #[arg(long, default_value_t = limits::K_MAX_DEFAULT)]
     pub k_max: usize,

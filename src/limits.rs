@@ -81,6 +81,18 @@ pub const SQUARED_NORM_MAX: f64 = (1u128 << 124) as f64;
 /// the score's own rounding. The inverse norm 1/|x| stays within f32 too.
 pub const COSINE_SQUARED_NORM_MIN: f64 = 1.0 / SQUARED_NORM_MAX;
 
+/// Largest reply one request may make the server build, in bytes (an
+/// upper bound computed before it is written; more: 400 REPLY_TOO_LARGE,
+/// naming how many items fit). A reply is built in one piece while the loop
+/// waits, and held until the client takes it: formatting 32 MiB of vectors
+/// takes about a tenth of a second. A retrieve of 2,000 x 768 fits; bigger
+/// exports page (retrieve by ids in parts).
+pub const REPLY_BYTES_MAX_DEFAULT: usize = 32 * 1024 * 1024;
+
+/// The least `--reply-bytes-max` may be: every reply that names no
+/// embedding (health, lists, errors) fits with room to spare.
+pub const REPLY_BYTES_FLOOR: usize = 64 * 1024;
+
 /// Index names: `^[a-z0-9-]{3,32}$`.
 pub const INDEX_NAME_BYTES_MIN: usize = 3;
 pub const INDEX_NAME_BYTES_MAX: usize = 32;
@@ -121,6 +133,9 @@ pub const HEALTH_SAMPLE_INTERVAL_MS: u64 = 1_000;
 pub const TIMEOUT_SWEEP_INTERVAL_MS: u64 = 250;
 
 const _: () = assert!(HEAD_BYTES_MAX_DEFAULT <= BODY_BYTES_MAX_DEFAULT);
+const _: () = assert!(REPLY_BYTES_FLOOR <= REPLY_BYTES_MAX_DEFAULT);
+// The largest vector's text (at most 16 bytes a value) fits in a default reply.
+const _: () = assert!(DIMENSIONS_MAX_DEFAULT * 16 + METADATA_BYTES_MAX_DEFAULT < REPLY_BYTES_MAX_DEFAULT);
 const _: () = assert!(BODY_BYTES_MAX_DEFAULT <= BODY_BYTES_CEILING);
 const _: () = assert!(2 * BODY_BYTES_CEILING + (1 << 20) < u32::MAX as usize);
 const _: () = assert!(DIMENSIONS_MAX_DEFAULT <= DIMENSIONS_CEILING);

@@ -62,8 +62,42 @@ pub fn prepare_search<'s>(
     Ok((k, index))
 }
 
-/// Writes the answer to a search whose hits are in `top`.
-pub fn write_hits(index: &Index, top: &mut TopK, reply: Reply<'_>) {
+/// Bytes of a reply besides its items: the head, the envelope, its message.
+const REPLY_FRAME_BYTES: usize = 512;
+
+/// Most bytes one hit adds to a search reply besides its metadata text:
+/// `"<id>":{"metadata":,"rank":<rank>},`.
+const HIT_BYTES_MAX: usize = 64;
+
+/// Most bytes one embedding adds to a retrieve reply besides its metadata
+/// text and values: `{"id":<id>,"data":[],"metadata":{}},`.
+const EMBEDDING_BYTES_MAX: usize = 64;
+
+/// Most bytes one value takes in a reply: the longest shortest form of an
+/// f32 (`-1.17549435e-38`, 15) and its comma.
+const VALUE_BYTES_MAX: usize = 16;
+
+/// Most bytes one missing id's reason adds to a reply.
+const MISSING_BYTES_MAX: usize = 160;
+
+/// Fails with `ReplyTooLarge` if `items` of `per_item` bytes each (on
+/// average), `bytes` in all, exceed `max`.
+fn check_reply(bytes: usize, items: usize, max: usize, what: &'static str) -> Result<(), ApiError> {
+    if bytes <= max {
+        return Ok(());
+    }
+    let per_item = (bytes - REPLY_FRAME_BYTES).div_ceil(items.max(1)).max(1);
+    let fit = max.saturating_sub(REPLY_FRAME_BYTES) / per_item;
+    Err(ApiError::ReplyTooLarge { bytes, max, fit, what })
+}
+
+/// Writes the answer to a search whose hits are in `top`, if it fits in
+/// `reply_bytes_max`.
+pub fn write_hits(index: &Index, top: &mut TopK, reply_bytes_max: usize, reply: Reply<'_>) -> Result<(), ApiError> {
+    let hits = top.sorted();
+    let bytes = REPLY_FRAME_BYTES
+        + hits.iter().map(|hit| HIT_BYTES_MAX + index.metadata_of_row(hit.row).len().max(2)).sum::<usize>();
+    check_reply(bytes, hits.len(), reply_bytes_max, "hits (a smaller k)")?;
     let Reply { out, keep_alive } = reply;
     let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("Similarity search performed successfully."));
     let out = envelope.data();
@@ -82,6 +116,7 @@ pub fn write_hits(index: &Index, top: &mut TopK, reply: Reply<'_>) {
     }
     out.extend_from_slice(b"}}");
     envelope.finish();
+    Ok(())
 }
 
 /// Insert or upsert: every item that passes its checks is applied; the rest
@@ -155,6 +190,15 @@ pub fn retrieve(
     scratch.decoder.ids(body, limits.body, ids)?;
     let index = find(store, name, IndexOp::Fetch)?;
     let found = ids.iter().filter(|&&id| index.contains(id)).count();
+    let value_bytes = index.dims() * VALUE_BYTES_MAX;
+    let bytes = REPLY_FRAME_BYTES
+        + (ids.len() - found) * MISSING_BYTES_MAX
+        + ids
+            .iter()
+            .filter_map(|&id| index.get(id))
+            .map(|(_, m)| EMBEDDING_BYTES_MAX + value_bytes + m.len())
+            .sum::<usize>();
+    check_reply(bytes, ids.len(), limits.reply_bytes_max, "ids")?;
     let (status, total) = (if found == ids.len() { 200 } else { 500 }, ids.len());
     let mut envelope =
         Envelope::start(out, status, keep_alive, format_args!("{found}/{total} embeddings successfully retrieved."));

@@ -50,6 +50,14 @@ pub enum ApiError {
     SearchFailed {
         reason: String,
     },
+    /// The reply would exceed `--reply-bytes-max`: about `bytes`, of which
+    /// `fit` items (ids, or hits) would fit; `what` names them.
+    ReplyTooLarge {
+        bytes: usize,
+        max: usize,
+        fit: usize,
+        what: &'static str,
+    },
     Http {
         error: HttpError,
         body_bytes_max: usize,
@@ -66,7 +74,7 @@ impl ApiError {
 
     pub fn status(&self) -> u16 {
         match self {
-            ApiError::BadBody { .. } | ApiError::SearchFailed { .. } => 400,
+            ApiError::BadBody { .. } | ApiError::SearchFailed { .. } | ApiError::ReplyTooLarge { .. } => 400,
             ApiError::NoApiKey | ApiError::InvalidApiKey => 401,
             ApiError::NotFound { .. } => 404,
             ApiError::MethodNotAllowed { .. } => 405,
@@ -102,6 +110,7 @@ impl ApiError {
             }
             ApiError::InvalidMetric { .. } => "INVALID_SIMILARITY_METRIC",
             ApiError::SearchFailed { .. } => "SIMILARITY_SEARCH_ERROR",
+            ApiError::ReplyTooLarge { .. } => "REPLY_TOO_LARGE",
             ApiError::Http { error: HttpError::Malformed(_), .. } => "MALFORMED_HTTP_REQUEST",
             ApiError::Http {
                 error: HttpError::BodyTooLarge | HttpError::TooManyChunks | HttpError::ChunkTooLarge,
@@ -129,6 +138,7 @@ impl ApiError {
             | ApiError::InvalidMetric { .. }
             | ApiError::TooManyIndexes { .. } => "An error occurred while creating the index.",
             ApiError::SearchFailed { .. } => "An error occurred during the similarity search.",
+            ApiError::ReplyTooLarge { .. } => "Reply too large",
             ApiError::Http {
                 error: HttpError::BodyTooLarge | HttpError::TooManyChunks | HttpError::ChunkTooLarge,
                 ..
@@ -188,6 +198,11 @@ impl fmt::Display for ApiError {
                 write!(f, "metric '{metric}' is not supported; allowed values: {}", Metric::ALLOWED)
             }
             ApiError::SearchFailed { reason } => f.write_str(reason),
+            ApiError::ReplyTooLarge { bytes, max, fit, what } => write!(
+                f,
+                "the reply would take up to {bytes} bytes, more than the {max} one reply may (--reply-bytes-max); \
+                 ask for at most {fit} {what} per request"
+            ),
             ApiError::Http { error: HttpError::BodyTooLarge, body_bytes_max } => {
                 write!(f, "the request body is larger than the limit of {body_bytes_max} bytes")
             }

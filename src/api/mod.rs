@@ -78,6 +78,7 @@ pub struct Target {
 pub struct ApiLimits {
     pub dimensions_max: usize,
     pub k_max: usize,
+    pub reply_bytes_max: usize,
     pub body: decode::BodyLimits,
     pub indexes_max: usize,
     pub index_name_bytes_max: usize,
@@ -117,10 +118,14 @@ struct Parked {
 }
 
 impl Parked {
-    /// Renders the answer from the hits in `top`; the search is then done.
-    fn answer(&mut self, index: &crate::store::Index) {
+    /// Renders the answer from the hits in `top` (or the error that they
+    /// make too large a reply); the search is then done.
+    fn answer(&mut self, index: &crate::store::Index, reply_bytes_max: usize) {
         self.reply.clear();
-        embeddings::write_hits(index, &mut self.top, Reply { out: &mut self.reply, keep_alive: self.keep_alive });
+        let reply = Reply { out: &mut self.reply, keep_alive: self.keep_alive };
+        if let Err(error) = embeddings::write_hits(index, &mut self.top, reply_bytes_max, reply) {
+            error.write(&mut self.reply, self.keep_alive);
+        }
         self.done = true;
     }
 }
@@ -382,7 +387,7 @@ impl App {
                 let slot = &mut self.parked[first];
                 let top = std::slice::from_mut(&mut slot.top);
                 index.search_many(&[&slot.query], &[slot.k], top, &mut self.partials);
-                slot.answer(index);
+                slot.answer(index, self.limits.reply_bytes_max);
                 continue;
             }
             let group: Vec<usize> = (first..self.parked_len).filter(same_index).collect();
@@ -396,7 +401,7 @@ impl App {
             index.search_many(&queries, &ks, &mut tops, &mut self.partials);
             for (&s, top) in group.iter().zip(tops) {
                 self.parked[s].top = top;
-                self.parked[s].answer(index);
+                self.parked[s].answer(index, self.limits.reply_bytes_max);
             }
         }
     }

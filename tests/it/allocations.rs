@@ -54,6 +54,7 @@ fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
     let limits = ApiLimits {
         dimensions_max: 1024,
         k_max: 100,
+        reply_bytes_max: quiver::limits::REPLY_BYTES_MAX_DEFAULT,
         body: BodyLimits::DEFAULT,
         indexes_max: 8,
         index_name_bytes_max: 32,

@@ -35,5 +35,7 @@ mod numeric_domain;
 mod operations;
 /// The README's curl examples, as written.
 mod readme;
+/// A reply's size is bounded; the error says how to page.
+mod replies;
 /// Search results checked against a brute-force oracle.
 mod search_oracle;

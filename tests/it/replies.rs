@@ -1,0 +1,76 @@
+//! A reply's size is a limit: a retrieve or search that would build more
+//! than `--reply-bytes-max` is refused before anything is built, saying how
+//! many ids or hits fit; asking for that many works, and fits.
+
+use serde_json::json;
+
+use crate::harness::{create_index, Client, Response, Server};
+
+const REPLY_BYTES_MAX: usize = 65_536;
+const DIMS: usize = 64;
+
+/// Bytes on the wire: the head and the body.
+fn reply_bytes(r: &Response) -> usize {
+    r.head.len() + r.header("Content-Length").unwrap().trim().parse::<usize>().unwrap()
+}
+
+/// The count in "ask for at most N <what> per request".
+fn fit(r: &Response) -> usize {
+    let description = r.body["error"]["description"].as_str().unwrap();
+    let (_, rest) = description.split_once("ask for at most ").unwrap_or_else(|| panic!("{description}"));
+    rest.split(' ').next().unwrap().parse().unwrap()
+}
+
+/// An index of rows whose values take the longest text an f32 can, and
+/// whose metadata is long, so that the bound is tested where it is tightest.
+fn server_with_rows(rows: i64) -> (Server, Client) {
+    let server = Server::start_with(&["--reply-bytes-max", &REPLY_BYTES_MAX.to_string()]);
+    create_index(&server, "wide", DIMS, "l2");
+    let mut client = server.connect();
+    let longest = -1.175_494_4e-38_f32; // -1.17549435e-38
+    let embeddings: Vec<_> = (0..rows)
+        .map(|id| json!({"id": -9_000_000_000_000_000_000 - id, "data": vec![longest; DIMS], "metadata": {"note": "x".repeat(300)}}))
+        .collect();
+    let r = client.call("PUT", "/api/v1/embeddings/wide/insert", Some(&json!({"embeddings": embeddings}).to_string()));
+    assert_eq!(r.status, 200, "{r:?}");
+    (server, client)
+}
+
+#[test]
+fn a_retrieve_past_the_limit_is_refused_saying_how_many_ids_fit() {
+    let (_server, mut client) = server_with_rows(200);
+    let ids: Vec<i64> = (0..200).map(|id| -9_000_000_000_000_000_000 - id).collect();
+    let r = client.call("POST", "/api/v1/embeddings/wide/retrieve", Some(&json!({"ids": ids}).to_string()));
+    assert_eq!((r.status, r.code(), r.message()), (400, "REPLY_TOO_LARGE", "Reply too large"), "{r:?}");
+    assert!(r.body["error"]["description"].as_str().unwrap().contains("--reply-bytes-max"), "{r:?}");
+    let fit = fit(&r);
+    assert!(fit > 10 && fit < 200, "{r:?}");
+    // That many fit, within the limit; and the pages together give every row.
+    let mut seen = 0;
+    for page in ids.chunks(fit) {
+        let r = client.call("POST", "/api/v1/embeddings/wide/retrieve", Some(&json!({"ids": page}).to_string()));
+        assert_eq!(r.status, 200, "{r:?}");
+        assert!(reply_bytes(&r) <= REPLY_BYTES_MAX, "{} bytes", reply_bytes(&r));
+        seen += r.body["data"]["embeddings"].as_array().unwrap().len();
+    }
+    assert_eq!(seen, 200);
+}
+
+#[test]
+fn a_search_past_the_limit_is_refused_saying_how_many_hits_fit() {
+    let (_server, mut client) = server_with_rows(400);
+    let search = |client: &mut Client, k: usize| {
+        let body = json!({"queryVector": vec![0.5; DIMS], "k": k}).to_string();
+        client.call("POST", "/api/v1/embeddings/wide/search", Some(&body))
+    };
+    let r = search(&mut client, 400);
+    assert_eq!((r.status, r.code()), (400, "REPLY_TOO_LARGE"), "{r:?}");
+    let fit = fit(&r);
+    assert!(fit > 10 && fit < 400, "{r:?}");
+    let r = search(&mut client, fit);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["data"]["nearest_neighbors"].as_object().unwrap().len(), fit);
+    assert!(reply_bytes(&r) <= REPLY_BYTES_MAX, "{} bytes", reply_bytes(&r));
+    // Other clients are answered as usual meanwhile.
+    assert_eq!(client.call("GET", "/api/v1/health", None).status, 200);
+}
