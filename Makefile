@@ -1,10 +1,15 @@
 # quiver: `make run` builds and starts the server; `make test` runs every test.
-# Both work on a fresh machine with a Rust toolchain and Python 3 (for the
-# client tests); `make tools` checks them.
+# `make run` needs only a Rust toolchain (cargo); `make test` also needs
+# Python 3 with venv, for the client tests. `cargo-tools` and `python-tools`
+# check them and say how to get what is missing.
+#
+#   make run PORT=9000 DATA_DIR=/srv/quiver ARGS="--log-level debug --k-max 100"
 
 CARGO      ?= cargo
 PORT       ?= 8080
 DATA_DIR   ?= ./data
+# More flags for the server (`target/native/release/quiver --help` lists them).
+ARGS       ?=
 # The server is built for this machine's CPU (AVX2/FMA/AVX-512 where present),
 # in its own target directory so it never invalidates the baseline test build.
 NATIVE      = RUSTFLAGS="-C target-cpu=native" CARGO_TARGET_DIR=target/native
@@ -14,13 +19,13 @@ SERVER_BIN  = target/native/release/quiver
 PYTHON     ?= python3
 PYENV       = target/pyenv
 
-.PHONY: run build test lint bench fuzz tools clean
+.PHONY: run build test lint bench fuzz tools cargo-tools python-tools clean
 
-run: tools
+run: cargo-tools
 	$(NATIVE) $(CARGO) build --release --locked
-	$(SERVER_BIN) --port $(PORT) --data-dir $(DATA_DIR)
+	$(SERVER_BIN) --port $(PORT) --data-dir $(DATA_DIR) $(ARGS)
 
-build: tools
+build: cargo-tools
 	$(NATIVE) $(CARGO) build --release --locked
 
 # Everything on the baseline target (what any x86-64 runs), the Python client
@@ -37,11 +42,11 @@ $(PYENV)/.installed: tests/python/requirements.txt
 	$(PYENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 	touch $@
 
-lint: tools
+lint: cargo-tools
 	$(CARGO) fmt --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 
-bench: tools
+bench: cargo-tools
 	$(NATIVE) $(CARGO) bench --locked
 
 # Every fuzz target for FUZZ_SECONDS each. `-s none` (no sanitizer) is what
@@ -50,18 +55,22 @@ bench: tools
 # entries land in fuzz/corpus/<target>; `make test` replays the committed ones.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS  = http_request json_bodies wal_record store_ops
-fuzz: tools
+fuzz: cargo-tools
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
 	cd fuzz && for target in $(FUZZ_TARGETS); do \
 	  $(CARGO) fuzz run -s none -O $$target corpus/$$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
-tools:
+tools: cargo-tools python-tools
+
+cargo-tools:
 	@command -v $(CARGO) >/dev/null 2>&1 || { \
 	  echo "quiver needs a Rust toolchain (cargo). Install it with:"; \
 	  echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh"; \
 	  exit 1; }
 	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt clippy
+
+python-tools:
 	@$(PYTHON) -c "import venv, ensurepip" 2>/dev/null || { \
 	  echo "The Python tests need Python 3 with venv; on Debian: apt-get install python3-venv"; \
 	  exit 1; }

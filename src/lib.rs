@@ -2,7 +2,7 @@
 //!
 //! It keeps named indexes of embeddings (an integer id, an `f32` vector, a
 //! string-to-string metadata map) and answers exact k-nearest-neighbour
-//! searches over HTTP/JSON (the interface is `shared/spec/interface.md`).
+//! searches over HTTP/JSON (the interface is `docs/reference.md`).
 //!
 //! A request travels one way through the crate:
 //!

@@ -1,4 +1,4 @@
-//! Every row of CONTRACT.md: statuses, codes and message forms of each endpoint.
+//! Every row of docs/reference.md: statuses, codes and message forms of each endpoint.
 
 use serde_json::json;
 

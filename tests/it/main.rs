@@ -13,7 +13,7 @@ mod allocations;
 
 /// EigenDB client compatibility: X-Eigen-API-Key and /test-auth.
 mod compat;
-/// Every row of CONTRACT.md: statuses, codes and messages.
+/// Every row of the reference: statuses, codes and messages.
 mod contract;
 /// Answered writes survive kill -9; torn and damaged logs; snapshots; the lock.
 mod durability;

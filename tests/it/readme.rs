@@ -56,3 +56,35 @@ fn every_curl_example_works_as_written() {
         assert_eq!(reply["status"], 200, "{call}: {reply}");
     }
 }
+
+/// The reference in `docs/` and the README stand on their own: every path
+/// and error code of `openapi.yaml` and every flag of `--help` is in the
+/// reference or the README, and neither sends the reader outside the
+/// repository.
+#[test]
+fn the_reference_covers_every_path_code_and_flag() {
+    let reference = include_str!("../../docs/reference.md");
+    let readme = include_str!("../../README.md");
+    let yaml = include_str!("../../openapi.yaml");
+    let spec: serde_json::Value = yaml_serde::from_str(yaml).unwrap();
+    for path in spec["paths"].as_object().unwrap().keys() {
+        let path = path.replace("{indexName}", "{name}");
+        assert!(reference.contains(&path), "docs/reference.md does not describe {path}");
+    }
+    for code in spec["components"]["schemas"]["ErrorCode"]["enum"].as_array().unwrap() {
+        let code = format!("`{}`", code.as_str().unwrap());
+        assert!(reference.contains(&code), "docs/reference.md does not list {code}");
+    }
+    let help = Command::new(env!("CARGO_BIN_EXE_quiver")).arg("--help").output().unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    for flag in help.split_whitespace().filter(|word| word.starts_with("--") && word.len() > 2) {
+        let flag = flag.trim_end_matches(',');
+        if flag == "--help" || flag == "--version" {
+            continue;
+        }
+        assert!(readme.contains(flag) || reference.contains(flag), "neither README nor reference explains {flag}");
+    }
+    for text in [reference, readme] {
+        assert!(!text.contains("shared/"), "a link outside the repository");
+    }
+}

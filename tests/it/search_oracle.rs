@@ -40,7 +40,7 @@ impl Metric {
     }
 
     /// The most the server's f32 score of `v` can be off from `nearness`
-    /// (CONTRACT "Numeric domain": exact means the true order except between
+    /// (docs/reference.md, "Numbers and exactness": the true order except between
     /// rows closer than this): `m` roundings of at most `U` of the sum of the
     /// terms' magnitudes (each product or square, each add of a lane, the
     /// reduction tree and the scalar tail: fewer than `n / 4 + 40`), plus a
