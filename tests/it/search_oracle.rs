@@ -401,3 +401,70 @@ fn clients_back_while_the_loop_waits_join_the_batch() {
     }
     assert!(joined >= 3, "the clients that came back while the loop waited joined its batch in {joined} of 10 rounds");
 }
+
+/// A turn with a write not yet synced opens no gather window: a search
+/// parked before the write has already run (the write runs it first), none
+/// could join (reads wait for the sync), and the sync and every answer of
+/// the turn would wait for nothing. One turn of the loop, driven through
+/// `App` as the server drives it.
+#[test]
+fn a_turn_with_a_write_awaiting_its_sync_waits_for_no_search() {
+    use quiver::api::{ApiLimits, App, Handled};
+    use quiver::db::{Database, Options};
+    use quiver::http::{Framing, Head, Method};
+
+    let dir = tempfile::tempdir().unwrap();
+    let options =
+        Options { data_dir: dir.path().to_owned(), snapshot_log_bytes: u64::MAX, repair_log: false, sync: false };
+    let limits = ApiLimits {
+        dimensions_max: 1024,
+        k_max: 100,
+        reply_bytes_max: quiver::limits::REPLY_BYTES_MAX_DEFAULT,
+        body: quiver::api::decode::BodyLimits::DEFAULT,
+        indexes_max: 8,
+        index_name_bytes_max: 32,
+        metrics_public: false,
+    };
+    let mut app = App::new(Database::open(&options).unwrap(), crate::harness::KEY.to_owned(), limits);
+    let handle = |app: &mut App, method: Method, path: &str, body: &str| {
+        let head = Head {
+            method,
+            path: path.to_owned(),
+            http10: false,
+            keep_alive: true,
+            expect_continue: false,
+            api_key: crate::harness::KEY.as_bytes().to_vec(),
+            framing: Framing::None,
+        };
+        let target = app.admit(&head).unwrap();
+        app.handle(&target, &head, &mut body.as_bytes().to_vec(), &mut Vec::new())
+    };
+    // An index large enough for the loop to gather searches (4,100 x 1,024).
+    handle(&mut app, Method::Put, "/api/v1/indexes/gather/create", r#"{"dimensions":1024,"metric":"l2"}"#);
+    let row = vec!["1"; 1024].join(",");
+    let items: Vec<String> = (0..4100).map(|id| format!(r#"{{"id":{id},"data":[{row}]}}"#)).collect();
+    let insert = format!(r#"{{"embeddings":[{}]}}"#, items.join(","));
+    assert_eq!(handle(&mut app, Method::Put, "/api/v1/embeddings/gather/insert", &insert), Handled::Mutated);
+    app.commit().unwrap();
+    app.end_turn();
+    let search = format!(r#"{{"queryVector":[{row}],"k":3}}"#);
+    let park = |app: &mut App| {
+        let handled = handle(app, Method::Post, "/api/v1/embeddings/gather/search", &search);
+        assert!(matches!(handled, Handled::Parked(_)), "{handled:?}");
+    };
+    // A turn of two searches; the next turn, with one, expects the other.
+    park(&mut app);
+    park(&mut app);
+    app.run_parked();
+    app.end_turn();
+    park(&mut app);
+    assert!(app.gather_window().is_some(), "a search alone on a large index waits for the one expected");
+    app.run_parked();
+    app.end_turn();
+    // A search, then a write in the same turn: nothing to wait for.
+    park(&mut app);
+    let upsert = format!(r#"{{"embeddings":[{{"id":1,"data":[{row}]}}]}}"#);
+    assert_eq!(handle(&mut app, Method::Put, "/api/v1/embeddings/gather/upsert", &upsert), Handled::Mutated);
+    assert_eq!(app.gather_window(), None, "the turn's write awaits its sync: no search can join");
+    app.commit().unwrap();
+}
