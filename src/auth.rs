@@ -73,8 +73,8 @@ fn generate() -> io::Result<String> {
 
 /// What the start-up log shows of the key: its first characters (a quarter
 /// of it, at most 4) and its length, enough to tell which key is in use
-/// without giving it away to whoever reads the logs. A generated key keeps
-/// 112 of its 128 bits unseen.
+/// without giving it away to whoever reads the logs. A generated key (64
+/// hex digits) keeps 240 of its 256 bits unseen.
 pub fn fingerprint(key: &str) -> String {
     let shown: String = key.chars().take((key.chars().count() / 4).min(4)).collect();
     format!("{shown}… ({} characters)", key.chars().count())

@@ -209,10 +209,7 @@ impl Server {
         if let Some(window) = self.app.gather_window() {
             // Replies that are ready leave before the loop waits: only the
             // parked searches wait for the batch.
-            for i in 0..self.to_flush.len() {
-                let key = self.to_flush[i];
-                self.flush(key, now);
-            }
+            self.flush_ready(now);
             let started = Instant::now();
             self.gather(events, now + window);
             self.app.metrics().search_gathered(started.elapsed());
@@ -226,10 +223,7 @@ impl Server {
         }
         self.app.end_turn();
         // Replies that wait on no write leave before the sync...
-        for i in 0..self.to_flush.len() {
-            let key = self.to_flush[i];
-            self.flush(key, now);
-        }
+        self.flush_ready(now);
         // ...then one sync for every write of the tick, then their answers.
         let synced = self.app.commit();
         for i in 0..self.to_flush.len() {
@@ -300,6 +294,15 @@ impl Server {
         // A connection serviced twice is answered and flushed once.
         self.to_flush.sort_unstable();
         self.to_flush.dedup();
+    }
+
+    /// Sends what each connection with replies this tick can send now:
+    /// everything before an answer held for the sync or still to be run.
+    fn flush_ready(&mut self, now: Instant) {
+        for i in 0..self.to_flush.len() {
+            let key = self.to_flush[i];
+            self.flush(key, now);
+        }
     }
 
     fn flush(&mut self, key: usize, now: Instant) {

@@ -102,7 +102,7 @@ pub fn write_hits(index: &Index, top: &mut TopK, reply_bytes_max: usize, reply: 
     let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("Similarity search performed successfully."));
     let out = envelope.data();
     out.extend_from_slice(b"{\"nearest_neighbors\":{");
-    for (rank, hit) in top.sorted().iter().enumerate() {
+    for (rank, hit) in hits.iter().enumerate() {
         if rank > 0 {
             out.push(b',');
         }
@@ -189,15 +189,15 @@ pub fn retrieve(
     let ids = &mut scratch.ids;
     scratch.decoder.ids(body, limits.body, ids)?;
     let index = find(store, name, IndexOp::Fetch)?;
-    let found = ids.iter().filter(|&&id| index.contains(id)).count();
-    let value_bytes = index.dims() * VALUE_BYTES_MAX;
-    let bytes = REPLY_FRAME_BYTES
-        + (ids.len() - found) * MISSING_BYTES_MAX
-        + ids
-            .iter()
-            .filter_map(|&id| index.get(id))
-            .map(|(_, m)| EMBEDDING_BYTES_MAX + value_bytes + m.len())
-            .sum::<usize>();
+    // One look-up per id: how many are found, and a bound on the reply.
+    let row_bytes = EMBEDDING_BYTES_MAX + index.dims() * VALUE_BYTES_MAX;
+    let (mut found, mut bytes) = (0, REPLY_FRAME_BYTES);
+    for &id in ids.iter() {
+        match index.get(id) {
+            Some((_, metadata)) => (found, bytes) = (found + 1, bytes + row_bytes + metadata.len()),
+            None => bytes += MISSING_BYTES_MAX,
+        }
+    }
     check_reply(bytes, ids.len(), limits.reply_bytes_max, "ids")?;
     let (status, total) = (if found == ids.len() { 200 } else { 500 }, ids.len());
     let mut envelope =

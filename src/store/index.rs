@@ -196,23 +196,30 @@ impl Index {
     /// Checks a vector against this index: length, finiteness, (cosine) a
     /// direction, and a norm inside the numeric domain (`limits`).
     pub fn check_vector(&self, vector: &[f32]) -> Result<(), VectorError> {
+        self.checked_squared_norm(vector).map(|_| ())
+    }
+
+    /// `check_vector`, giving the vector's `kernels::squared_norm`.
+    fn checked_squared_norm(&self, vector: &[f32]) -> Result<f64, VectorError> {
         if vector.len() != self.dims {
             return Err(VectorError::WrongDimensions { expected: self.dims, got: vector.len() });
         }
         if let Some(position) = vector.iter().position(|x| !x.is_finite()) {
             return Err(VectorError::NotFinite { position });
         }
-        if self.metric == Metric::Cosine && vector.iter().all(|&x| x == 0.0) {
+        // Zero only for the zero vector: the square of any other f32 is a
+        // normal f64.
+        let squared = kernels::squared_norm(vector);
+        if self.metric == Metric::Cosine && squared == 0.0 {
             return Err(VectorError::ZeroForCosine);
         }
-        let squared = kernels::squared_norm(vector);
         if squared > SQUARED_NORM_MAX {
             return Err(VectorError::NormTooLarge);
         }
         if self.metric == Metric::Cosine && squared < COSINE_SQUARED_NORM_MIN {
             return Err(VectorError::NormTooSmall);
         }
-        Ok(())
+        Ok(squared)
     }
 
     /// Checks a query (`check_vector`) and makes it ready to scan: for
@@ -225,9 +232,9 @@ impl Index {
     /// of cosine, which divides the norm back out, is unchanged bit for
     /// bit). l2 subtracts the query from each row and is left as it is.
     pub fn prepare_query(&self, query: &mut [f32]) -> Result<(), VectorError> {
-        self.check_vector(query)?;
+        let squared = self.checked_squared_norm(query)?;
         if self.metric != Metric::L2 {
-            kernels::scale_to_unit_norm(query);
+            kernels::scale_to_unit_norm(query, squared);
         }
         Ok(())
     }

@@ -217,12 +217,11 @@ pub fn inverse_norm_of(squared: f64) -> f32 {
     }
 }
 
-/// Scales `v` by the power of two that brings its Euclidean norm into
-/// [1, 2); leaves a zero vector as it is. Exact for every value that stays
-/// a normal f32 (a value below 2^-126 of the new norm rounds to f32's
-/// subnormals, off by at most 2^-150).
-pub fn scale_to_unit_norm(v: &mut [f32]) {
-    let squared = squared_norm(v);
+/// Scales `v`, whose `squared_norm` is `squared`, by the power of two that
+/// brings its Euclidean norm into [1, 2); leaves a zero vector as it is.
+/// Exact for every value that stays a normal f32 (a value below 2^-126 of
+/// the new norm rounds to f32's subnormals, off by at most 2^-150).
+pub fn scale_to_unit_norm(v: &mut [f32], squared: f64) {
     if squared == 0.0 {
         return;
     }
