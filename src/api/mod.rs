@@ -355,15 +355,17 @@ impl App {
     /// would otherwise stand in for clients still on their way, and every
     /// batch after one that some missed would be as short. A lone client
     /// never waits (it was alone last run too); the wait is at most an
-    /// eighth of the last run's scan. Nor does a turn with a write not yet
-    /// synced: no search could join (reads wait for the sync), and the
-    /// sync and every answer of the turn would wait for the window.
+    /// eighth of the last run's scan. Only searches still to run count: a
+    /// write runs those parked before it, and the searches after it wait
+    /// for its sync, so a turn with a write waits for nothing.
     pub fn gather_window(&self) -> Option<Duration> {
-        if self.parked_len == 0 || !self.gathering() || self.db.has_uncommitted() {
+        if self.parked_len == 0 || !self.gathering() {
             return None;
         }
         let store = self.db.store();
-        let large = |p: &Parked| store.index(&p.index).is_some_and(|i| i.len() * i.dims() >= PARALLEL_SCAN_FLOATS_MIN);
+        let large = |p: &Parked| {
+            !p.done && store.index(&p.index).is_some_and(|i| i.len() * i.dims() >= PARALLEL_SCAN_FLOATS_MIN)
+        };
         let took = self.last_run.1;
         self.parked[..self.parked_len].iter().any(large).then(|| (took / 8).min(GATHER_WINDOW_MAX))
     }
