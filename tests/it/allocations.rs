@@ -8,13 +8,11 @@ use std::cell::Cell;
 use std::io::{Read, Write};
 use std::time::Instant;
 
-use quiver::api::decode::BodyLimits;
-use quiver::api::{ApiLimits, App};
+use quiver::api::App;
 use quiver::connection::Connection;
-use quiver::db::{Database, Options};
 use quiver::http::FramingLimits;
 
-use crate::harness::request_bytes;
+use crate::harness::{app_in, request_bytes, KEY};
 
 /// Counts allocations made by the current thread.
 pub struct Counting;
@@ -44,23 +42,10 @@ fn allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
 }
 
-const KEY: &str = "alloc-test-key";
-
 #[test]
 fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
     let dir = tempfile::tempdir().unwrap();
-    let options =
-        Options { data_dir: dir.path().to_owned(), snapshot_log_bytes: u64::MAX, repair_log: false, sync: false };
-    let limits = ApiLimits {
-        dimensions_max: 1024,
-        k_max: 100,
-        reply_bytes_max: quiver::limits::REPLY_BYTES_MAX_DEFAULT,
-        body: BodyLimits::DEFAULT,
-        indexes_max: 8,
-        index_name_bytes_max: 32,
-        metrics_public: false,
-    };
-    let mut app = App::new(Database::open(&options).unwrap(), KEY.to_owned(), limits);
+    let mut app = app_in(dir.path());
 
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();

@@ -354,3 +354,22 @@ pub fn create_index(server: &Server, name: &str, dims: usize, metric: &str) {
     );
     assert_eq!(r.status, 200, "{r:?}");
 }
+
+/// The API in-process, with its data in `data_dir` (unsynced) and the
+/// test key: for tests that drive turns of the loop by hand.
+pub fn app_in(data_dir: &Path) -> quiver::api::App {
+    use quiver::api::{decode::BodyLimits, ApiLimits, App};
+    use quiver::db::{Database, Options};
+    let options =
+        Options { data_dir: data_dir.to_owned(), snapshot_log_bytes: u64::MAX, repair_log: false, sync: false };
+    let limits = ApiLimits {
+        dimensions_max: 1024,
+        k_max: 100,
+        reply_bytes_max: quiver::limits::REPLY_BYTES_MAX_DEFAULT,
+        body: BodyLimits::DEFAULT,
+        indexes_max: 8,
+        index_name_bytes_max: 32,
+        metrics_public: false,
+    };
+    App::new(Database::open(&options).unwrap(), KEY.to_owned(), limits)
+}

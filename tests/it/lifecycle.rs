@@ -135,3 +135,15 @@ fn limits_past_what_the_log_can_record_are_refused_at_start() {
         assert!(message.contains(flag) && message.contains("not in"), "{message}");
     }
 }
+
+/// A reply limit below the floor would refuse replies that name no
+/// embedding at all (health, lists, errors): refused at start.
+#[test]
+fn a_reply_limit_below_its_floor_is_refused_at_start() {
+    for value in ["65535", "0"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_quiver")).args(["--reply-bytes-max", value]).output().unwrap();
+        assert_eq!(output.status.code(), Some(2), "--reply-bytes-max {value}");
+        let message = String::from_utf8_lossy(&output.stderr);
+        assert!(message.contains("--reply-bytes-max") && message.contains("not in"), "{message}");
+    }
+}

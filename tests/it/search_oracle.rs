@@ -409,23 +409,11 @@ fn clients_back_while_the_loop_waits_join_the_batch() {
 /// `App` as the server drives it.
 #[test]
 fn a_turn_with_a_write_awaiting_its_sync_waits_for_no_search() {
-    use quiver::api::{ApiLimits, App, Handled};
-    use quiver::db::{Database, Options};
+    use quiver::api::{App, Handled};
     use quiver::http::{Framing, Head, Method};
 
     let dir = tempfile::tempdir().unwrap();
-    let options =
-        Options { data_dir: dir.path().to_owned(), snapshot_log_bytes: u64::MAX, repair_log: false, sync: false };
-    let limits = ApiLimits {
-        dimensions_max: 1024,
-        k_max: 100,
-        reply_bytes_max: quiver::limits::REPLY_BYTES_MAX_DEFAULT,
-        body: quiver::api::decode::BodyLimits::DEFAULT,
-        indexes_max: 8,
-        index_name_bytes_max: 32,
-        metrics_public: false,
-    };
-    let mut app = App::new(Database::open(&options).unwrap(), crate::harness::KEY.to_owned(), limits);
+    let mut app = crate::harness::app_in(dir.path());
     let handle = |app: &mut App, method: Method, path: &str, body: &str| {
         let head = Head {
             method,
