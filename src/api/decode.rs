@@ -616,17 +616,11 @@ mod tests {
             assert_eq!(got.to_bits(), text.parse::<f32>().unwrap().to_bits(), "{text}");
         }
         let zeros = decode_vector(&["-0".into(), "0".into(), "-0.0".into(), "0e5".into(), "-0E-3".into()]);
-        assert_eq!(zeros.map_bits(), [(-0.0f32).to_bits(), 0, (-0.0f32).to_bits(), 0, (-0.0f32).to_bits()]);
+        assert_eq!(bits(&zeros), [(-0.0f32).to_bits(), 0, (-0.0f32).to_bits(), 0, (-0.0f32).to_bits()]);
     }
 
-    trait MapBits {
-        fn map_bits(&self) -> Vec<u32>;
-    }
-
-    impl MapBits for Vec<f32> {
-        fn map_bits(&self) -> Vec<u32> {
-            self.iter().map(|x| x.to_bits()).collect()
-        }
+    fn bits(values: &[f32]) -> Vec<u32> {
+        values.iter().map(|x| x.to_bits()).collect()
     }
 
     /// Halfway points between neighbouring f32s at every scale, and numbers
@@ -675,7 +669,7 @@ mod tests {
         assert!(Decoder::default().search(&mut body, 10, &mut query).is_err());
         let mut body = br#"{"queryVector":[1.0000000596046448,-0, 2],"k":1,"m":"\"1"}"#.to_vec();
         Decoder::default().search(&mut body, 10, &mut query).unwrap();
-        assert_eq!(query.map_bits(), vec![1.000_000_1f32.to_bits(), (-0.0f32).to_bits(), 2.0f32.to_bits()]);
+        assert_eq!(bits(&query), vec![1.000_000_1f32.to_bits(), (-0.0f32).to_bits(), 2.0f32.to_bits()]);
         // A query given twice: the last one counts, and its numbers are the ones read again.
         let mut body = br#"{"queryVector":[1.0000000596046448,3],"k":1,"queryVector":[5,1.0000000596046448]}"#.to_vec();
         Decoder::default().search(&mut body, 10, &mut query).unwrap();
