@@ -20,6 +20,7 @@
 //! - [`connection`]: one socket's buffers and state.
 //! - [`http`]: resumable request parsing (httparse) and the response writer.
 //! - [`api`]: routing, authentication, body decoding (simd-json) and the endpoints.
+//! - [`endpoint`]: what a routed request asks for, shared by `api` and `metrics`.
 //! - [`db`]: the durable store: apply, log, commit or undo, snapshots, recovery.
 //! - [`store`]: indexes, distance kernels (`wide` SIMD and a scalar reference), the
 //!   bfloat16 first pass of batched searches, top-k.
@@ -38,6 +39,7 @@ pub mod auth;
 pub mod config;
 pub mod connection;
 pub mod db;
+pub mod endpoint;
 pub mod http;
 pub mod limits;
 pub mod log;

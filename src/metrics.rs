@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::api::{json, Endpoint};
+use crate::endpoint::Endpoint;
 use crate::store::Store;
 
 /// Requests are counted by endpoint, and in one more slot for those refused
@@ -78,12 +78,22 @@ fn line(out: &mut Vec<u8>, name: &str, suffix: &str, labels: &str, le: Option<&s
         out.push(b'}');
     }
     out.push(b' ');
-    if value.fract() == 0.0 && value.abs() < 1e15 {
-        json::write_i64(out, value as i64);
-    } else {
-        json::write_f64(out, value);
-    }
+    write_value(out, value);
     out.push(b'\n');
+}
+
+/// A sample value as Prometheus writes it: whole numbers without a
+/// fraction, `NaN`, `+Inf` and `-Inf` by name, any other in shortest form.
+fn write_value(out: &mut Vec<u8>, value: f64) {
+    if value.is_nan() {
+        out.extend_from_slice(b"NaN");
+    } else if value.is_infinite() {
+        out.extend_from_slice(if value > 0.0 { b"+Inf" } else { b"-Inf" });
+    } else if value.fract() == 0.0 && value.abs() < 1e15 {
+        out.extend_from_slice(itoa::Buffer::new().format(value as i64).as_bytes());
+    } else {
+        out.extend_from_slice(ryu::Buffer::new().format_finite(value).as_bytes());
+    }
 }
 
 /// A metric with one value and no labels: its header and its sample.
@@ -310,5 +320,21 @@ mod tests {
         ] {
             assert!(text.contains(expected), "missing {expected:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn values_are_written_as_prometheus_reads_them() {
+        let written = |value: f64| {
+            let mut out = Vec::new();
+            write_value(&mut out, value);
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(written(3.0), "3");
+        assert_eq!(written(-2.0), "-2");
+        assert_eq!(written(0.25), "0.25");
+        assert_eq!(written(1e20), "1e20");
+        assert_eq!(written(f64::NAN), "NaN");
+        assert_eq!(written(f64::INFINITY), "+Inf");
+        assert_eq!(written(f64::NEG_INFINITY), "-Inf");
     }
 }

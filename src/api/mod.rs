@@ -21,32 +21,13 @@ use ahash::AHashSet;
 
 use crate::auth::{self, KeyCheck};
 use crate::db::{Database, StorageError};
+pub use crate::endpoint::Endpoint;
 use crate::http::{response, Head, Method};
 use crate::metrics::Metrics;
 use crate::store::index::PARALLEL_SCAN_FLOATS_MIN;
 use crate::store::topk::TopK;
 use crate::store::{Batch, Store};
 pub use error::{ApiError, IndexOp};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Endpoint {
-    Health,
-    /// `GET /api/v1/test-auth`, which EigenDB's published client calls to check its key.
-    TestAuth,
-    /// `GET /metrics`: Prometheus text format.
-    Metrics,
-    /// `GET /api/v1/openapi.json`: the interface description.
-    OpenApi,
-    ListIndexes,
-    CreateIndex,
-    IndexStats,
-    DeleteIndex,
-    Search,
-    Upsert,
-    Insert,
-    Retrieve,
-    DeleteEmbeddings,
-}
 
 /// What `App::handle` did with a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,62 +186,6 @@ pub fn route(method: Method, path: &str) -> Result<Target, ApiError> {
         return Err(ApiError::MethodNotAllowed { path: path.to_owned(), allow });
     }
     Ok(Target { endpoint, name })
-}
-
-impl Endpoint {
-    /// Every endpoint, in declaration order (`endpoint as usize` is its position).
-    pub const ALL: [Endpoint; 13] = [
-        Endpoint::Health,
-        Endpoint::TestAuth,
-        Endpoint::Metrics,
-        Endpoint::OpenApi,
-        Endpoint::ListIndexes,
-        Endpoint::CreateIndex,
-        Endpoint::IndexStats,
-        Endpoint::DeleteIndex,
-        Endpoint::Search,
-        Endpoint::Upsert,
-        Endpoint::Insert,
-        Endpoint::Retrieve,
-        Endpoint::DeleteEmbeddings,
-    ];
-
-    /// Its `route` label in metrics.
-    pub fn label(self) -> &'static str {
-        match self {
-            Endpoint::Health => "health",
-            Endpoint::TestAuth => "test_auth",
-            Endpoint::Metrics => "metrics",
-            Endpoint::OpenApi => "openapi",
-            Endpoint::ListIndexes => "list_indexes",
-            Endpoint::CreateIndex => "create_index",
-            Endpoint::IndexStats => "index_stats",
-            Endpoint::DeleteIndex => "delete_index",
-            Endpoint::Search => "search",
-            Endpoint::Upsert => "upsert",
-            Endpoint::Insert => "insert",
-            Endpoint::Retrieve => "retrieve",
-            Endpoint::DeleteEmbeddings => "delete_embeddings",
-        }
-    }
-
-    /// Whether answering may change the store.
-    pub fn writes(self) -> bool {
-        matches!(
-            self,
-            Endpoint::CreateIndex
-                | Endpoint::DeleteIndex
-                | Endpoint::Upsert
-                | Endpoint::Insert
-                | Endpoint::DeleteEmbeddings
-        )
-    }
-
-    /// Whether answering reads indexes or embeddings (and so must not see
-    /// writes that are not yet durable).
-    pub fn reads_data(self) -> bool {
-        matches!(self, Endpoint::ListIndexes | Endpoint::IndexStats | Endpoint::Search | Endpoint::Retrieve)
-    }
 }
 
 impl App {
