@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 
-use crate::api::{ApiError, App, Endpoint, Handled, Target};
+use crate::api::{ApiError, App, Handled, Seat, Target};
 use crate::db::StorageError;
 use crate::http::{Event, Framing, FramingLimits, Parser, ReadBuf};
 use crate::limits::{
@@ -63,10 +63,8 @@ pub struct Connection {
     closing: bool,
     /// `service` stopped because too many replies wait to be sent.
     blocked_on_write: bool,
-    /// A search of this connection parked for this turn: its slot, and when it was taken.
-    parked: Option<(usize, Instant)>,
-    /// The run (`App::runs`) that answered this connection's last search.
-    answered_in: Option<u64>,
+    /// Its place in the search batching protocol (`api::batch`).
+    seat: Seat,
     /// Set once our side is shut down; the connection only drains input until then.
     linger_until: Option<Instant>,
     last_activity: Instant,
@@ -94,8 +92,7 @@ impl Connection {
             readable: true,
             closing: false,
             blocked_on_write: false,
-            parked: None,
-            answered_in: None,
+            seat: Seat::default(),
             linger_until: None,
             last_activity: now,
             request_started: None,
@@ -222,27 +219,18 @@ impl Connection {
         let reply_at = self.write.len();
         let started = Instant::now();
         let (handled, route) = match verdict {
-            Ok(target) => (app.handle(&target, head, body, &mut self.write), Some(target.endpoint)),
-            Err(error) => {
-                error.write(&mut self.write, keep_alive);
-                (Handled::Answered, None)
-            }
+            Ok(target) => (app.handle(&target, head, body, &mut self.seat, &mut self.write), Some(target.endpoint)),
+            Err(error) => (Handled::Answered(error.write(&mut self.write, keep_alive)), None),
         };
         match handled {
-            Handled::Parked(slot) => {
-                self.parked = Some((slot, started));
-                if self.answered_in == Some(app.runs()) {
-                    app.search_returned();
-                }
-            }
-            Handled::Answered | Handled::Mutated => {
-                let status = status_of(&self.write[reply_at..]);
+            // Counted when it is answered.
+            Handled::Parked => {}
+            Handled::Answered(status) => app.metrics().observe_request(route, status, started.elapsed()),
+            Handled::Mutated(status) => {
                 app.metrics().observe_request(route, status, started.elapsed());
+                debug_assert!(self.sync_mark.is_none());
+                self.sync_mark = Some((reply_at, keep_alive));
             }
-        }
-        if handled == Handled::Mutated {
-            debug_assert!(self.sync_mark.is_none());
-            self.sync_mark = Some((reply_at, keep_alive));
         }
         self.parser.finish(&mut self.read);
         self.read.shrink_when_idle(READ_BUF_KEEP_BYTES_MAX, READ_BUF_INITIAL_BYTES);
@@ -250,24 +238,19 @@ impl Connection {
         if !keep_alive {
             self.closing = true;
         }
-        handled != Handled::Answered
+        !matches!(handled, Handled::Answered(_))
     }
 
     /// Writes the answer of this connection's parked search, which has run.
     pub fn complete_search(&mut self, app: &mut App) {
-        let Some((slot, started)) = self.parked.take() else { return };
-        let reply_at = self.write.len();
-        app.write_parked(slot, &mut self.write);
-        self.answered_in = Some(app.runs());
-        let status = status_of(&self.write[reply_at..]);
-        app.metrics().observe_request(Some(Endpoint::Search), status, started.elapsed());
+        app.answer_parked(&mut self.seat, &mut self.write);
     }
 
     /// Whether an answer of this turn is still to be written (a parked
     /// search) or held (a write awaiting its sync): what this connection
     /// asks next must wait for the next turn, to be answered after it.
     pub fn answer_pending(&self) -> bool {
-        self.parked.is_some() || self.sync_mark.is_some()
+        self.seat.is_parked() || self.sync_mark.is_some()
     }
 
     pub fn awaits_sync(&self) -> bool {
@@ -351,7 +334,7 @@ impl Connection {
         }
         // An answer still to come (held for the sync, or a parked search
         // not yet run) keeps the buffer, and the connection, as they are.
-        if self.sync_mark.is_some() || self.parked.is_some() {
+        if self.sync_mark.is_some() || self.seat.is_parked() {
             return Flushed::Partly;
         }
         self.write.clear();
@@ -419,11 +402,6 @@ impl Connection {
         }
         Timeout::None
     }
-}
-
-/// The status of the response at the start of `reply` (`HTTP/1.1 200 ...`).
-fn status_of(reply: &[u8]) -> u16 {
-    reply.get(9..12).and_then(|digits| std::str::from_utf8(digits).ok()?.parse().ok()).unwrap_or(0)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

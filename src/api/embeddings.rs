@@ -93,7 +93,7 @@ fn check_reply(bytes: usize, items: usize, max: usize, what: &'static str) -> Re
 
 /// Writes the answer to a search whose hits are in `top`, if it fits in
 /// `reply_bytes_max`.
-pub fn write_hits(index: &Index, top: &mut TopK, reply_bytes_max: usize, reply: Reply<'_>) -> Result<(), ApiError> {
+pub fn write_hits(index: &Index, top: &mut TopK, reply_bytes_max: usize, reply: Reply<'_>) -> Result<u16, ApiError> {
     let hits = top.sorted();
     let bytes = REPLY_FRAME_BYTES
         + hits.iter().map(|hit| HIT_BYTES_MAX + index.metadata_of_row(hit.row).len().max(2)).sum::<usize>();
@@ -115,8 +115,7 @@ pub fn write_hits(index: &Index, top: &mut TopK, reply_bytes_max: usize, reply: 
         out.push(b'}');
     }
     out.extend_from_slice(b"}}");
-    envelope.finish();
-    Ok(())
+    Ok(envelope.finish())
 }
 
 /// Insert or upsert: every item that passes its checks is applied; the rest
@@ -129,7 +128,7 @@ pub fn write(
     name: &str,
     body: &mut [u8],
     reply: Reply<'_>,
-) -> Result<(), ApiError> {
+) -> Result<u16, ApiError> {
     let Reply { out, keep_alive } = reply;
     let Scratch { decoder, batch, items, skipped, seen, .. } = scratch;
     decoder.embeddings(body, limits.body, batch)?;
@@ -158,8 +157,7 @@ pub fn write(
     let (done, total, verb) = (items.len(), batch.len(), mode.verb());
     let message = format_args!("{done}/{total} embeddings successfully {verb}.");
     if skipped.is_empty() {
-        Envelope::start(out, 200, keep_alive, message).finish();
-        return Ok(());
+        return Ok(Envelope::start(out, 200, keep_alive, message).finish());
     }
     let mut envelope = Envelope::start(out, 500, keep_alive, message);
     let out = envelope.error("EMBEDDINGS_SKIPPED");
@@ -173,8 +171,7 @@ pub fn write(
     }
     out.push(b']');
     envelope.end_error();
-    envelope.finish();
-    Ok(())
+    Ok(envelope.finish())
 }
 
 pub fn retrieve(
@@ -184,7 +181,7 @@ pub fn retrieve(
     name: &str,
     body: &mut [u8],
     reply: Reply<'_>,
-) -> Result<(), ApiError> {
+) -> Result<u16, ApiError> {
     let Reply { out, keep_alive } = reply;
     let ids = &mut scratch.ids;
     scratch.decoder.ids(body, limits.body, ids)?;
@@ -223,8 +220,7 @@ pub fn retrieve(
     if status != 200 {
         write_missing(&mut envelope, ids.iter().copied().filter(|&id| !index.contains(id)), "retrieved");
     }
-    envelope.finish();
-    Ok(())
+    Ok(envelope.finish())
 }
 
 pub fn delete(
@@ -234,7 +230,7 @@ pub fn delete(
     name: &str,
     body: &mut [u8],
     reply: Reply<'_>,
-) -> Result<(), ApiError> {
+) -> Result<u16, ApiError> {
     let Reply { out, keep_alive } = reply;
     let Scratch { decoder, ids, seen, batch, .. } = scratch;
     decoder.ids(body, limits.body, ids)?;
@@ -254,8 +250,7 @@ pub fn delete(
     let (done, total) = (deletable.len(), ids.len());
     let message = format_args!("{done}/{total} embeddings successfully deleted.");
     if done == total {
-        Envelope::start(out, 200, keep_alive, message).finish();
-        return Ok(());
+        return Ok(Envelope::start(out, 200, keep_alive, message).finish());
     }
     let mut envelope = Envelope::start(out, 500, keep_alive, message);
     // Missing: ids that were not deleted by this request (absent, or repeated).
@@ -269,8 +264,7 @@ pub fn delete(
         }
     });
     write_missing(&mut envelope, missing, "deleted");
-    envelope.finish();
-    Ok(())
+    Ok(envelope.finish())
 }
 
 /// `"error":{"code":"EMBEDDINGS_SKIPPED","description":["embedding with ID 7 was not <verb> - ..."]}`.

@@ -58,16 +58,17 @@ impl<'a> Envelope<'a> {
         self.out.push(b'}');
     }
 
-    /// An error with a plain string description.
-    pub fn simple_error(mut self, code: &str, description: fmt::Arguments<'_>) {
+    /// An error with a plain string description; finishes the envelope.
+    pub fn simple_error(mut self, code: &str, description: fmt::Arguments<'_>) -> u16 {
         let out = self.error(code);
         json::write_fmt_str(out, description);
         self.end_error();
-        self.finish();
+        self.finish()
     }
 
-    pub fn finish(self) {
+    /// Closes the envelope and fills in its length; returns its status.
+    pub fn finish(self) -> u16 {
         self.out.push(b'}');
-        response::finish(self.out, self.pending);
+        response::finish(self.out, self.pending)
     }
 }

@@ -159,7 +159,8 @@ impl ApiError {
         matches!(self, ApiError::Http { .. } | ApiError::Timeout | ApiError::TooManyConnections)
     }
 
-    pub fn write(&self, out: &mut Vec<u8>, keep_alive: bool) {
+    /// Writes the error's envelope; returns its status.
+    pub fn write(&self, out: &mut Vec<u8>, keep_alive: bool) -> u16 {
         let keep_alive = keep_alive && !self.closes_connection();
         let allow = match self {
             ApiError::MethodNotAllowed { allow, .. } => Some(*allow),
@@ -170,10 +171,9 @@ impl ApiError {
         if let ApiError::BadBody { detail } = self {
             super::json::write_str(envelope.error(self.code()), "The body you provided in your request is invalid.");
             envelope.detail(detail);
-            envelope.finish();
-            return;
+            return envelope.finish();
         }
-        envelope.simple_error(self.code(), format_args!("{self}"));
+        envelope.simple_error(self.code(), format_args!("{self}"))
     }
 }
 

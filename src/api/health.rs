@@ -57,7 +57,8 @@ impl Health {
         self.figures
     }
 
-    pub fn write(&mut self, out: &mut Vec<u8>, keep_alive: bool) {
+    /// Writes the health answer; returns its status.
+    pub fn write(&mut self, out: &mut Vec<u8>, keep_alive: bool) -> u16 {
         let now = Instant::now();
         match self.sample(now) {
             Ok((cpu, memory)) => {
@@ -70,7 +71,7 @@ impl Health {
                 out.extend_from_slice(b",\"uptime\":\"");
                 write_go_duration(out, now.duration_since(self.started));
                 out.extend_from_slice(b"\"}");
-                envelope.finish();
+                envelope.finish()
             }
             Err(why) => Envelope::start(out, 500, keep_alive, format_args!("unhealthy"))
                 .simple_error("ERROR_GETTING_CPU_USAGE", format_args!("{why}")),

@@ -20,7 +20,7 @@ pub fn create(
     name: &str,
     body: &mut [u8],
     reply: Reply<'_>,
-) -> Result<(), ApiError> {
+) -> Result<u16, ApiError> {
     let Reply { out, keep_alive } = reply;
     let (dims, metric) = scratch.decoder.create(body, limits.dimensions_max)?;
     if !is_valid_name(name, limits.index_name_bytes_max) {
@@ -34,11 +34,10 @@ pub fn create(
         return Err(ApiError::TooManyIndexes { max: limits.indexes_max });
     }
     db.apply(&Mutation::CreateIndex { name, dims, metric }).map_err(ApiError::Storage)?;
-    Envelope::start(out, 200, keep_alive, format_args!("Index '{name}' created successfully.")).finish();
-    Ok(())
+    Ok(Envelope::start(out, 200, keep_alive, format_args!("Index '{name}' created successfully.")).finish())
 }
 
-pub fn stats(store: &Store, name: &str, reply: Reply<'_>) -> Result<(), ApiError> {
+pub fn stats(store: &Store, name: &str, reply: Reply<'_>) -> Result<u16, ApiError> {
     let Reply { out, keep_alive } = reply;
     let index = find(store, name, IndexOp::Fetch)?;
     let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("Index '{name}' fetched successfully."));
@@ -52,11 +51,10 @@ pub fn stats(store: &Store, name: &str, reply: Reply<'_>) -> Result<(), ApiError
     out.extend_from_slice(b",\"count\":");
     json::write_u64(out, index.len() as u64);
     out.push(b'}');
-    envelope.finish();
-    Ok(())
+    Ok(envelope.finish())
 }
 
-pub fn list(store: &Store, reply: Reply<'_>) {
+pub fn list(store: &Store, reply: Reply<'_>) -> u16 {
     let Reply { out, keep_alive } = reply;
     let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("Indexes listed successfully."));
     let out = envelope.data();
@@ -68,15 +66,14 @@ pub fn list(store: &Store, reply: Reply<'_>) {
         json::write_str(out, name);
     }
     out.extend_from_slice(b"]}");
-    envelope.finish();
+    envelope.finish()
 }
 
-pub fn delete(db: &mut Database, name: &str, reply: Reply<'_>) -> Result<(), ApiError> {
+pub fn delete(db: &mut Database, name: &str, reply: Reply<'_>) -> Result<u16, ApiError> {
     let Reply { out, keep_alive } = reply;
     find(db.store(), name, IndexOp::Delete)?;
     db.apply(&Mutation::DropIndex { name }).map_err(ApiError::Storage)?;
-    Envelope::start(out, 200, keep_alive, format_args!("Index '{name}' successfully deleted.")).finish();
-    Ok(())
+    Ok(Envelope::start(out, 200, keep_alive, format_args!("Index '{name}' successfully deleted.")).finish())
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ const LENGTH_DIGITS: usize = 12;
 /// Where a response's length field and body start in the write buffer.
 #[must_use = "a response must be finished"]
 pub struct Pending {
+    status: u16,
     length_at: usize,
     body_at: usize,
 }
@@ -61,18 +62,20 @@ pub fn start_typed(
     let length_at = out.len();
     out.extend_from_slice(&[b' '; LENGTH_DIGITS]);
     out.extend_from_slice(b"\r\n\r\n");
-    Pending { length_at, body_at: out.len() }
+    Pending { status, length_at, body_at: out.len() }
 }
 
 /// Fills in the length of the body written since `start`. The value is
 /// right-aligned behind spaces, which HTTP reads as optional whitespace.
-pub fn finish(out: &mut [u8], pending: Pending) {
+/// Returns the response's status.
+pub fn finish(out: &mut [u8], pending: Pending) -> u16 {
     let body_bytes = out.len() - pending.body_at;
     let mut digits = itoa::Buffer::new();
     let digits = digits.format(body_bytes).as_bytes();
     assert!(digits.len() <= LENGTH_DIGITS, "response body too large for its length field");
     let field = &mut out[pending.length_at..pending.length_at + LENGTH_DIGITS];
     field[LENGTH_DIGITS - digits.len()..].copy_from_slice(digits);
+    pending.status
 }
 
 /// The interim answer to `Expect: 100-continue`.
@@ -89,7 +92,7 @@ mod tests {
         let mut out = b"earlier".to_vec();
         let pending = start(&mut out, 405, false, Some("GET"));
         out.extend_from_slice(b"{\"a\":1}");
-        finish(&mut out, pending);
+        assert_eq!(finish(&mut out, pending), 405);
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("earlierHTTP/1.1 405 Method Not Allowed\r\n"));
         assert!(text.contains("\r\nAllow: GET\r\n"));

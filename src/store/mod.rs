@@ -12,7 +12,7 @@ pub mod topk;
 
 use std::collections::BTreeMap;
 
-pub use index::{Index, Metric, VectorError};
+pub use index::{Index, Metric, Scanner, VectorError};
 
 /// Decoded embeddings of one request, in flat reusable buffers.
 ///

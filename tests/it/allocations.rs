@@ -1,16 +1,15 @@
 //! No allocation on the steady-state request path: once buffers have grown
 //! to fit, health, search and retrieve requests allocate nothing. A counting
 //! global allocator (per thread) proves it, with a real connection over a
-//! loopback socket driven in-process.
+//! loopback socket driven in-process by the server's own turn of the loop.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::io::{Read, Write};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use quiver::api::App;
-use quiver::connection::Connection;
 use quiver::http::FramingLimits;
+use quiver::server::clients::{Clients, ConnectionLimits};
 
 use crate::harness::{app_in, request_bytes, KEY};
 
@@ -45,36 +44,44 @@ fn allocations() -> u64 {
 #[test]
 fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
     let dir = tempfile::tempdir().unwrap();
-    let mut app = app_in(dir.path());
+    let app = app_in(dir.path());
 
+    let mut poll = mio::Poll::new().unwrap();
+    let mut events = mio::Events::with_capacity(64);
+    let limits = ConnectionLimits {
+        framing: FramingLimits {
+            head_bytes_max: 16384,
+            headers_max: 64,
+            body_bytes_max: 1 << 20,
+            chunks_max: 1024,
+            chunk_bytes_max: 1 << 20,
+        },
+        requests_per_tick_max: 32,
+    };
+    let mut clients = Clients::new(&poll, app, limits, 4).unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-    client.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let (server_side, peer) = listener.accept().unwrap();
     server_side.set_nonblocking(true).unwrap();
-    let framing = FramingLimits {
-        head_bytes_max: 16384,
-        headers_max: 64,
-        body_bytes_max: 1 << 20,
-        chunks_max: 1024,
-        chunk_bytes_max: 1 << 20,
-    };
-    let mut connection = Connection::new(mio::net::TcpStream::from_std(server_side), peer, framing, 32, Instant::now());
+    clients.add(mio::net::TcpStream::from_std(server_side), peer, Instant::now()).unwrap();
 
-    // One request through the connection: send, serve, flush, read the answer.
-    let mut exchange = |bytes: &[u8], app: &mut App| -> u64 {
+    // One request through the connection: send, then poll and run turns as
+    // the server does until the connection has been serviced; read the answer.
+    let mut exchange = |bytes: &[u8]| -> u64 {
         client.write_all(bytes).unwrap();
         let before = allocations();
-        let now = Instant::now();
-        connection.readable = true;
-        connection.service(app, false, now);
-        // The rest of one turn of the loop, as server.rs runs it.
-        app.run_parked();
-        connection.complete_search(app);
-        app.end_turn();
-        app.commit().unwrap();
-        connection.settle(&Ok(()));
-        connection.flush(now);
+        let mut wait = Duration::from_secs(10);
+        loop {
+            poll.poll(&mut events, Some(wait)).unwrap();
+            let now = Instant::now();
+            clients.take_events(&events);
+            clients.turn(&mut poll, &mut events, now);
+            if !clients.has_work() {
+                break;
+            }
+            wait = Duration::ZERO;
+        }
         let allocated = allocations() - before;
         let mut head = [0u8; 12];
         client.read_exact(&mut head).unwrap();
@@ -99,7 +106,7 @@ fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
     let auth = [("X-Service-API-Key", KEY)];
     let create =
         request_bytes("PUT", "/api/v1/indexes/steady/create", &auth, Some(r#"{"dimensions":8,"metric":"cosine"}"#));
-    exchange(&create, &mut app);
+    exchange(&create);
     let items: Vec<String> = (0..500)
         .map(|i| {
             format!(
@@ -115,7 +122,7 @@ fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
         Some(&format!(r#"{{"embeddings":[{}]}}"#, items.join(","))),
     );
     // The counter counts: storing 500 rows with metadata must allocate.
-    assert!(exchange(&insert, &mut app) > 500);
+    assert!(exchange(&insert) > 500);
 
     let health = request_bytes("GET", "/api/v1/health", &[], None);
     let search = request_bytes(
@@ -129,11 +136,11 @@ fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
     // Warm-up: buffers grow to fit, health takes its first sample.
     for _ in 0..3 {
         for request in [&health, &search, &retrieve] {
-            exchange(request, &mut app);
+            exchange(request);
         }
     }
     for (name, request) in [("health", &health), ("search", &search), ("retrieve", &retrieve)] {
-        let allocated: u64 = (0..20).map(|_| exchange(request, &mut app)).sum();
+        let allocated: u64 = (0..20).map(|_| exchange(request)).sum();
         assert_eq!(allocated, 0, "{name} allocated {allocated} times in 20 requests");
     }
 }

@@ -405,11 +405,11 @@ fn clients_back_while_the_loop_waits_join_the_batch() {
 /// A turn with a write not yet synced opens no gather window: a search
 /// parked before the write has already run (the write runs it first), none
 /// could join (reads wait for the sync), and the sync and every answer of
-/// the turn would wait for nothing. One turn of the loop, driven through
-/// `App` as the server drives it.
+/// the turn would wait for nothing. Driven through `App` as the loop
+/// drives it, each search from a client not answered before.
 #[test]
 fn a_turn_with_a_write_awaiting_its_sync_waits_for_no_search() {
-    use quiver::api::{App, Handled};
+    use quiver::api::{App, Handled, Seat};
     use quiver::http::{Framing, Head, Method};
 
     let dir = tempfile::tempdir().unwrap();
@@ -425,20 +425,20 @@ fn a_turn_with_a_write_awaiting_its_sync_waits_for_no_search() {
             framing: Framing::None,
         };
         let target = app.admit(&head).unwrap();
-        app.handle(&target, &head, &mut body.as_bytes().to_vec(), &mut Vec::new())
+        app.handle(&target, &head, &mut body.as_bytes().to_vec(), &mut Seat::default(), &mut Vec::new())
     };
     // An index large enough for the loop to gather searches (4,100 x 1,024).
     handle(&mut app, Method::Put, "/api/v1/indexes/gather/create", r#"{"dimensions":1024,"metric":"l2"}"#);
     let row = vec!["1"; 1024].join(",");
     let items: Vec<String> = (0..4100).map(|id| format!(r#"{{"id":{id},"data":[{row}]}}"#)).collect();
     let insert = format!(r#"{{"embeddings":[{}]}}"#, items.join(","));
-    assert_eq!(handle(&mut app, Method::Put, "/api/v1/embeddings/gather/insert", &insert), Handled::Mutated);
+    assert_eq!(handle(&mut app, Method::Put, "/api/v1/embeddings/gather/insert", &insert), Handled::Mutated(200));
     app.commit().unwrap();
     app.end_turn();
     let search = format!(r#"{{"queryVector":[{row}],"k":3}}"#);
     let park = |app: &mut App| {
         let handled = handle(app, Method::Post, "/api/v1/embeddings/gather/search", &search);
-        assert!(matches!(handled, Handled::Parked(_)), "{handled:?}");
+        assert_eq!(handled, Handled::Parked);
     };
     // A turn of two searches; the next turn, with one, expects the other.
     park(&mut app);
@@ -452,7 +452,7 @@ fn a_turn_with_a_write_awaiting_its_sync_waits_for_no_search() {
     // A search, then a write in the same turn: nothing to wait for.
     park(&mut app);
     let upsert = format!(r#"{{"embeddings":[{{"id":1,"data":[{row}]}}]}}"#);
-    assert_eq!(handle(&mut app, Method::Put, "/api/v1/embeddings/gather/upsert", &upsert), Handled::Mutated);
+    assert_eq!(handle(&mut app, Method::Put, "/api/v1/embeddings/gather/upsert", &upsert), Handled::Mutated(200));
     assert_eq!(app.gather_window(), None, "the turn's write awaits its sync: no search can join");
     app.commit().unwrap();
 }

@@ -1,0 +1,386 @@
+//! Search batching: searches that arrive in one turn of the loop are run
+//! together, reading each index's rows once for all of them.
+//!
+//! The protocol, one turn at a time:
+//!
+//! 1. A complete search is decoded into a slot and parked (`Batches::park`)
+//!    on its connection's [`Seat`]; the connection reads nothing more
+//!    until it is answered.
+//! 2. If the turn is worth waiting for (`Batches::gather_window`), the loop
+//!    waits a moment for more searches, parking those that arrive.
+//! 3. `Batches::run` runs every parked search not yet run, those on the
+//!    same index together, and renders each answer at once. A change to
+//!    the store runs the searches parked before it first, so that none
+//!    sees a change that arrived after it.
+//! 4. `Batches::answer` copies each answer into its connection's buffer;
+//!    `Batches::end_turn` frees the slots for the next turn.
+//!
+//! The wait in step 2 is decided from the last turn: a client answered in a
+//! run is expected to ask again at once, so while fewer of them have come
+//! back than that run answered, and a search of this turn scans a large
+//! index, a short wait lets a returning search share the pass over the rows.
+
+use std::time::{Duration, Instant};
+
+use super::{embeddings, Reply};
+use crate::metrics::Metrics;
+use crate::store::topk::TopK;
+use crate::store::{Index, Scanner, Store};
+
+/// The longest the loop waits for more searches to join a batch.
+const GATHER_WINDOW_MAX: Duration = Duration::from_millis(2);
+
+/// A connection's place in the protocol: its search parked this turn, if
+/// any, and the run that answered its last search.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Seat {
+    /// The slot of its parked search, and when that search was taken.
+    parked: Option<(usize, Instant)>,
+    answered_in: Option<u64>,
+}
+
+impl Seat {
+    /// Whether a search of this connection waits to be run or answered.
+    pub fn is_parked(&self) -> bool {
+        self.parked.is_some()
+    }
+}
+
+/// A search taken in this turn, to be run with the others on its index.
+/// Slots are reused from turn to turn.
+#[derive(Default)]
+struct Parked {
+    index: String,
+    query: Vec<f32>,
+    k: usize,
+    keep_alive: bool,
+    top: TopK,
+    /// The answer and its status, rendered as soon as the search has run: a
+    /// change later in the turn may move or alter the rows it names.
+    reply: Vec<u8>,
+    status: u16,
+    done: bool,
+}
+
+impl Parked {
+    /// Renders the answer from the hits in `top` (or the error that they
+    /// make too large a reply); the search is then done.
+    fn answer(&mut self, index: &Index, reply_bytes_max: usize) {
+        self.reply.clear();
+        let reply = Reply { out: &mut self.reply, keep_alive: self.keep_alive };
+        self.status = match embeddings::write_hits(index, &mut self.top, reply_bytes_max, reply) {
+            Ok(status) => status,
+            Err(error) => error.write(&mut self.reply, self.keep_alive),
+        };
+        self.done = true;
+    }
+}
+
+/// The searches of this turn and what the last turns tell of the next.
+#[derive(Default)]
+pub struct Batches {
+    /// Searches parked this turn: `parked[..parked_len]`.
+    parked: Vec<Parked>,
+    parked_len: usize,
+    /// The last run: how many searches it answered, and how long they took.
+    last_run: (usize, Duration),
+    /// How many runs there have been: the last one's number.
+    runs: u64,
+    /// Searches parked this turn by clients answered in the last run.
+    returned: usize,
+    scanner: Scanner,
+}
+
+impl Batches {
+    /// Batches whose scans use at most `threads` threads.
+    pub fn with_threads(threads: usize) -> Batches {
+        Batches { scanner: Scanner::with_threads(threads), ..Batches::default() }
+    }
+
+    /// The query buffer of the next slot: decode a search's query into it,
+    /// then `park` it.
+    pub fn next_query(&mut self) -> &mut Vec<f32> {
+        if self.parked_len == self.parked.len() {
+            self.parked.push(Parked::default());
+        }
+        &mut self.parked[self.parked_len].query
+    }
+
+    /// Parks the search whose query is in `next_query()`: the `k` nearest in
+    /// the index `index`, taken at `started`.
+    pub fn park(&mut self, seat: &mut Seat, index: &str, k: usize, keep_alive: bool, started: Instant) {
+        debug_assert!(seat.parked.is_none(), "one parked search per connection");
+        let slot = &mut self.parked[self.parked_len];
+        slot.index.clear();
+        slot.index.push_str(index);
+        slot.k = k;
+        slot.keep_alive = keep_alive;
+        slot.done = false;
+        seat.parked = Some((self.parked_len, started));
+        if seat.answered_in == Some(self.runs) {
+            self.returned += 1;
+        }
+        self.parked_len += 1;
+    }
+
+    /// How long the loop may wait for more searches before running those
+    /// parked: while fewer clients answered in the last run have come back
+    /// than it answered (`gathering`), and a parked search still to run
+    /// scans a large index, at most an eighth of the last run's time and
+    /// `GATHER_WINDOW_MAX`. Searches that missed the last run and waited
+    /// through it do not count as returned: they would otherwise stand in
+    /// for clients still on their way, and every batch after one that some
+    /// missed would be as short. A lone client never waits (it was alone
+    /// last run too). Only searches still to run count: a change runs those
+    /// parked before it, and the searches after it wait for its sync, so a
+    /// turn with a change waits for nothing.
+    pub fn gather_window(&self, store: &Store) -> Option<Duration> {
+        if !self.gathering() {
+            return None;
+        }
+        let large = |p: &Parked| !p.done && store.index(&p.index).is_some_and(Index::is_large);
+        self.parked[..self.parked_len].iter().any(large).then(|| window_after(self.last_run.1))
+    }
+
+    /// Whether fewer clients answered in the last run have searched again than it answered.
+    pub fn gathering(&self) -> bool {
+        self.returned < self.last_run.0
+    }
+
+    /// Runs every parked search not yet run: those on the same index
+    /// together, reading its rows once for all of them.
+    pub fn run(&mut self, store: &Store, metrics: &mut Metrics, reply_bytes_max: usize) {
+        let started = Instant::now();
+        let to_run = self.parked[..self.parked_len].iter().filter(|p| !p.done).count();
+        if to_run == 0 {
+            return;
+        }
+        for first in 0..self.parked_len {
+            if self.parked[first].done {
+                continue;
+            }
+            let Some(index) = store.index(&self.parked[first].index) else {
+                unreachable!("a parked search's index exists until the searches parked before a change are run")
+            };
+            let same_index = |s: &usize| !self.parked[*s].done && self.parked[*s].index == self.parked[first].index;
+            if (first + 1..self.parked_len).filter(same_index).count() == 0 {
+                // Alone on its index: no batch to build.
+                let slot = &mut self.parked[first];
+                self.scanner.search(index, &[&slot.query], &[slot.k], std::slice::from_mut(&mut slot.top));
+                slot.answer(index, reply_bytes_max);
+                continue;
+            }
+            let group: Vec<usize> = (first..self.parked_len).filter(same_index).collect();
+            metrics.add_search_batch(group.len() as u64);
+            let mut tops: Vec<TopK> = group.iter().map(|&s| std::mem::take(&mut self.parked[s].top)).collect();
+            let queries: Vec<&[f32]> = group.iter().map(|&s| self.parked[s].query.as_slice()).collect();
+            let ks: Vec<usize> = group.iter().map(|&s| self.parked[s].k).collect();
+            self.scanner.search(index, &queries, &ks, &mut tops);
+            for (&s, top) in group.iter().zip(tops) {
+                self.parked[s].top = top;
+                self.parked[s].answer(index, reply_bytes_max);
+            }
+        }
+        self.last_run = (to_run, started.elapsed());
+        self.runs += 1;
+    }
+
+    /// Writes the answer of the seat's parked search, which has run, into
+    /// `out`; returns its status and when the search was taken. `None` if
+    /// the seat has no parked search.
+    pub fn answer(&mut self, seat: &mut Seat, out: &mut Vec<u8>) -> Option<(u16, Instant)> {
+        let (slot, started) = seat.parked.take()?;
+        let parked = &self.parked[slot];
+        assert!(parked.done, "a parked search is answered after it has run");
+        out.extend_from_slice(&parked.reply);
+        seat.answered_in = Some(self.runs);
+        Some((parked.status, started))
+    }
+
+    /// Forgets this turn's parked searches (their slots are kept for reuse).
+    pub fn end_turn(&mut self) {
+        self.parked_len = 0;
+        self.returned = 0;
+    }
+}
+
+/// The wait for more searches after a run that took `took`.
+fn window_after(took: Duration) -> Duration {
+    (took / 8).min(GATHER_WINDOW_MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Metric, Mutation};
+
+    /// A store with a small index `small` and, when `large_rows` is not 0, an
+    /// index `large` of that many 1024-dimension rows.
+    fn store(large_rows: usize) -> Store {
+        let mut store = Store::new();
+        store.apply(&Mutation::CreateIndex { name: "small", dims: 2, metric: Metric::L2 });
+        let small = store.index_mut("small").unwrap();
+        for id in 0..50 {
+            small.upsert(id, &[id as f32, (id % 7) as f32], b"");
+        }
+        if large_rows > 0 {
+            store.apply(&Mutation::CreateIndex { name: "large", dims: 1024, metric: Metric::Ip });
+            let large = store.index_mut("large").unwrap();
+            for id in 0..large_rows as i64 {
+                let row: Vec<f32> = (0..1024).map(|d| ((id * 7 + d) % 13) as f32 - 6.0).collect();
+                large.upsert(id, &row, b"");
+            }
+            assert!(large.is_large());
+        }
+        store
+    }
+
+    fn park(batches: &mut Batches, seat: &mut Seat, index: &str, query: &[f32], k: usize) {
+        let slot = batches.next_query();
+        slot.clear();
+        slot.extend_from_slice(query);
+        batches.park(seat, index, k, true, Instant::now());
+    }
+
+    fn answer(batches: &mut Batches, seat: &mut Seat) -> Vec<u8> {
+        let mut out = Vec::new();
+        let (status, _) = batches.answer(seat, &mut out).expect("a parked search");
+        assert_eq!(status, 200);
+        out
+    }
+
+    /// The answer each search gets alone, in a turn of its own.
+    fn alone(store: &Store, index: &str, query: &[f32], k: usize) -> Vec<u8> {
+        let mut batches = Batches::with_threads(1);
+        let mut seat = Seat::default();
+        park(&mut batches, &mut seat, index, query, k);
+        batches.run(store, &mut Metrics::default(), 1 << 20);
+        answer(&mut batches, &mut seat)
+    }
+
+    #[test]
+    fn searches_run_together_get_the_answers_each_gets_alone() {
+        let store = store(0);
+        let queries: Vec<[f32; 2]> = (0..9).map(|q| [q as f32 * 5.5, (q % 3) as f32]).collect();
+        for threads in [1, 3] {
+            let mut batches = Batches::with_threads(threads);
+            let mut metrics = Metrics::default();
+            let mut seats = vec![Seat::default(); queries.len()];
+            for (q, (seat, query)) in seats.iter_mut().zip(&queries).enumerate() {
+                park(&mut batches, seat, "small", query, q + 1);
+            }
+            batches.run(&store, &mut metrics, 1 << 20);
+            for (q, (seat, query)) in seats.iter_mut().zip(&queries).enumerate() {
+                assert_eq!(answer(&mut batches, seat), alone(&store, "small", query, q + 1), "query {q}");
+                assert!(!seat.is_parked());
+            }
+            batches.end_turn();
+        }
+    }
+
+    #[test]
+    fn a_search_is_answered_as_the_store_was_when_it_ran() {
+        let mut store = store(0);
+        let mut batches = Batches::default();
+        let (mut before, mut after) = (Seat::default(), Seat::default());
+        park(&mut batches, &mut before, "small", &[0.0, 0.0], 3);
+        let expected = alone(&store, "small", &[0.0, 0.0], 3);
+        // A change: what was parked before it runs first.
+        batches.run(&store, &mut Metrics::default(), 1 << 20);
+        store.index_mut("small").unwrap().upsert(-1, &[0.0, 0.0], b"");
+        park(&mut batches, &mut after, "small", &[0.0, 0.0], 3);
+        batches.run(&store, &mut Metrics::default(), 1 << 20);
+        assert_eq!(answer(&mut batches, &mut before), expected, "the change came after it");
+        assert_eq!(answer(&mut batches, &mut after), alone(&store, "small", &[0.0, 0.0], 3));
+        assert_ne!(expected, alone(&store, "small", &[0.0, 0.0], 3), "the change moves the answer");
+    }
+
+    #[test]
+    fn a_reply_too_large_is_answered_with_its_error() {
+        let store = store(0);
+        let mut batches = Batches::default();
+        let mut seat = Seat::default();
+        park(&mut batches, &mut seat, "small", &[1.0, 1.0], 50);
+        batches.run(&store, &mut Metrics::default(), 1000);
+        let mut out = Vec::new();
+        assert_eq!(batches.answer(&mut seat, &mut out).map(|(status, _)| status), Some(400));
+        assert!(String::from_utf8(out).unwrap().contains("REPLY_TOO_LARGE"));
+    }
+
+    #[test]
+    fn only_clients_answered_in_the_last_run_count_as_returned() {
+        let store = store(0);
+        let mut batches = Batches::default();
+        let mut metrics = Metrics::default();
+        let mut seats = [Seat::default(); 3];
+        // Turn 1: two clients search and are answered.
+        for seat in &mut seats[..2] {
+            park(&mut batches, seat, "small", &[1.0, 2.0], 1);
+        }
+        batches.run(&store, &mut metrics, 1 << 20);
+        for seat in &mut seats[..2] {
+            answer(&mut batches, seat);
+        }
+        batches.end_turn();
+        assert!(batches.gathering(), "none of the two has come back yet");
+        // Turn 2: a third client, never answered, does not count; one of
+        // the two does; then the other.
+        park(&mut batches, &mut seats[2], "small", &[1.0, 2.0], 1);
+        assert!(batches.gathering());
+        park(&mut batches, &mut seats[0], "small", &[1.0, 2.0], 1);
+        assert!(batches.gathering());
+        let [_, second, _] = &mut seats;
+        park(&mut batches, second, "small", &[1.0, 2.0], 1);
+        assert!(!batches.gathering(), "both clients of the last run are back");
+        batches.run(&store, &mut metrics, 1 << 20);
+        for seat in &mut seats {
+            answer(&mut batches, seat);
+        }
+        batches.end_turn();
+        // Turn 3: the last run answered three.
+        assert!(batches.gathering());
+    }
+
+    #[test]
+    fn the_loop_waits_only_for_large_scans_still_to_run() {
+        let store = store(PARALLEL_ROWS);
+        let mut batches = Batches::default();
+        let mut metrics = Metrics::default();
+        let mut seats = [Seat::default(); 2];
+        let query = vec![1.0; 1024];
+        // Nothing parked, or a first lone client: no run has answered anyone.
+        assert_eq!(batches.gather_window(&store), None);
+        park(&mut batches, &mut seats[0], "large", &query, 5);
+        assert_eq!(batches.gather_window(&store), None, "a lone client never waits");
+        park(&mut batches, &mut seats[1], "large", &query, 5);
+        batches.run(&store, &mut metrics, 1 << 20);
+        for seat in &mut seats {
+            answer(&mut batches, seat);
+        }
+        batches.end_turn();
+        // Two were answered; one is back, on the large index: wait.
+        park(&mut batches, &mut seats[0], "large", &query, 5);
+        let window = batches.gather_window(&store).expect("a wait for the second client");
+        assert!(window <= GATHER_WINDOW_MAX && window == window_after(batches.last_run.1));
+        // Once it has run (a change ran it), nothing is left to wait for.
+        batches.run(&store, &mut metrics, 1 << 20);
+        assert_eq!(batches.gather_window(&store), None, "a turn with a change waits for nothing");
+        answer(&mut batches, &mut seats[0]);
+        batches.end_turn();
+        // A search of a small index is not worth a wait (the client
+        // answered in the last run has not come back).
+        park(&mut batches, &mut seats[1], "small", &[1.0, 2.0], 5);
+        assert!(batches.gathering());
+        assert_eq!(batches.gather_window(&store), None);
+    }
+
+    /// Rows of 1024 floats that make an index large (`Index::is_large`).
+    const PARALLEL_ROWS: usize = 4096;
+
+    #[test]
+    fn the_window_is_an_eighth_of_the_last_run_at_most_its_cap() {
+        assert_eq!(window_after(Duration::from_micros(800)), Duration::from_micros(100));
+        assert_eq!(window_after(Duration::from_millis(100)), GATHER_WINDOW_MAX);
+        assert_eq!(window_after(Duration::ZERO), Duration::ZERO);
+    }
+}

@@ -1,0 +1,240 @@
+//! The event loop: one thread, one mio `Poll`.
+//!
+//! The server binds its port, opens the database, and then loops: poll for
+//! readiness; accept new connections and handle signals; run one turn over
+//! the connections (`Clients::turn`: answer, gather and run searches, sync
+//! the log, send); every `TIMEOUT_SWEEP_INTERVAL_MS`, close connections
+//! stalled past their limits. On SIGTERM or SIGINT it stops accepting,
+//! answers what is in flight for up to `SHUTDOWN_DRAIN_MS`, and syncs.
+
+pub mod clients;
+
+use std::io::{self, Write};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use mio::net::TcpListener;
+use mio::{Events, Interest, Poll, Token};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook_mio::v1_0::Signals;
+
+use crate::api::decode::BodyLimits;
+use crate::api::{ApiError, ApiLimits, App};
+use crate::auth;
+use crate::config::Config;
+use crate::db::{self, Database};
+use crate::http::FramingLimits;
+use crate::limits::{SHUTDOWN_DRAIN_MS, TIMEOUT_SWEEP_INTERVAL_MS};
+use crate::log;
+use clients::{Clients, ConnectionLimits, FIRST_CONNECTION};
+
+const LISTENER: Token = Token(0);
+const SIGNALS: Token = Token(1);
+const _: () = assert!(LISTENER.0 < FIRST_CONNECTION && SIGNALS.0 < FIRST_CONNECTION);
+
+/// Starts the server and runs it until SIGTERM or SIGINT.
+pub fn run(config: Config) -> io::Result<()> {
+    let started = Instant::now();
+    // The port first, then the lock and recovery (which create the data
+    // directory), then the key file: a second process, on the same port or
+    // the same directory, stops before it writes anything to disk. Clients
+    // that connect during recovery wait in the listen backlog.
+    let address = resolve(&config.host, config.port)?;
+    let listener =
+        TcpListener::bind(address).map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
+    let options = db::Options {
+        data_dir: config.data_dir.clone(),
+        snapshot_log_bytes: config.snapshot_log_bytes,
+        repair_log: config.repair_log,
+        sync: !config.unsafe_no_sync,
+    };
+    if config.unsafe_no_sync {
+        log::warn(format_args!("--unsafe-no-sync: answered writes are not synced and can be lost on power failure"));
+    }
+    let database = Database::open(&options).map_err(io::Error::other)?;
+    let (api_key, key_source) = auth::load_or_create(&config.data_dir, config.api_key.as_deref())?;
+    raise_descriptor_limit(config.connections_max);
+    let local = listener.local_addr()?;
+    let key_source = match key_source {
+        auth::KeySource::Flag => "from --api-key or QUIVER_API_KEY",
+        auth::KeySource::KeyFile => "from the key file",
+        auth::KeySource::Generated => "newly generated",
+    };
+    // Never the key itself: logs are shipped and read by others.
+    log::banner(format_args!(
+        "listening on {local}, data directory {}, API key {} ({key_source}, read it from {}), started in {} ms",
+        config.data_dir.display(),
+        auth::fingerprint(&api_key),
+        config.data_dir.join(auth::KEY_FILE).display(),
+        started.elapsed().as_millis()
+    ));
+    let limits = ApiLimits {
+        dimensions_max: config.dimensions_max,
+        k_max: config.k_max,
+        reply_bytes_max: config.reply_bytes_max,
+        body: BodyLimits {
+            items_max: config.items_max,
+            metadata_entries_max: config.metadata_entries_max,
+            metadata_bytes_max: config.metadata_bytes_max,
+        },
+        indexes_max: config.indexes_max,
+        index_name_bytes_max: config.index_name_bytes_max,
+        metrics_public: config.metrics_public,
+    };
+    let app = App::new(database, api_key, limits);
+    Server::new(config, listener, app)?.run()
+}
+
+/// Lifts the soft limit on open files to the hard limit, so that
+/// `--connections-max` clients can be served where the soft limit is lower.
+fn raise_descriptor_limit(connections_max: usize) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid struct for our own process.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return;
+        }
+        let wanted = (connections_max as libc::rlim_t + 64).min(limit.rlim_max);
+        if limit.rlim_cur < wanted {
+            limit.rlim_cur = wanted;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && (limit.rlim_cur as usize) < connections_max + 64 {
+            log::warn(format_args!(
+                "open files are limited to {}: fewer than --connections-max {connections_max} clients can connect",
+                limit.rlim_cur
+            ));
+        }
+    }
+}
+
+fn resolve(host: &str, port: u16) -> io::Result<SocketAddr> {
+    (host, port)
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("cannot resolve host {host}")))
+}
+
+struct Server {
+    poll: Poll,
+    listener: TcpListener,
+    signals: Signals,
+    clients: Clients,
+    config: Config,
+    shutdown_deadline: Option<Instant>,
+}
+
+impl Server {
+    fn new(config: Config, mut listener: TcpListener, app: App) -> io::Result<Server> {
+        let poll = Poll::new()?;
+        poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+        let mut signals = Signals::new([SIGTERM, SIGINT])?;
+        poll.registry().register(&mut signals, SIGNALS, Interest::READABLE)?;
+        let limits = ConnectionLimits {
+            framing: FramingLimits {
+                head_bytes_max: config.head_bytes_max,
+                headers_max: config.headers_max,
+                body_bytes_max: config.body_bytes_max,
+                chunks_max: config.chunks_max,
+                chunk_bytes_max: config.chunk_bytes_max,
+            },
+            requests_per_tick_max: config.requests_per_tick_max,
+        };
+        let clients = Clients::new(&poll, app, limits, config.connections_max)?;
+        Ok(Server { poll, listener, signals, clients, config, shutdown_deadline: None })
+    }
+
+    fn run(mut self) -> io::Result<()> {
+        let mut events = Events::with_capacity(1024);
+        let sweep_interval = Duration::from_millis(TIMEOUT_SWEEP_INTERVAL_MS);
+        let idle = Duration::from_millis(self.config.idle_timeout_ms);
+        let request = Duration::from_millis(self.config.request_timeout_ms);
+        let mut next_sweep = Instant::now() + sweep_interval;
+        loop {
+            let timeout = if self.clients.has_work() { Duration::ZERO } else { sweep_interval };
+            match self.poll.poll(&mut events, Some(timeout)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            let now = Instant::now();
+            self.clients.take_events(&events);
+            self.own_events(now);
+            self.clients.turn(&mut self.poll, &mut events, now);
+            // Those that came while the turn waited for searches.
+            self.own_events(now);
+            if now >= next_sweep {
+                self.clients.sweep(now, idle, request);
+                next_sweep = now + sweep_interval;
+            }
+            if let Some(deadline) = self.shutdown_deadline {
+                self.clients.close_idle();
+                if self.clients.is_empty() || now >= deadline {
+                    self.clients.app().shutdown();
+                    log::info(format_args!("shut down ({} connections cut off)", self.clients.len()));
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Accepts and handles signals, as the events of the server's own tokens ask.
+    fn own_events(&mut self, now: Instant) {
+        let (mut accept, mut signal) = (false, false);
+        for token in self.clients.take_own_events() {
+            accept |= token == LISTENER;
+            signal |= token == SIGNALS;
+        }
+        if accept {
+            self.accept(now);
+        }
+        if signal {
+            self.on_signal(now);
+        }
+    }
+
+    fn accept(&mut self, now: Instant) {
+        if self.shutdown_deadline.is_some() {
+            return;
+        }
+        loop {
+            let (mut socket, peer) = match self.listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Out of descriptors or the like: keep serving who we have.
+                    log::warn(format_args!("accept failed: {e}"));
+                    return;
+                }
+            };
+            let open = self.clients.len();
+            if open >= self.config.connections_max {
+                // A best-effort answer on a fresh socket, whose buffer takes it whole.
+                let mut reply = Vec::new();
+                ApiError::TooManyConnections.write(&mut reply, false);
+                let _ = socket.write(&reply);
+                self.clients.app().metrics().connection_refused();
+                log::client_warning(
+                    now,
+                    format_args!("{peer}: refused, {open} connections are open (--connections-max)"),
+                );
+                continue;
+            }
+            let _ = socket.set_nodelay(true);
+            match self.clients.add(socket, peer, now) {
+                Ok(_) => self.clients.app().metrics().connection_accepted(),
+                Err(e) => log::warn(format_args!("cannot register a connection: {e}")),
+            }
+        }
+    }
+
+    fn on_signal(&mut self, now: Instant) {
+        if self.signals.pending().next().is_some() && self.shutdown_deadline.is_none() {
+            log::info(format_args!("shutting down: answering requests in flight"));
+            let _ = self.poll.registry().deregister(&mut self.listener);
+            self.clients.shut_down();
+            self.shutdown_deadline = Some(now + Duration::from_millis(SHUTDOWN_DRAIN_MS));
+        }
+    }
+}

@@ -1,0 +1,726 @@
+//! Scanning an index: the exact f32 scan, tiled over queries and rows, the
+//! bfloat16 first pass of batches (`screen`), and the split of a large scan
+//! across threads. [`Scanner`] holds the policy (how many threads, their
+//! scratch tops); callers say what to search and get the nearest rows.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{Index, Metric};
+use crate::store::kernels;
+use crate::store::screen::{self, Screen};
+use crate::store::topk::{Candidate, TopK};
+
+/// Below this many floats per thread, one thread scans alone: starting a
+/// thread costs more than it would save (4 Mi floats is 16 MiB, a few ms).
+const PARALLEL_SCAN_FLOATS_MIN: usize = 4 << 20;
+
+/// How far ahead of the tile of rows being scored `search_many` asks for
+/// rows from memory, in tiles: far enough that they arrive in time, near
+/// enough that they are still in cache when their turn comes.
+const PREFETCH_TILES: usize = 4;
+
+/// Rows a thread of a split scan takes at a time, in floats: 4 MiB, a few
+/// hundred microseconds of scanning for one query, so that the threads
+/// meet the chunk counter a few dozen times per scan of a large index.
+const SCAN_CHUNK_FLOATS: usize = 1 << 20;
+
+/// Queries scored together by one tile of `search_many`, and rows per tile
+/// with them: each load then feeds 4 multiply-adds instead of one. With
+/// AVX-512's 32 registers the 4 x 4 sums stay in registers; with 16, 4 x 3
+/// do. (Chosen with the `kernels` bench: 4 x 2 up to 6 x 4 and 12 x 1 were
+/// tried; the wider tiles gained nothing more, the narrower lost.)
+const QUERY_TILE: usize = 4;
+#[cfg(target_feature = "avx512f")]
+const ROW_TILE: usize = 4;
+#[cfg(not(target_feature = "avx512f"))]
+const ROW_TILE: usize = 3;
+
+/// Batches of at least this many searches (of a cosine or inner-product
+/// index) take a first pass in bfloat16 where the CPU has it (`screen`).
+/// Fewer are bound by reading the rows, which the pass does not shorten.
+const SCREEN_QUERIES_MIN: usize = 4;
+
+/// Pairs of a tile left undecided by the bfloat16 pass above which the f32
+/// tile scores all its pairs: that costs about what 4 pairs scored alone do.
+const SCREEN_WHOLE_TILE_PAIRS: usize = 4;
+
+/// Rows per tile of the bfloat16 pass: each tile of rows is converted once
+/// and then scored against every query, `QUERY_TILE` at a time.
+const SCREEN_ROW_TILE: usize = 4;
+
+/// The most threads one scan uses.
+const SCAN_THREADS_MAX: usize = 8;
+
+/// How searches scan: the threads a large scan may use (the machine's
+/// cores, at most `SCAN_THREADS_MAX`), and each extra thread's tops, kept
+/// from search to search so that a steady load allocates nothing.
+pub struct Scanner {
+    /// Per extra thread, a `TopK` per search of a batch.
+    partials: Vec<Vec<TopK>>,
+}
+
+impl Default for Scanner {
+    fn default() -> Scanner {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(SCAN_THREADS_MAX);
+        Scanner::with_threads(threads)
+    }
+}
+
+impl Scanner {
+    /// A scanner that splits a large scan across at most `threads` threads.
+    pub fn with_threads(threads: usize) -> Scanner {
+        Scanner { partials: (1..threads.max(1)).map(|_| Vec::new()).collect() }
+    }
+
+    /// Searches `index` for each of `queries` at once (`Index::search_many`):
+    /// `tops[q]` receives the `ks[q]` nearest to `queries[q]`, exactly as a
+    /// lone search would find them.
+    pub fn search(&mut self, index: &Index, queries: &[&[f32]], ks: &[usize], tops: &mut [TopK]) {
+        for partial in &mut self.partials {
+            if partial.len() < queries.len() {
+                partial.resize_with(queries.len(), TopK::new);
+            }
+        }
+        index.search_many(queries, ks, tops, &mut self.partials);
+    }
+}
+
+impl Index {
+    /// Whether a scan of this index is large enough to be split across
+    /// threads: one worth waiting a moment for other searches to join.
+    pub fn is_large(&self) -> bool {
+        self.vectors.len() >= PARALLEL_SCAN_FLOATS_MIN
+    }
+
+    /// Exact search: leaves the `k` nearest rows in `top`. The query must have
+    /// passed `prepare_query`.
+    pub fn search(&self, query: &[f32], k: usize, top: &mut TopK) {
+        self.search_many_split(&[query], &[k], std::slice::from_mut(top), &mut []);
+    }
+
+    /// Several searches of this index at once: the rows are read once, a
+    /// tile at a time, and every query is scored against a tile before the
+    /// next is read (see `scan_exact`). `tops[q]` receives the
+    /// `ks[q]` nearest to `queries[q]`, exactly as `search` would give them.
+    /// A large index is split across up to `partials.len() + 1` threads (the
+    /// caller waits anyway; memory bandwidth is what one thread cannot use up
+    /// alone); each `partials[t]` must hold a `TopK` per query.
+    fn search_many(&self, queries: &[&[f32]], ks: &[usize], tops: &mut [TopK], partials: &mut [Vec<TopK>]) {
+        let by_size = self.vectors.len() / PARALLEL_SCAN_FLOATS_MIN;
+        let threads = (partials.len() + 1).min(by_size.max(1));
+        self.search_many_split(queries, ks, tops, &mut partials[..threads - 1]);
+    }
+
+    /// `search_many` on `partials.len() + 1` threads, their nearest merged
+    /// into `tops`. The threads take the rows a chunk at a time, each the
+    /// next chunk no thread has taken, so that a thread slowed down (by the
+    /// host, or by another process on its core) takes fewer chunks instead
+    /// of holding up the others. Exact: each of the k nearest rows is among
+    /// the k nearest of the rows its thread scanned.
+    pub fn search_many_split(&self, queries: &[&[f32]], ks: &[usize], tops: &mut [TopK], partials: &mut [Vec<TopK>]) {
+        let chunk = (SCAN_CHUNK_FLOATS / self.dims).max(1).next_multiple_of(ROW_TILE);
+        self.search_in_chunks(queries, ks, tops, partials, chunk);
+    }
+
+    /// `search_many_split`, the threads taking `chunk` rows at a time.
+    fn search_in_chunks(
+        &self,
+        queries: &[&[f32]],
+        ks: &[usize],
+        tops: &mut [TopK],
+        partials: &mut [Vec<TopK>],
+        chunk: usize,
+    ) {
+        assert!(queries.len() == ks.len() && ks.len() == tops.len() && chunk > 0);
+        let rows = self.len();
+        // A lone search keeps its scale on the stack: it allocates nothing.
+        // A batch sums each query's squares once, for its scale and for the
+        // bfloat16 pass's bound.
+        let (one, squared_norms, many): ([f32; 1], Vec<f64>, Vec<f32>);
+        let scales: &[f32] = if let [query] = queries {
+            squared_norms = Vec::new();
+            one = [self.query_scale(|| kernels::squared_norm(query))];
+            &one
+        } else {
+            squared_norms = queries.iter().map(|query| kernels::squared_norm(query)).collect();
+            many = squared_norms.iter().map(|&squared| self.query_scale(|| squared)).collect();
+            &many
+        };
+        let reset = |tops: &mut [TopK]| {
+            for (top, &k) in tops.iter_mut().zip(ks) {
+                top.reset(k.min(rows));
+            }
+        };
+        reset(tops);
+        let screen = if queries.len() >= SCREEN_QUERIES_MIN && self.metric != Metric::L2 {
+            Screen::new(queries, &squared_norms, scales, self.dims)
+        } else {
+            None
+        };
+        let screen = screen.as_ref();
+        if partials.is_empty() && screen.is_none() {
+            return self.scan_exact(queries, scales, 0..rows, tops);
+        }
+        let taken = AtomicUsize::new(0);
+        let scan = |tops: &mut [TopK]| {
+            // After a chunk where the pass had to score most pairs exactly
+            // anyway (rows it cannot tell apart), the next go straight to
+            // the exact scan: one, then twice as many after each chunk the
+            // pass fails again, so that on rows it cannot thin out the pass
+            // is tried on a few chunks only.
+            let (mut exact_chunks, mut backoff) = (0usize, 1);
+            loop {
+                let start = taken.fetch_add(chunk, Ordering::Relaxed);
+                if start >= rows {
+                    break;
+                }
+                let range = start..(start + chunk).min(rows);
+                match screen {
+                    Some(screen) if exact_chunks == 0 => {
+                        let pairs = range.len() * queries.len();
+                        if self.scan_through(screen, queries, scales, range, tops) * 2 > pairs {
+                            (exact_chunks, backoff) = (backoff, backoff * 2);
+                        } else {
+                            backoff = 1;
+                        }
+                    }
+                    _ => {
+                        exact_chunks = exact_chunks.saturating_sub(1);
+                        self.scan_exact(queries, scales, range, tops);
+                    }
+                }
+            }
+        };
+        std::thread::scope(|scope| {
+            for partial in partials.iter_mut() {
+                let partial = &mut partial[..queries.len()];
+                reset(partial);
+                scope.spawn(|| scan(partial));
+            }
+            scan(tops);
+        });
+        for partial in partials {
+            for (top, partial) in tops.iter_mut().zip(partial.iter_mut()) {
+                for &candidate in partial.sorted() {
+                    top.push(candidate);
+                }
+            }
+        }
+    }
+
+    /// `scan_screened`, which a `Screen` makes safe to call. Returns how
+    /// many pairs the pass scored exactly.
+    fn scan_through(
+        &self,
+        screen: &Screen,
+        queries: &[&[f32]],
+        scales: &[f32],
+        rows: Range<usize>,
+        tops: &mut [TopK],
+    ) -> usize {
+        // SAFETY: a `Screen` is only made where the CPU has both features.
+        #[cfg(target_arch = "x86_64")]
+        return unsafe { self.scan_screened(queries, scales, screen, rows, tops) };
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (screen, queries, scales, rows, tops);
+            unreachable!("a `Screen` is only made on x86-64")
+        }
+    }
+
+    /// Offers every row of `rows` to the tops of the queries: a tile of rows
+    /// at a time, each scored against the queries a tile of them at a time.
+    fn scan_exact(&self, queries: &[&[f32]], scales: &[f32], rows: Range<usize>, tops: &mut [TopK]) {
+        if let ([query], [scale], [top]) = (queries, scales, &mut *tops) {
+            // A lone query reads the rows from memory one at a time: one
+            // stream of rows is read faster than several interleaved (the
+            // `kernels` bench: 8 rows at a time took 1.7 times as long).
+            let top = std::slice::from_mut(top);
+            return self.scan_tile::<1, 1>(&[query], &[*scale], rows, top, &[]);
+        }
+        // Each tile of rows is scored against every tile of queries before
+        // the next is read, so the rows are read from memory once, in order,
+        // and stay in L1 meanwhile; the queries (a few KiB each) come from
+        // L2. The query tiles share out the prefetching of a tile ahead.
+        let mut start = rows.start;
+        while start < rows.end {
+            let tile = start..(start + ROW_TILE).min(rows.end);
+            let mut prefetches = self.prefetch_shares(tile.start, ROW_TILE, rows.end, queries.len());
+            let tiles = queries.chunks(QUERY_TILE).zip(scales.chunks(QUERY_TILE)).zip(tops.chunks_mut(QUERY_TILE));
+            for ((queries, scales), tops) in tiles {
+                let (rows, prefetch) = (tile.clone(), prefetches.next().unwrap_or_default());
+                match queries.len() {
+                    QUERY_TILE => self.scan_tile::<QUERY_TILE, ROW_TILE>(queries, scales, rows, tops, prefetch),
+                    3 => self.scan_tile::<3, ROW_TILE>(queries, scales, rows, tops, prefetch),
+                    2 => self.scan_tile::<2, ROW_TILE>(queries, scales, rows, tops, prefetch),
+                    _ => self.scan_tile::<1, ROW_TILE>(queries, scales, rows, tops, prefetch),
+                }
+            }
+            start = tile.end;
+        }
+    }
+
+    /// The rows of the tile `PREFETCH_TILES` ahead of the one of `tile_rows`
+    /// rows at `row` (not past `end`), in one share per tile of `queries`
+    /// queries: each query tile asks for its share, so that the prefetching
+    /// overlaps their arithmetic instead of stalling all at once.
+    fn prefetch_shares(&self, row: usize, tile_rows: usize, end: usize, queries: usize) -> std::slice::Chunks<'_, f32> {
+        let ahead = (row + PREFETCH_TILES * tile_rows).min(end);
+        let ahead = &self.vectors[ahead * self.dims..(ahead + tile_rows).min(end) * self.dims];
+        let share = ahead.len().div_ceil(queries.div_ceil(QUERY_TILE)).next_multiple_of(kernels::LINE_FLOATS);
+        ahead.chunks(share.max(1))
+    }
+
+    /// Cosine: 1/|query|, from the query's `squared_norm` (asked for only
+    /// here). Scaling the query does not change the order; doing it once
+    /// keeps the similarities comparable in magnitude to 1.
+    fn query_scale(&self, squared_norm: impl FnOnce() -> f64) -> f32 {
+        match self.metric {
+            Metric::Cosine => kernels::inverse_norm_of(squared_norm()),
+            Metric::L2 | Metric::Ip => 1.0,
+        }
+    }
+
+    /// Scores `Q` queries (with their `scales`) against `rows`, `R` rows at a
+    /// time, and offers each row to each query's top; first asks for
+    /// `prefetch` to be fetched meanwhile.
+    fn scan_tile<const Q: usize, const R: usize>(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        rows: Range<usize>,
+        tops: &mut [TopK],
+        prefetch: &[f32],
+    ) {
+        let queries: &[&[f32]; Q] = queries.try_into().expect("a tile of Q queries");
+        let scales: &[f32; Q] = scales.try_into().expect("a scale per query");
+        match self.metric {
+            Metric::Cosine => {
+                self.scan_tile_with::<kernels::Dot, Q, R>(queries, rows, tops, prefetch, |score, row, q| {
+                    screen::distance(score, self.inverse_norms[row], scales[q])
+                })
+            }
+            Metric::Ip => {
+                self.scan_tile_with::<kernels::Dot, Q, R>(queries, rows, tops, prefetch, |score, _, _| -score)
+            }
+            Metric::L2 => {
+                self.scan_tile_with::<kernels::L2Squared, Q, R>(queries, rows, tops, prefetch, |score, _, _| score)
+            }
+        }
+    }
+
+    /// `scan_exact` with the bfloat16 pass (`screen`'s doc): the rows are
+    /// converted a tile at a time, each tile scored against every query in
+    /// bfloat16, and a pair scored exactly (as `scan_exact` would) only where
+    /// the bound cannot rule it out. Returns how many pairs were.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    fn scan_screened(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        screen: &Screen,
+        rows: Range<usize>,
+        tops: &mut [TopK],
+    ) -> usize {
+        const R: usize = SCREEN_ROW_TILE;
+        let dims = self.dims;
+        let mut converted = vec![screen::Block::default(); R * screen.blocks()];
+        let mut rescored = 0;
+        let mut row = rows.start;
+        while row + R <= rows.end {
+            for (r, blocks) in converted.chunks_exact_mut(screen.blocks()).enumerate() {
+                screen::convert(&self.vectors[(row + r) * dims..(row + r + 1) * dims], blocks);
+            }
+            let row_scales = match self.metric {
+                Metric::Cosine => self.inverse_norms[row..row + R].try_into().expect("R rows"),
+                Metric::Ip => [1.0; R],
+                Metric::L2 => unreachable!("the bfloat16 pass bounds dot products only"),
+            };
+            let mut prefetches = self.prefetch_shares(row, R, rows.end, queries.len());
+            let tiles = (0..).step_by(QUERY_TILE).zip(tops.chunks_mut(QUERY_TILE));
+            for (first, tops) in tiles {
+                kernels::prefetch(prefetches.next().unwrap_or_default());
+                let tile = ScreenTile { queries, screen, first, row, converted: &converted, row_scales: &row_scales };
+                rescored += match tops.len() {
+                    QUERY_TILE => self.screen_tile::<QUERY_TILE, R>(tile, tops),
+                    3 => self.screen_tile::<3, R>(tile, tops),
+                    2 => self.screen_tile::<2, R>(tile, tops),
+                    _ => self.screen_tile::<1, R>(tile, tops),
+                };
+            }
+            row += R;
+        }
+        // The last rows, fewer than a tile: exactly.
+        self.scan_exact(queries, scales, row..rows.end, tops);
+        rescored
+    }
+
+    /// Scores `Q` queries against `R` converted rows in bfloat16, and offers
+    /// each pair the bound cannot rule out to its query's top, scored
+    /// exactly. Returns how many pairs were.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[inline]
+    fn screen_tile<const Q: usize, const R: usize>(&self, tile: ScreenTile<R>, tops: &mut [TopK]) -> usize {
+        let ScreenTile { queries, screen, first, row, converted, row_scales } = tile;
+        let dims = self.dims;
+        let scores = screen::tile::<Q, R>(std::array::from_fn(|q| screen.query(first + q)), converted);
+        let thresholds = std::array::from_fn(|q| tops[q].threshold().unwrap_or(f32::INFINITY));
+        let norms = self.norms[row..row + R].try_into().expect("R rows");
+        let mut undecided = screen.undecided::<Q, R>(scores, first, norms, row_scales, thresholds);
+        let rescored = undecided.count_ones() as usize;
+        if rescored > SCREEN_WHOLE_TILE_PAIRS {
+            let tile_queries = queries[first..first + Q].try_into().expect("Q queries");
+            let exact = kernels::tile::<kernels::Dot, Q, R>(tile_queries, &self.vectors[row * dims..(row + R) * dims]);
+            for (q, (top, exact)) in tops.iter_mut().zip(exact).enumerate() {
+                for (r, exact) in exact.into_iter().enumerate() {
+                    let distance = screen::distance(exact, row_scales[r], screen.scale(first + q));
+                    offer(top, distance, self.ids[row + r], row + r);
+                }
+            }
+            return rescored;
+        }
+        while undecided != 0 {
+            let (q, r) = screen::pair_of_lane(undecided.trailing_zeros() as usize, R);
+            undecided &= undecided - 1;
+            let row = row + r;
+            let exact = kernels::dot(queries[first + q], &self.vectors[row * dims..(row + 1) * dims]);
+            let distance = screen::distance(exact, row_scales[r], screen.scale(first + q));
+            offer(&mut tops[q], distance, self.ids[row], row);
+        }
+        rescored
+    }
+
+    /// `scan_tile` for one measure; `distance(score, row, q)` turns a score
+    /// into the distance the tops order by (smaller is nearer).
+    #[inline(always)]
+    fn scan_tile_with<M: kernels::Measure, const Q: usize, const R: usize>(
+        &self,
+        queries: &[&[f32]; Q],
+        rows: Range<usize>,
+        tops: &mut [TopK],
+        prefetch: &[f32],
+        distance: impl Fn(f32, usize, usize) -> f32,
+    ) {
+        let dims = self.dims;
+        kernels::prefetch(prefetch);
+        let mut row = rows.start;
+        while row + R <= rows.end {
+            let scores = kernels::tile::<M, Q, R>(queries, &self.vectors[row * dims..(row + R) * dims]);
+            // One test for the whole tile, without branches: whether every
+            // row is strictly farther than the farthest each query keeps, so
+            // that none can enter (a NaN is not farther; a top not yet full
+            // takes anything).
+            let mut distances = [[0.0; R]; Q];
+            let mut far = true;
+            for (q, top) in tops.iter().enumerate() {
+                let threshold = top.threshold().unwrap_or(f32::INFINITY);
+                for r in 0..R {
+                    distances[q][r] = distance(scores[q][r], row + r, q);
+                    far &= distances[q][r] > threshold;
+                }
+            }
+            if !far {
+                for (q, top) in tops.iter_mut().enumerate() {
+                    for (r, &d) in distances[q].iter().enumerate() {
+                        offer(top, d, self.ids[row + r], row + r);
+                    }
+                }
+            }
+            row += R;
+        }
+        // The last rows, fewer than a tile: one at a time (`offer` tests each).
+        for row in row..rows.end {
+            let scores = kernels::tile::<M, Q, 1>(queries, &self.vectors[row * dims..(row + 1) * dims]);
+            for (q, (scores, top)) in scores.iter().zip(tops.iter_mut()).enumerate() {
+                offer(top, distance(scores[0], row, q), self.ids[row], row);
+            }
+        }
+    }
+}
+
+/// What `screen_tile` scores: queries `first..` against the `R` rows from
+/// `row`, which are `converted` to bfloat16 and scale their scores by
+/// `row_scales` (see `screen::distance`).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct ScreenTile<'a, const R: usize> {
+    queries: &'a [&'a [f32]],
+    screen: &'a Screen,
+    first: usize,
+    row: usize,
+    converted: &'a [screen::Block],
+    row_scales: &'a [f32; R],
+}
+
+#[inline(always)]
+fn offer(top: &mut TopK, distance: f32, id: i64, row: usize) {
+    if let Some(threshold) = top.threshold() {
+        // Strictly farther than the farthest kept: cannot enter (ties still
+        // go to `push`, which breaks them by id).
+        if distance > threshold {
+            return;
+        }
+    }
+    top.push(Candidate { distance, id, row: row as u32 });
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// The ids of the `k` nearest to `query`, nearest first.
+    pub(crate) fn ids_of(index: &Index, query: &[f32], k: usize) -> Vec<i64> {
+        let mut top = TopK::new();
+        index.search(query, k, &mut top);
+        top.sorted().iter().map(|c| c.id).collect()
+    }
+
+    #[test]
+    fn metrics_rank_as_documented() {
+        let mut cosine = Index::new(2, Metric::Cosine);
+        let mut ip = Index::new(2, Metric::Ip);
+        let mut l2 = Index::new(2, Metric::L2);
+        for (id, v) in [(1, [1.0, 0.0]), (2, [10.0, 1.0]), (3, [0.0, 1.0])] {
+            cosine.upsert(id, &v, b"");
+            ip.upsert(id, &v, b"");
+            l2.upsert(id, &v, b"");
+        }
+        assert_eq!(ids_of(&cosine, &[1.0, 0.0], 3), vec![1, 2, 3]);
+        assert_eq!(ids_of(&ip, &[1.0, 0.0], 3), vec![2, 1, 3]);
+        assert_eq!(ids_of(&l2, &[1.0, 0.0], 3), vec![1, 3, 2]);
+    }
+
+    /// `count` patterned vectors of `dims`, each under two ids (`twins_of`).
+    fn twins(dims: usize, count: i64, metric: Metric) -> Index {
+        let vectors: Vec<Vec<f32>> =
+            (0..count).map(|id| (0..dims as i64).map(|d| ((id * 31 + d * 17) % 23) as f32 - 11.5).collect()).collect();
+        twins_of(&vectors, metric)
+    }
+
+    /// Searches `queries` at once, each for its `k` nearest, on
+    /// `partials.len() + 1` threads taking `chunk` rows at a time, and
+    /// asserts that each finds exactly what it finds alone.
+    fn assert_split_finds_what_each_finds_alone(
+        index: &Index,
+        queries: &[&[f32]],
+        k: usize,
+        partials: &mut [Vec<TopK>],
+        chunk: usize,
+    ) {
+        let ks = vec![k; queries.len()];
+        let mut split: Vec<TopK> = queries.iter().map(|_| TopK::new()).collect();
+        index.search_in_chunks(queries, &ks, &mut split, partials, chunk);
+        let mut alone = TopK::new();
+        for (query, split) in queries.iter().zip(&mut split) {
+            index.search(query, k, &mut alone);
+            let what = format!("{:?}, {} threads, k {k}, chunk {chunk}", index.metric, partials.len() + 1);
+            assert_eq!(split.sorted(), alone.sorted(), "{what}");
+        }
+    }
+
+    #[test]
+    fn a_split_scan_finds_exactly_what_one_thread_finds() {
+        let queries = [[1.0, -2.0, 0.5, 3.0, -1.0], [0.0, 1.0, 2.0, -3.0, 4.0], [2.0, 2.0, -2.0, 0.5, 1.0]];
+        let queries: Vec<&[f32]> = queries.iter().map(|q| q.as_slice()).collect();
+        for metric in [Metric::Cosine, Metric::L2, Metric::Ip] {
+            let index = twins(5, 997, metric);
+            for threads in 2..=5 {
+                let mut partials: Vec<Vec<TopK>> =
+                    (1..threads).map(|_| (0..3).map(|_| TopK::new()).collect()).collect();
+                // One query, then three at once; chunks of one row, of a few
+                // tiles and a bit, and of more than the index holds.
+                for (k, count) in [1, 10, 500, 5000].into_iter().flat_map(|k| [(k, 1), (k, 3)]) {
+                    for chunk in [1, 4 * ROW_TILE + 1, 1 << 20] {
+                        assert_split_finds_what_each_finds_alone(&index, &queries[..count], k, &mut partials, chunk);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn many_searches_at_once_find_exactly_what_each_finds_alone() {
+        for metric in [Metric::Cosine, Metric::L2, Metric::Ip] {
+            let index = twins(300, 700, metric);
+            let queries: Vec<Vec<f32>> =
+                (0..9).map(|q| (0..300).map(|d| ((q * 7 + d * 3) % 11) as f32 - 5.0).collect()).collect();
+            let ks = [1, 10, 700, 2000, 3, 1, 5, 10, 64];
+            // 2 to 9 queries: every mix of full and partial query tiles.
+            for count in 2..=9 {
+                let queries: Vec<&[f32]> = queries[..count].iter().map(Vec::as_slice).collect();
+                for threads in 1..4 {
+                    let mut tops: Vec<TopK> = (0..count).map(|_| TopK::new()).collect();
+                    let mut partials: Vec<Vec<TopK>> =
+                        (1..threads).map(|_| (0..count).map(|_| TopK::new()).collect()).collect();
+                    index.search_many_split(&queries, &ks[..count], &mut tops, &mut partials);
+                    let mut alone = TopK::new();
+                    for (q, top) in tops.iter_mut().enumerate() {
+                        index.search(queries[q], ks[q], &mut alone);
+                        assert_eq!(top.sorted(), alone.sorted(), "{metric:?} query {q} of {count}, threads {threads}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// `count` random vectors of `dims` in [-1, 1), from `seed`.
+    #[cfg(target_arch = "x86_64")]
+    fn random_vectors(seed: u64, dims: usize, count: usize) -> Vec<Vec<f32>> {
+        kernels::tests::floats(seed, dims * count).chunks_exact(dims).map(<[f32]>::to_vec).collect()
+    }
+
+    /// Each of `vectors` under two ids (`i` and `i + len`), so that ties
+    /// have to break the same way.
+    fn twins_of(vectors: &[Vec<f32>], metric: Metric) -> Index {
+        let mut index = Index::new(vectors[0].len(), metric);
+        for (id, v) in (0..).zip(vectors) {
+            index.upsert(id, v, b"");
+            index.upsert(vectors.len() as i64 + id, v, b"");
+        }
+        index
+    }
+
+    /// A batch through the bfloat16 pass against each search alone, on
+    /// random rows (where the pass rules most pairs out) and on a crowd of
+    /// rows around one point (where bfloat16 cannot tell the nearest apart,
+    /// so that the exact pass has to).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_bfloat16_pass_finds_exactly_what_each_search_finds_alone() {
+        for metric in [Metric::Cosine, Metric::Ip] {
+            for dims in [100, 768] {
+                let random = random_vectors(1, dims, 1000);
+                let center = &random[0];
+                let crowd: Vec<Vec<f32>> = random_vectors(2, dims, 1000)
+                    .iter()
+                    .map(|noise| center.iter().zip(noise).map(|(c, n)| c + 0.001 * n).collect())
+                    .collect();
+                for (data, vectors) in [("random", random.clone()), ("crowd", crowd)] {
+                    let index = twins_of(&vectors, metric);
+                    // Stored rows (each tied with its twin) and blends of two.
+                    let queries: Vec<Vec<f32>> = (0..9)
+                        .map(|q| {
+                            let (a, b) = (&random[q * 97], &random[q * 31 + 5]);
+                            a.iter().zip(b).map(|(a, b)| if q % 3 == 0 { *a } else { a - 0.5 * b }).collect()
+                        })
+                        .collect();
+                    let what = format!("{metric:?}, {dims} dims, {data}");
+                    let Some(rescored) = assert_screened_finds_what_each_finds_alone(&index, &queries, &what) else {
+                        eprintln!("this CPU has no AVX512-BF16: the bfloat16 pass is not tested here");
+                        return;
+                    };
+                    // Where rows are apart, the pass must rule most pairs
+                    // out, or it only costs time.
+                    let pairs = queries.len() * index.len();
+                    if data == "random" {
+                        assert!(rescored * 10 < pairs, "{what}: {rescored} of {pairs} pairs scored twice");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Searches `queries` at once through the bfloat16 pass and asserts
+    /// that each finds exactly what it finds alone. Returns how many pairs
+    /// were scored exactly; `None` where the CPU has no pass.
+    #[cfg(target_arch = "x86_64")]
+    fn assert_screened_finds_what_each_finds_alone(index: &Index, queries: &[Vec<f32>], what: &str) -> Option<usize> {
+        let queries: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+        let ks = [1, 10, 10, 5, 20, 10, 3, 10, 40];
+        let squared_norms: Vec<f64> = queries.iter().map(|q| kernels::squared_norm(q)).collect();
+        let scales: Vec<f32> = squared_norms.iter().map(|&squared| index.query_scale(|| squared)).collect();
+        let screen = Screen::new(&queries, &squared_norms, &scales, index.dims())?;
+        let mut tops: Vec<TopK> = ks.iter().map(|_| TopK::new()).collect();
+        for (top, &k) in tops.iter_mut().zip(&ks) {
+            top.reset(k);
+        }
+        // SAFETY: `Screen::new` found the features.
+        let rescored = unsafe { index.scan_screened(&queries, &scales, &screen, 0..index.len(), &mut tops) };
+        let mut alone = TopK::new();
+        for (q, top) in tops.iter_mut().enumerate() {
+            index.search(queries[q], ks[q], &mut alone);
+            assert_eq!(top.sorted(), alone.sorted(), "{what}, query {q}");
+        }
+        // In small chunks on one and two threads: chunks through the pass
+        // and chunks straight to the exact scan, where the pass falls back.
+        for threads in 1..=2 {
+            for chunk in [8, 100] {
+                let mut partials: Vec<Vec<TopK>> =
+                    (1..threads).map(|_| queries.iter().map(|_| TopK::new()).collect()).collect();
+                index.search_in_chunks(&queries, &ks, &mut tops, &mut partials, chunk);
+                for (q, top) in tops.iter_mut().enumerate() {
+                    index.search(queries[q], ks[q], &mut alone);
+                    assert_eq!(top.sorted(), alone.sorted(), "{what}, query {q}, {threads} threads, chunk {chunk}");
+                }
+            }
+        }
+        Some(rescored)
+    }
+
+    /// Rows and queries across the numeric domain: norms from 2^-62 to
+    /// 2^62, tiny and huge components side by side, signs that cancel.
+    fn extreme_vectors(seed: u64, dims: usize, count: usize, metric: Metric) -> Vec<Vec<f32>> {
+        let scales = [3e-19f32, 1e-18, 1e-9, 1.0, 1e9, 1e17];
+        let noise = kernels::tests::floats(seed, dims * count);
+        noise
+            .chunks_exact(dims)
+            .enumerate()
+            .map(|(n, v)| {
+                let norm = scales[n % scales.len()];
+                let scale = norm / (dims as f32).sqrt();
+                let mut v: Vec<f32> =
+                    v.iter().enumerate().map(|(i, x)| x * scale * if (i + n) % 3 == 0 { 1e-6 } else { 1.0 }).collect();
+                v[n % dims] = norm;
+                let index = Index::new(dims, metric);
+                assert_eq!(index.check_vector(&v), Ok(()), "test data inside the domain");
+                v
+            })
+            .collect()
+    }
+
+    #[test]
+    fn prepared_queries_keep_every_cosine_distance_bit_for_bit() {
+        let vectors = random_vectors(3, 37, 50);
+        let index = twins_of(&vectors, Metric::Cosine);
+        for (q, query) in random_vectors(4, 37, 6).into_iter().enumerate() {
+            let mut prepared = query.iter().map(|x| x * 2f32.powi(q as i32 * 7 - 20)).collect::<Vec<f32>>();
+            index.prepare_query(&mut prepared).unwrap();
+            let norm = kernels::squared_norm(&prepared).sqrt();
+            assert!((1.0..2.0).contains(&norm), "{norm}");
+            let (mut plain, mut scaled) = (TopK::new(), TopK::new());
+            index.search(&query, 100, &mut plain);
+            index.search(&prepared, 100, &mut scaled);
+            assert_eq!(plain.sorted(), scaled.sorted(), "query {q}");
+        }
+    }
+
+    /// Batches of prepared queries at extreme magnitudes: split, tiled and
+    /// (where the CPU has it) through the bfloat16 pass, each answer is the
+    /// answer alone.
+    #[test]
+    fn batches_at_extreme_magnitudes_find_exactly_what_each_finds_alone() {
+        for metric in [Metric::Cosine, Metric::L2, Metric::Ip] {
+            for dims in [3, 64, 768] {
+                let index = twins_of(&extreme_vectors(11, dims, 300, metric), metric);
+                let mut queries = extreme_vectors(12, dims, 9, metric);
+                for query in &mut queries {
+                    index.prepare_query(query).unwrap();
+                }
+                let refs: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+                let mut partials: Vec<Vec<TopK>> = vec![(0..9).map(|_| TopK::new()).collect()];
+                for k in [1, 10, 600] {
+                    assert_split_finds_what_each_finds_alone(&index, &refs, k, &mut partials, 64);
+                    assert_split_finds_what_each_finds_alone(&index, &refs, k, &mut [], 1 << 20);
+                }
+                #[cfg(target_arch = "x86_64")]
+                if metric != Metric::L2 {
+                    let what = format!("{metric:?}, {dims} dims, extreme magnitudes");
+                    let _ = assert_screened_finds_what_each_finds_alone(&index, &queries, &what);
+                }
+            }
+        }
+    }
+}
