@@ -2,8 +2,10 @@
 
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+
+use crate::files;
 
 pub const KEY_FILE: &str = "api_key.txt";
 
@@ -39,18 +41,13 @@ pub fn load_or_create(data_dir: &Path, given: Option<&str>) -> io::Result<(Strin
 }
 
 fn write_key_file(path: &Path, key: &str) -> io::Result<()> {
-    let tmp = path.with_extension("txt.tmp");
-    let mut file = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
-    // `mode` only applies when the file is created; make sure of it.
-    file.set_permissions(fs::Permissions::from_mode(0o600))?;
-    file.write_all(key.as_bytes())?;
-    file.write_all(b"\n")?;
-    file.sync_all()?;
-    fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    files::write_atomically(path, |file| {
+        // Readable by the owner alone before the key is in it.
+        file.set_permissions(fs::Permissions::from_mode(0o600))?;
+        file.write_all(key.as_bytes())?;
+        file.write_all(b"\n")
+    })?;
+    files::sync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 
 fn generate() -> io::Result<String> {

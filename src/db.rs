@@ -14,6 +14,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use crate::files;
 use crate::log;
 use crate::snapshot::{self, Manifest};
 use crate::store::index::Row;
@@ -321,7 +322,7 @@ impl Database {
                         for path in unused_files(&self.wal_dir, &self.snapshots_dir, &manifest, None) {
                             let _ = fs::remove_file(path);
                         }
-                        let _ = wal::sync_dir(&self.snapshots_dir);
+                        let _ = files::sync_dir(&self.snapshots_dir);
                         0
                     }
                     Err(error) => {
@@ -407,7 +408,7 @@ impl Database {
             for path in unused {
                 let _ = fs::remove_file(path);
             }
-            let _ = wal::sync_dir(&snapshots_dir);
+            let _ = files::sync_dir(&snapshots_dir);
         };
         if in_background {
             self.remover = Some(std::thread::spawn(remove));

@@ -26,7 +26,7 @@
 //!   bfloat16 first pass of batched searches, top-k.
 //! - [`wal`]: the write-ahead log's records, segments, group commit and replay.
 //! - [`snapshot`]: per-index snapshot files and the manifest.
-//! - [`auth`]: the API key.
+//! - [`auth`]: the API key; [`files`]: files written whole, directories synced.
 //! - [`metrics`]: Prometheus counters and histograms; [`log`]: operator logs.
 //! - [`limits`]: every limit, with why; [`config`]: the command line.
 //!
@@ -40,6 +40,7 @@ pub mod config;
 pub mod connection;
 pub mod db;
 pub mod endpoint;
+pub mod files;
 pub mod http;
 pub mod limits;
 pub mod log;

@@ -20,8 +20,8 @@ use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
+use crate::files::{self, sync_dir};
 use crate::store::{Index, Metric, Store};
-use crate::wal::sync_dir;
 
 const SNAPSHOT_MAGIC: &[u8; 8] = b"QUIVSNP1";
 const MANIFEST_MAGIC: &[u8; 8] = b"QUIVMAN1";
@@ -64,17 +64,19 @@ impl<W: Write> Write for Checksummed<W> {
     }
 }
 
-/// Writes `path` via `path.tmp`: fill, sync, rename. The caller syncs the directory.
-fn write_file(path: &Path, fill: impl FnOnce(&mut Checksummed<BufWriter<File>>) -> io::Result<()>) -> io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let file = File::create(&tmp)?;
-    let mut out = Checksummed { inner: BufWriter::with_capacity(1 << 20, file), crc: 0 };
-    fill(&mut out)?;
-    let crc = out.crc;
-    out.write_all(&crc.to_le_bytes())?;
-    let file = out.inner.into_inner().map_err(|e| e.into_error())?;
-    file.sync_all()?;
-    fs::rename(&tmp, path)
+/// Writes `path` whole or not at all (`files::write_atomically`), what
+/// `fill` writes followed by its CRC32C. The caller syncs the directory.
+fn write_file(
+    path: &Path,
+    fill: impl FnOnce(&mut Checksummed<BufWriter<&mut File>>) -> io::Result<()>,
+) -> io::Result<()> {
+    files::write_atomically(path, |file| {
+        let mut out = Checksummed { inner: BufWriter::with_capacity(1 << 20, file), crc: 0 };
+        fill(&mut out)?;
+        let crc = out.crc;
+        out.write_all(&crc.to_le_bytes())?;
+        out.flush()
+    })
 }
 
 pub fn write_index(path: &Path, index: &Index) -> io::Result<()> {
@@ -83,7 +85,7 @@ pub fn write_index(path: &Path, index: &Index) -> io::Result<()> {
         out.write_all(SNAPSHOT_MAGIC)?;
         out.write_all(&VERSION.to_le_bytes())?;
         out.write_all(&(index.dims() as u32).to_le_bytes())?;
-        out.write_all(&[metric_code(index.metric()), 0, 0, 0, 0, 0, 0, 0])?;
+        out.write_all(&[index.metric().code(), 0, 0, 0, 0, 0, 0, 0])?;
         out.write_all(&(ids.len() as u64).to_le_bytes())?;
         out.write_all(bytemuck::cast_slice(ids))?;
         out.write_all(bytemuck::cast_slice(vectors))?;
@@ -93,14 +95,6 @@ pub fn write_index(path: &Path, index: &Index) -> io::Result<()> {
         }
         Ok(())
     })
-}
-
-fn metric_code(metric: Metric) -> u8 {
-    match metric {
-        Metric::Cosine => 0,
-        Metric::L2 => 1,
-        Metric::Ip => 2,
-    }
 }
 
 /// A reader that keeps the CRC32C of everything read through it.
@@ -141,12 +135,7 @@ pub fn load_index(path: &Path, progress: &mut crate::log::Progress) -> Result<In
         let dims = u32::from_le_bytes(input.array()?) as usize;
         let [metric, ..] = input.array::<8>()?;
         let count = u64::from_le_bytes(input.array()?);
-        let metric = match metric {
-            0 => Metric::Cosine,
-            1 => Metric::L2,
-            2 => Metric::Ip,
-            _ => return Err(io::Error::other("unknown metric")),
-        };
+        let metric = Metric::from_code(metric).ok_or_else(|| io::Error::other("unknown metric"))?;
         // Refuse sizes the file cannot hold before allocating for them.
         let row_bytes = 8 + 4 + 4 * dims as u64;
         if dims == 0 || count.saturating_mul(row_bytes) > length {

@@ -46,6 +46,26 @@ impl Metric {
             Metric::Ip => "ip",
         }
     }
+
+    /// Its code in the log and in snapshots: fixed for good, since files
+    /// written by every earlier version must still read.
+    pub fn code(self) -> u8 {
+        match self {
+            Metric::Cosine => 0,
+            Metric::L2 => 1,
+            Metric::Ip => 2,
+        }
+    }
+
+    /// The metric of a code read from a file (`code`), if it is one.
+    pub fn from_code(code: u8) -> Option<Metric> {
+        match code {
+            0 => Some(Metric::Cosine),
+            1 => Some(Metric::L2),
+            2 => Some(Metric::Ip),
+            _ => None,
+        }
+    }
 }
 
 /// Why one vector cannot be stored in (or searched against) an index.
@@ -363,6 +383,15 @@ mod tests {
         let mut l2 = [1e-40f32, 3.0];
         assert_eq!(Index::new(2, Metric::L2).prepare_query(&mut l2), Ok(()));
         assert_eq!(l2, [1e-40, 3.0], "l2 queries are left as given");
+    }
+
+    #[test]
+    fn metric_codes_are_as_written_on_disk() {
+        for (metric, code) in [(Metric::Cosine, 0), (Metric::L2, 1), (Metric::Ip, 2)] {
+            assert_eq!(metric.code(), code);
+            assert_eq!(Metric::from_code(code), Some(metric));
+        }
+        assert_eq!(Metric::from_code(3), None);
     }
 
     #[test]

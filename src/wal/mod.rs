@@ -14,6 +14,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+use crate::files::sync_dir;
 use crate::store::Mutation;
 pub use record::{DecodeError, Record};
 
@@ -37,11 +38,6 @@ pub fn segments(dir: &Path) -> io::Result<Vec<u64>> {
     }
     found.sort_unstable();
     Ok(found)
-}
-
-/// fsync a directory, so that a file created or renamed in it survives power loss.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 /// Makes syncs fail on demand, so tests can reach the failure path without

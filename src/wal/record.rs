@@ -50,14 +50,6 @@ impl Record {
     }
 }
 
-fn metric_code(metric: Metric) -> u8 {
-    match metric {
-        Metric::Cosine => 0,
-        Metric::L2 => 1,
-        Metric::Ip => 2,
-    }
-}
-
 fn put_name(out: &mut Vec<u8>, name: &str) {
     let len = u8::try_from(name.len()).expect("index names are at most 32 bytes");
     out.push(len);
@@ -76,7 +68,7 @@ pub fn encode(mutation: &Mutation<'_>, out: &mut Vec<u8>) {
         Mutation::CreateIndex { name, dims, metric } => {
             put_name(out, name);
             put_u32(out, dims);
-            out.push(metric_code(metric));
+            out.push(metric.code());
             CREATE
         }
         Mutation::DropIndex { name } => {
@@ -201,12 +193,7 @@ impl<'a> Reader<'a> {
             CREATE => {
                 let name = self.name()?;
                 let dims = self.u32()?;
-                let metric = match self.u8()? {
-                    0 => Metric::Cosine,
-                    1 => Metric::L2,
-                    2 => Metric::Ip,
-                    _ => return None,
-                };
+                let metric = Metric::from_code(self.u8()?)?;
                 if dims == 0 {
                     return None;
                 }
