@@ -28,6 +28,34 @@ const MANIFEST_MAGIC: &[u8; 8] = b"QUIVMAN1";
 const VERSION: u32 = 1;
 pub const MANIFEST: &str = "MANIFEST";
 
+/// Why a snapshot or the manifest could not be loaded.
+#[derive(Debug)]
+pub enum LoadError {
+    /// The file could not be opened or read.
+    Io { path: PathBuf, source: io::Error },
+    /// The file is not what it should be: a wrong header, a size that does
+    /// not fit, a checksum that does not match.
+    Damaged { path: PathBuf, why: String },
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::Io { path, source } => write!(f, "cannot read {}: {source}", path.display()),
+            LoadError::Damaged { path, why } => write!(f, "{} is damaged: {why}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for LoadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LoadError::Io { source, .. } => Some(source),
+            LoadError::Damaged { .. } => None,
+        }
+    }
+}
+
 /// Which snapshots hold the state, and where the log resumes after them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Manifest {
@@ -121,10 +149,10 @@ impl<R: Read> Verified<R> {
 const LOAD_CHUNK_FLOATS: usize = 16 << 20;
 
 /// Loads a snapshot, reading ids and vectors straight into their arrays.
-pub fn load_index(path: &Path, progress: &mut crate::log::Progress) -> Result<Index, String> {
-    let fail = |why: String| format!("snapshot {}: {why}", path.display());
-    let file = File::open(path).map_err(|e| fail(e.to_string()))?;
-    let length = file.metadata().map_err(|e| fail(e.to_string()))?.len();
+pub fn load_index(path: &Path, progress: &mut crate::log::Progress) -> Result<Index, LoadError> {
+    let unreadable = |source| LoadError::Io { path: path.to_owned(), source };
+    let file = File::open(path).map_err(unreadable)?;
+    let length = file.metadata().map_err(unreadable)?.len();
     let mut input = Verified { inner: io::BufReader::with_capacity(1 << 20, file), crc: 0 };
     let mut read = |input: &mut Verified<_>| -> io::Result<Index> {
         let magic: [u8; 8] = input.array()?;
@@ -167,7 +195,13 @@ pub fn load_index(path: &Path, progress: &mut crate::log::Progress) -> Result<In
         }
         Index::from_parts(dims, metric, ids, vectors, metadata).map_err(io::Error::other)
     };
-    read(&mut input).map_err(|e| fail(e.to_string()))
+    read(&mut input).map_err(|error| match error.kind() {
+        // A file shorter than its header says is damaged, not unreadable.
+        io::ErrorKind::Other | io::ErrorKind::UnexpectedEof => {
+            LoadError::Damaged { path: path.to_owned(), why: error.to_string() }
+        }
+        _ => unreadable(error),
+    })
 }
 
 pub fn write_manifest(dir: &Path, manifest: &Manifest) -> io::Result<()> {
@@ -188,14 +222,14 @@ pub fn write_manifest(dir: &Path, manifest: &Manifest) -> io::Result<()> {
 }
 
 /// The manifest of `dir`, or `None` if there is none yet.
-pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>, String> {
+pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>, LoadError> {
     let path = dir.join(MANIFEST);
     let bytes = match fs::read(&path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Err(source) => return Err(LoadError::Io { path, source }),
     };
-    let damaged = || format!("{} is damaged", path.display());
+    let damaged = || LoadError::Damaged { path: path.clone(), why: "its checksum or layout is wrong".to_owned() };
     let (body, crc) = bytes.split_at_checked(bytes.len().saturating_sub(4)).ok_or_else(damaged)?;
     if bytes.len() < 36 || crc32c::crc32c(body).to_le_bytes() != crc || &body[..8] != MANIFEST_MAGIC {
         return Err(damaged());
@@ -254,9 +288,8 @@ mod tests {
         let mut bytes = fs::read(&path).unwrap();
         bytes[40] ^= 1;
         fs::write(&path, &bytes).unwrap();
-        assert!(load_index(&path, &mut crate::log::Progress::new("test", 0))
-            .unwrap_err()
-            .contains("checksum mismatch"));
+        let error = load_index(&path, &mut crate::log::Progress::new("test", 0)).unwrap_err();
+        assert!(matches!(&error, LoadError::Damaged { why, .. } if why == "checksum mismatch"), "{error}");
 
         let manifest = Manifest { generation: 3, log_start: 12, indexes: vec!["a-b".into(), "xyz".into()] };
         write_manifest(dir.path(), &manifest).unwrap();
@@ -265,6 +298,6 @@ mod tests {
         let mut bytes = fs::read(&manifest_path).unwrap();
         bytes[20] ^= 1;
         fs::write(&manifest_path, &bytes).unwrap();
-        assert!(read_manifest(dir.path()).is_err());
+        assert!(matches!(read_manifest(dir.path()), Err(LoadError::Damaged { .. })));
     }
 }

@@ -209,7 +209,7 @@ impl fmt::Display for ApiError {
             ApiError::Http { error, .. } => write!(f, "{error}"),
             ApiError::Timeout => f.write_str("the request was not received in time"),
             ApiError::TooManyConnections => f.write_str("the server has too many open connections; try again later"),
-            ApiError::Storage(StorageError::Failed(why) | StorageError::ReadOnly(why)) => f.write_str(why),
+            ApiError::Storage(error) => write!(f, "{error}"),
         }
     }
 }

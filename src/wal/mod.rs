@@ -201,6 +201,46 @@ pub fn scan(bytes: &[u8], mut apply: impl FnMut(Record, usize)) -> ScanEnd {
     ScanEnd::Clean
 }
 
+/// Why the log could not be read back at start-up.
+#[derive(Debug)]
+pub enum ReplayError {
+    /// A file of the log could not be listed, read, cut or removed.
+    Io { action: &'static str, path: PathBuf, source: io::Error },
+    /// A file named as a segment that does not start as one.
+    NotASegment { path: PathBuf },
+    /// A record damaged before the end of the log (and no `--repair-log`).
+    Damaged { path: PathBuf, offset: usize, why: String },
+}
+
+impl std::fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReplayError::Io { action, path, source } => write!(f, "cannot {action} {}: {source}", path.display()),
+            ReplayError::NotASegment { path } => write!(f, "{} is not a quiver log segment", path.display()),
+            ReplayError::Damaged { path, offset, why } => write!(
+                f,
+                "the log is damaged: {} at offset {offset}: {why}; start with --repair-log to cut the log there, \
+                 dropping every record after it",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ReplayError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ReplayError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// An `Io` error of `action` on `path`.
+fn io_error<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ReplayError + 'a {
+    move |source| ReplayError::Io { action, path: path.to_owned(), source }
+}
+
 /// What reading the log found, for the start-up log.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Replayed {
@@ -219,8 +259,8 @@ pub struct Replayed {
 /// cut off. Damage anywhere else stops recovery with an error naming the file
 /// and offset, unless `repair` is set: then the log is cut at the damage and
 /// everything after it is dropped.
-pub fn replay(dir: &Path, from: u64, repair: bool, mut apply: impl FnMut(Record)) -> Result<Replayed, String> {
-    let all = segments(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+pub fn replay(dir: &Path, from: u64, repair: bool, mut apply: impl FnMut(Record)) -> Result<Replayed, ReplayError> {
+    let all = segments(dir).map_err(io_error("list", dir))?;
     let wanted: Vec<u64> = all.into_iter().filter(|&s| s >= from).collect();
     let mut report = Replayed { segments: wanted.len(), ..Replayed::default() };
     let total_bytes: u64 =
@@ -228,7 +268,7 @@ pub fn replay(dir: &Path, from: u64, repair: bool, mut apply: impl FnMut(Record)
     let mut progress = crate::log::Progress::new("replaying the log", total_bytes);
     for (n, &segment) in wanted.iter().enumerate() {
         let path = segment_path(dir, segment);
-        let bytes = fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let bytes = fs::read(&path).map_err(io_error("read", &path))?;
         let last = n + 1 == wanted.len();
         if bytes.len() < SEGMENT_HEADER_BYTES || &bytes[..8] != SEGMENT_MAGIC {
             if last && bytes.iter().all(|&b| b == 0) {
@@ -237,7 +277,7 @@ pub fn replay(dir: &Path, from: u64, repair: bool, mut apply: impl FnMut(Record)
                 report.torn_tail = Some((segment, 0, bytes.len() as u64));
                 continue;
             }
-            return Err(format!("{} is not a quiver log segment", path.display()));
+            return Err(ReplayError::NotASegment { path });
         }
         let end = scan(&bytes[SEGMENT_HEADER_BYTES..], |record, len| {
             apply(record);
@@ -262,16 +302,12 @@ pub fn replay(dir: &Path, from: u64, repair: bool, mut apply: impl FnMut(Record)
             ScanEnd::Damaged { offset, error } => (SEGMENT_HEADER_BYTES + offset, error.to_string()),
         };
         if !repair {
-            return Err(format!(
-                "the log is damaged: {} at offset {at}: {error}; start with --repair-log to cut the log there, \
-                 dropping every record after it",
-                path.display()
-            ));
+            return Err(ReplayError::Damaged { path, offset: at, why: error });
         }
         cut(&path, at as u64)?;
         for &later in &wanted[n + 1..] {
             let later = segment_path(dir, later);
-            fs::remove_file(&later).map_err(|e| format!("cannot remove {}: {e}", later.display()))?;
+            fs::remove_file(&later).map_err(io_error("remove", &later))?;
         }
         report.repaired_at = Some((segment, at as u64));
         report.bytes += at as u64;
@@ -280,7 +316,7 @@ pub fn replay(dir: &Path, from: u64, repair: bool, mut apply: impl FnMut(Record)
     Ok(report)
 }
 
-fn cut(path: &Path, len: u64) -> Result<(), String> {
-    let file = OpenOptions::new().write(true).open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    file.set_len(len).and_then(|()| file.sync_all()).map_err(|e| format!("cannot cut {}: {e}", path.display()))
+fn cut(path: &Path, len: u64) -> Result<(), ReplayError> {
+    let file = OpenOptions::new().write(true).open(path).map_err(io_error("open", path))?;
+    file.set_len(len).and_then(|()| file.sync_all()).map_err(io_error("cut", path))
 }

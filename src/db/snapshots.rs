@@ -1,0 +1,242 @@
+//! The database's life behind the log: snapshots written by a forked
+//! child while the loop goes on serving, the final snapshot at shutdown,
+//! and the removal of files that no snapshot or log position needs.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use super::Database;
+use crate::files;
+use crate::log;
+use crate::snapshot::{self, Manifest};
+use crate::wal;
+
+/// A snapshot being written by a child process.
+pub(super) struct SnapshotChild {
+    pid: libc::pid_t,
+    manifest: Manifest,
+    started: Instant,
+}
+
+impl Database {
+    /// Between ticks: reaps a finished snapshot, starts one when the log has
+    /// grown past its limit, and removes the files of deleted indexes.
+    pub fn maintain(&mut self) {
+        debug_assert!(self.undo.is_empty(), "maintenance with uncommitted mutations");
+        self.reap_snapshot(false);
+        if self.child.is_some() || self.broken.is_some() {
+            return;
+        }
+        if self.log.segment_bytes() >= self.snapshot_log_bytes {
+            self.start_snapshot();
+        } else if self.manifest.indexes.iter().any(|name| self.store.index(name).is_none()) {
+            self.forget_deleted_indexes();
+        }
+    }
+
+    /// Forks a child that writes the snapshot from its copy-on-write image
+    /// of the store while this process goes on serving.
+    fn start_snapshot(&mut self) {
+        let rotating = Instant::now();
+        let log_start = match self.log.rotate() {
+            Ok(segment) => segment,
+            Err(error) => {
+                log::error(format_args!("cannot start a new log segment for a snapshot: {error}"));
+                return;
+            }
+        };
+        let generation = self.manifest.generation + 1;
+        let rotated_ms = rotating.elapsed().as_millis();
+        // A fork copies only the calling thread: another thread holding a
+        // lock (the allocator's, say) at that moment would leave the child
+        // stuck on it. The loop's only other threads are a search's scan
+        // threads, joined before the search returns, and the file remover,
+        // joined here; so the process is single-threaded when it forks.
+        self.join_remover();
+        let forking = Instant::now();
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: the process is single-threaded here (above); the child only
+        // writes files and leaves with `_exit`, running no destructors of the
+        // parent's state.
+        match unsafe { libc::fork() } {
+            -1 => log::error(format_args!("cannot fork to write a snapshot: {}", io::Error::last_os_error())),
+            0 => {
+                // The child must not outlive a crashed parent: it holds the
+                // data directory's lock and the listening socket.
+                // SAFETY: plain syscalls on our own process.
+                unsafe {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    if libc::getppid() != parent {
+                        libc::_exit(1);
+                    }
+                }
+                let result =
+                    snapshot::write_all(&self.data_dir, &self.snapshots_dir, generation, log_start, &self.store);
+                let code = match result {
+                    Ok(manifest) => {
+                        // The new manifest is durable: what it supersedes can go,
+                        // here, where unlinking large files stalls nobody.
+                        for path in unused_files(&self.wal_dir, &self.snapshots_dir, &manifest, None) {
+                            let _ = fs::remove_file(path);
+                        }
+                        let _ = files::sync_dir(&self.snapshots_dir);
+                        0
+                    }
+                    Err(error) => {
+                        let _ = writeln!(io::stderr(), "quiver: snapshot generation {generation} failed: {error}");
+                        1
+                    }
+                };
+                // SAFETY: ends the child without unwinding into the parent's code.
+                unsafe { libc::_exit(code) }
+            }
+            pid => {
+                log::info(format_args!(
+                    "snapshot generation {generation} started (log rotated in {rotated_ms} ms, child forked in {} ms)",
+                    forking.elapsed().as_millis()
+                ));
+                let indexes = self.store.names().map(str::to_owned).collect();
+                self.child = Some(SnapshotChild {
+                    pid,
+                    manifest: Manifest { generation, log_start, indexes },
+                    started: Instant::now(),
+                });
+            }
+        }
+    }
+
+    /// Collects the snapshot child if it is done (or waits for it when `block`).
+    fn reap_snapshot(&mut self, block: bool) {
+        let Some(child) = &self.child else { return };
+        let mut status = 0;
+        let flags = if block { 0 } else { libc::WNOHANG };
+        // SAFETY: waits for our own child; `status` is a valid out pointer.
+        let reaped = unsafe { libc::waitpid(child.pid, &mut status, flags) };
+        if reaped == 0 {
+            return;
+        }
+        let child = self.child.take().expect("checked above");
+        if reaped == child.pid && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+            log::info(format_args!(
+                "snapshot generation {} written in {} ms ({} indexes); log now starts at segment {}",
+                child.manifest.generation,
+                child.started.elapsed().as_millis(),
+                child.manifest.indexes.len(),
+                child.manifest.log_start
+            ));
+            self.manifest = child.manifest;
+            self.remove_unused_files(true);
+        } else {
+            log::error(format_args!(
+                "snapshot generation {} failed; the previous one and the log stay in use",
+                child.manifest.generation
+            ));
+            self.remove_unused_files(true);
+        }
+    }
+
+    /// Rewrites the manifest without indexes deleted since it was written,
+    /// and removes their snapshots. Their deletes are durable in the log.
+    fn forget_deleted_indexes(&mut self) {
+        let mut manifest = self.manifest.clone();
+        manifest.indexes.retain(|name| self.store.index(name).is_some());
+        match snapshot::write_manifest(&self.data_dir, &manifest) {
+            Ok(()) => {
+                self.manifest = manifest;
+                self.remove_unused_files(true);
+            }
+            Err(error) => log::error(format_args!("cannot rewrite the manifest: {error}")),
+        }
+    }
+
+    /// Removes log segments and snapshot files the manifest no longer needs.
+    /// Unlinking a large file can take a tenth of a second, so while serving
+    /// this happens on a short-lived thread, never in the loop; the thread
+    /// is joined before the next one starts and before any fork.
+    pub(super) fn remove_unused_files(&mut self, in_background: bool) {
+        self.join_remover();
+        let child_generation = self.child.as_ref().map(|c| c.manifest.generation);
+        let unused = unused_files(&self.wal_dir, &self.snapshots_dir, &self.manifest, child_generation);
+        if unused.is_empty() {
+            return;
+        }
+        let snapshots_dir = self.snapshots_dir.clone();
+        let remove = move || {
+            for path in unused {
+                let _ = fs::remove_file(path);
+            }
+            let _ = files::sync_dir(&snapshots_dir);
+        };
+        if in_background {
+            self.remover = Some(std::thread::spawn(remove));
+        } else {
+            remove();
+        }
+    }
+
+    /// Waits for the file remover, if one is running.
+    fn join_remover(&mut self) {
+        if let Some(remover) = self.remover.take() {
+            // A remover that panicked removed less: the next one retries.
+            let _ = remover.join();
+        }
+    }
+
+    /// At a clean shutdown: a final snapshot, so the next start loads instead of replaying.
+    pub fn shutdown(&mut self) {
+        if self.child.is_some() {
+            self.reap_snapshot(true);
+        }
+        if self.broken.is_some()
+            || (self.log.segment_bytes() <= wal::SEGMENT_HEADER_BYTES as u64
+                && self.manifest.log_start == self.log.segment())
+        {
+            return;
+        }
+        let started = Instant::now();
+        let result = self.log.rotate().and_then(|log_start| {
+            snapshot::write_all(
+                &self.data_dir,
+                &self.snapshots_dir,
+                self.manifest.generation + 1,
+                log_start,
+                &self.store,
+            )
+        });
+        match result {
+            Ok(manifest) => {
+                self.manifest = manifest;
+                self.remove_unused_files(false);
+                log::info(format_args!("final snapshot written in {} ms", started.elapsed().as_millis()));
+            }
+            Err(error) => log::error(format_args!("final snapshot failed ({error}); the log keeps every write")),
+        }
+    }
+}
+
+/// The log segments and snapshot files that `manifest` does not need, sparing
+/// those of a snapshot generation still being written.
+fn unused_files(wal_dir: &Path, snapshots_dir: &Path, manifest: &Manifest, writing: Option<u64>) -> Vec<PathBuf> {
+    let mut unused = Vec::new();
+    if let Ok(segments) = wal::segments(wal_dir) {
+        unused.extend(segments.into_iter().filter(|&s| s < manifest.log_start).map(|s| wal::segment_path(wal_dir, s)));
+    }
+    let Ok(entries) = fs::read_dir(snapshots_dir) else { return unused };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let generation = snapshot::generation_of(&name);
+        let in_use = generation == Some(manifest.generation)
+            && manifest
+                .indexes
+                .iter()
+                .any(|index| snapshot::snapshot_path(snapshots_dir, manifest.generation, index) == entry.path());
+        let being_written = generation.is_some() && generation == writing;
+        if !in_use && !being_written {
+            unused.push(entry.path());
+        }
+    }
+    unused
+}
