@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 
 use quiver::api::decode::{BodyLimits, Decoder};
 use quiver::api::json;
-use quiver::http::request::{parse_in_pieces, FramingLimits};
+use quiver::http::pieces::parse_in_pieces;
+use quiver::http::FramingLimits;
 use quiver::store::topk::TopK;
 use quiver::store::{kernels, Batch, Index, Metric, Mutation, Store};
 use quiver::wal::record::{self, Record};
