@@ -42,9 +42,12 @@ $(PYENV)/.installed: tests/python/requirements.txt
 	$(PYENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 	touch $@
 
+# Formatting, clippy, and the documentation: it must build without a
+# warning (a broken link between items is one), private items included.
 lint: cargo-tools
 	$(CARGO) fmt --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --locked --no-deps --document-private-items
 
 bench: cargo-tools
 	$(NATIVE) $(CARGO) bench --locked
