@@ -13,7 +13,7 @@ use crate::api::{ApiError, App, Handled, Seat, Target};
 use crate::db::StorageError;
 use crate::http::{Event, Framing, FramingLimits, Parser, ReadBuf};
 use crate::limits::{
-    READ_BUF_INITIAL_BYTES, READ_BUF_KEEP_BYTES_MAX, READ_BYTES_PER_TICK_MAX, READ_CHUNK_BYTES, WRITE_PENDING_BYTES_MAX,
+    BUF_KEEP_BYTES_MAX, READ_BUF_INITIAL_BYTES, READ_BYTES_PER_TICK_MAX, READ_CHUNK_BYTES, WRITE_PENDING_BYTES_MAX,
 };
 use crate::log;
 
@@ -233,7 +233,7 @@ impl Connection {
             }
         }
         self.parser.finish(&mut self.read);
-        self.read.shrink_when_idle(READ_BUF_KEEP_BYTES_MAX, READ_BUF_INITIAL_BYTES);
+        self.read.shrink_when_idle(BUF_KEEP_BYTES_MAX, READ_BUF_INITIAL_BYTES);
         self.request_started = None;
         if !keep_alive {
             self.closing = true;
@@ -339,7 +339,7 @@ impl Connection {
         }
         self.write.clear();
         self.written = 0;
-        if self.write.capacity() > READ_BUF_KEEP_BYTES_MAX {
+        if self.write.capacity() > BUF_KEEP_BYTES_MAX {
             self.write = Vec::new();
         }
         if self.closing && self.linger_until.is_none() {

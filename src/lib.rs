@@ -13,25 +13,34 @@
 //! ```
 //!
 //! and its reply comes back the same way: the api writes the envelope straight
-//! into the connection's write buffer, and the loop sends it once the tick's
+//! into the connection's write buffer, and the loop sends it once the turn's
 //! writes are synced.
 //!
-//! - [`server`]: the single-threaded mio loop; accept, readiness, the tick, timeouts.
+//! - [`server`]: binding, signals, accepting; [`server::clients`] holds the
+//!   connections and one turn of the loop over them (the same function the
+//!   server and the tests run).
 //! - [`connection`]: one socket's buffers and state.
-//! - [`http`]: resumable request parsing (httparse) and the response writer.
-//! - [`api`]: routing, authentication, body decoding (simd-json) and the endpoints.
+//! - [`http`]: resumable request parsing (httparse; heads in `head`, framing
+//!   in `request`) and the response writer.
+//! - [`api`]: routing (`route`), authentication, body decoding (simd-json),
+//!   the endpoints, and search batching (`batch`: searches of one turn run
+//!   together).
 //! - [`endpoint`]: what a routed request asks for, shared by `api` and `metrics`.
-//! - [`db`]: the durable store: apply, log, commit or undo, snapshots, recovery.
-//! - [`store`]: indexes, distance kernels (`wide` SIMD and a scalar reference), the
-//!   bfloat16 first pass of batched searches, top-k.
+//! - [`db`]: the durable store: apply, log, commit or undo, recovery; snapshots
+//!   in `db::snapshots`.
+//! - [`store`]: indexes (rows in `index`, scans and their threads in
+//!   `index::scan`), distance kernels (`wide` SIMD and a scalar reference),
+//!   the bfloat16 first pass of batched searches, top-k.
 //! - [`wal`]: the write-ahead log's records, segments, group commit and replay.
 //! - [`snapshot`]: per-index snapshot files and the manifest.
 //! - [`auth`]: the API key; [`files`]: files written whole, directories synced.
 //! - [`metrics`]: Prometheus counters and histograms; [`log`]: operator logs.
 //! - [`limits`]: every limit, with why; [`config`]: the command line.
 //!
-//! `store`, `wal` and `snapshot` know nothing of HTTP or sockets, and `http`
-//! nothing of the store. Every change to the store goes through
+//! Modules depend one way: `server` -> `connection` -> `api` -> `db` ->
+//! `store`, `wal`, `snapshot`; `store` depends on nothing of the crate but
+//! `limits`. `store`, `wal` and `snapshot` know nothing of HTTP or sockets,
+//! and `http` nothing of the store. Every change to the store goes through
 //! `Database::apply`, which logs it; nothing is answered before its sync.
 
 pub mod api;
@@ -48,4 +57,6 @@ pub mod metrics;
 pub mod server;
 pub mod snapshot;
 pub mod store;
+#[cfg(test)]
+mod testing;
 pub mod wal;

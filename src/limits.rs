@@ -111,9 +111,12 @@ pub const REQUESTS_PER_TICK_MAX_DEFAULT: usize = 32;
 /// us buffer without bound.
 pub const WRITE_PENDING_BYTES_MAX: usize = 8 * 1024 * 1024;
 
-/// A connection's read buffer grown past this by a large body is given back
-/// when the connection goes idle.
-pub const READ_BUF_KEEP_BYTES_MAX: usize = 1024 * 1024;
+/// A reused buffer grown past this by one large request is given back once
+/// that request is done, instead of being kept at its largest for the life
+/// of its owner: a connection's read buffer (when it goes idle) and write
+/// buffer (once flushed), a chunked body's de-chunked copy, and the log's
+/// buffer of records awaiting their sync.
+pub const BUF_KEEP_BYTES_MAX: usize = 1024 * 1024;
 
 /// Initial read buffer: enough for a head and a small body.
 pub const READ_BUF_INITIAL_BYTES: usize = 16 * 1024;

@@ -185,7 +185,7 @@ impl Parser {
         };
         buf.consume(in_read_buf);
         self.chunked.clear();
-        if self.chunked.capacity() > crate::limits::READ_BUF_KEEP_BYTES_MAX {
+        if self.chunked.capacity() > crate::limits::BUF_KEEP_BYTES_MAX {
             self.chunked = Vec::new();
         }
         self.chunked_len = 0;

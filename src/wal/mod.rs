@@ -135,7 +135,7 @@ impl Log {
             Ok(()) => {
                 self.synced_bytes += self.pending.len() as u64;
                 self.pending.clear();
-                if self.pending.capacity() > crate::limits::READ_BUF_KEEP_BYTES_MAX {
+                if self.pending.capacity() > crate::limits::BUF_KEEP_BYTES_MAX {
                     self.pending = Vec::new();
                 }
                 Ok(())

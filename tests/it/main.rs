@@ -23,6 +23,8 @@ mod fuzz_corpus;
 mod hostile;
 /// HTTP framing: pipelining, splits, chunked, 100-continue, limits, slow clients.
 mod http_framing;
+/// The modules depend on each other one way.
+mod layers;
 /// The process: API key sources, start-up log, --help, shutdown.
 mod lifecycle;
 /// 2,000 concurrent connections of every kind; normal clients still served.
