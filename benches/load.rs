@@ -87,8 +87,46 @@ fn main() {
         memory(&mut table);
     }
     let out = Path::new("target/load-bench.md");
-    std::fs::write(out, table.markdown()).expect("write target/load-bench.md");
+    std::fs::write(out, format!("{}\n\n{}", stamp(), table.markdown())).expect("write target/load-bench.md");
     println!("table written to {}", out.display());
+}
+
+/// When, from what and where the table was measured: the date (UTC), the
+/// commit (`-dirty` with uncommitted changes), the CPU, its cores and memory.
+fn stamp() -> String {
+    let output = |program: &str, args: &[&str]| {
+        Command::new(program)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map_or_else(|| "unknown".to_owned(), |o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let date = output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
+    let commit = output("git", &["rev-parse", "--short=12", "HEAD"]);
+    let dirty =
+        if output("git", &["status", "--porcelain", "--untracked-files=no"]).is_empty() { "" } else { "-dirty" };
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map_or("unknown CPU", |l| l.trim_start_matches([' ', '\t', ':']));
+    let features: Vec<&str> = ["avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni"]
+        .into_iter()
+        .filter(|f| cpuinfo.lines().any(|l| l.starts_with("flags") && l.split_whitespace().any(|w| w == *f)))
+        .collect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let memory_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|l| l.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    format!(
+        "`make bench` of {date}, commit {commit}{dirty}, on {cpu} ({}), {cores} cores, {:.0} GiB",
+        features.join(", "),
+        memory_kib as f64 / (1 << 20) as f64
+    )
 }
 
 fn vector_text(rng: &mut Rng, dims: usize, out: &mut String) {
