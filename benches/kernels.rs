@@ -59,7 +59,7 @@ fn bench_topk(c: &mut Criterion) {
     group.finish();
 }
 
-/// Several searches of one index read together (`Index::search_many`), on
+/// Several searches of one index read together (`Index::search_many_split`), on
 /// one thread, against the same searches made one after another. The index,
 /// 20,000 x 768 (61 MB), is larger than the caches, as a real one is.
 /// Throughput is in queries: per query, 1 is the lone scan and the rest is

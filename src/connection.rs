@@ -1,7 +1,7 @@
 //! One client socket: its buffers, its parser, and where it stands.
 //!
 //! A connection never closes itself: `service` and `flush` report what
-//! should happen and the loop in `server.rs` acts on it.
+//! should happen and the loop (`server::clients`) acts on it.
 
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr};

@@ -1,6 +1,7 @@
 //! The connections and the app that answers them, and one turn of the loop
-//! over them (`Clients::turn`): what the server runs after each poll, and
-//! what tests run to drive a real connection in-process.
+//! over them (`Clients::turn`, the "tick" of `--requests-per-tick-max`):
+//! what the server runs after each poll, and what tests run to drive a real
+//! connection in-process.
 
 use std::io;
 use std::net::SocketAddr;
