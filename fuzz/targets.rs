@@ -61,14 +61,19 @@ pub fn json_bodies(input: &[u8]) {
         }
         1 => {
             let mut query = Vec::new();
-            if let Ok(k) = decoder.search(&mut body.to_vec(), 10_000, &mut query) {
-                let mut again = format!("{{\"k\":{k},\"queryVector\":").into_bytes();
+            if let Ok((k, include)) = decoder.search(&mut body.to_vec(), 10_000, &mut query) {
+                let included: Vec<&str> = [("\"score\"", include.score), ("\"data\"", include.data)]
+                    .into_iter()
+                    .filter_map(|(name, on)| on.then_some(name))
+                    .collect();
+                let mut again =
+                    format!("{{\"k\":{k},\"include\":[{}],\"queryVector\":", included.join(",")).into_bytes();
                 if !write_f32s(&mut again, &query) {
                     return;
                 }
                 again.push(b'}');
                 let mut query_again = Vec::new();
-                assert_eq!(decoder.search(&mut again, 10_000, &mut query_again).unwrap(), k);
+                assert_eq!(decoder.search(&mut again, 10_000, &mut query_again).unwrap(), (k, include));
                 assert_eq!(bits(&query_again), bits(&query));
             }
         }

@@ -22,7 +22,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::{embeddings, Reply};
+use super::embeddings::{self, Ask};
+use super::Reply;
 use crate::metrics::Metrics;
 use crate::store::topk::TopK;
 use crate::store::{Index, Scanner, Store};
@@ -52,7 +53,7 @@ impl Seat {
 struct Parked {
     index: String,
     query: Vec<f32>,
-    k: usize,
+    ask: Ask,
     keep_alive: bool,
     top: TopK,
     /// The answer and its status, rendered as soon as the search has run: a
@@ -68,7 +69,7 @@ impl Parked {
     fn answer(&mut self, index: &Index, reply_bytes_max: usize) {
         self.reply.clear();
         let reply = Reply { out: &mut self.reply, keep_alive: self.keep_alive };
-        self.status = match embeddings::write_hits(index, &mut self.top, reply_bytes_max, reply) {
+        self.status = match embeddings::write_hits(index, &mut self.top, self.ask, reply_bytes_max, reply) {
             Ok(status) => status,
             Err(error) => error.write(&mut self.reply, self.keep_alive),
         };
@@ -106,14 +107,14 @@ impl Batches {
         &mut self.parked[self.parked_len].query
     }
 
-    /// Parks the search whose query is in `next_query()`: the `k` nearest in
-    /// the index `index`, taken at `started`.
-    pub fn park(&mut self, seat: &mut Seat, index: &str, k: usize, keep_alive: bool, started: Instant) {
+    /// Parks the search whose query is in `next_query()`: what `ask` asks
+    /// of the index `index`, taken at `started`.
+    pub fn park(&mut self, seat: &mut Seat, index: &str, ask: Ask, keep_alive: bool, started: Instant) {
         debug_assert!(seat.parked.is_none(), "one parked search per connection");
         let slot = &mut self.parked[self.parked_len];
         slot.index.clear();
         slot.index.push_str(index);
-        slot.k = k;
+        slot.ask = ask;
         slot.keep_alive = keep_alive;
         slot.done = false;
         seat.parked = Some((self.parked_len, started));
@@ -166,7 +167,7 @@ impl Batches {
             if (first + 1..self.parked_len).filter(same_index).count() == 0 {
                 // Alone on its index: no batch to build.
                 let slot = &mut self.parked[first];
-                self.scanner.search(index, &[&slot.query], &[slot.k], std::slice::from_mut(&mut slot.top));
+                self.scanner.search(index, &[&slot.query], &[slot.ask.k], std::slice::from_mut(&mut slot.top));
                 slot.answer(index, reply_bytes_max);
                 continue;
             }
@@ -174,7 +175,7 @@ impl Batches {
             metrics.add_search_batch(group.len() as u64);
             let mut tops: Vec<TopK> = group.iter().map(|&s| std::mem::take(&mut self.parked[s].top)).collect();
             let queries: Vec<&[f32]> = group.iter().map(|&s| self.parked[s].query.as_slice()).collect();
-            let ks: Vec<usize> = group.iter().map(|&s| self.parked[s].k).collect();
+            let ks: Vec<usize> = group.iter().map(|&s| self.parked[s].ask.k).collect();
             self.scanner.search(index, &queries, &ks, &mut tops);
             for (&s, top) in group.iter().zip(tops) {
                 self.parked[s].top = top;
@@ -212,6 +213,7 @@ fn window_after(took: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::decode::Include;
     use crate::store::{Metric, Mutation};
 
     /// A store with a small index `small` and, when `large_rows` is not 0, an
@@ -236,10 +238,14 @@ mod tests {
     }
 
     fn park(batches: &mut Batches, seat: &mut Seat, index: &str, query: &[f32], k: usize) {
+        park_asking(batches, seat, index, query, Ask { k, ..Ask::default() });
+    }
+
+    fn park_asking(batches: &mut Batches, seat: &mut Seat, index: &str, query: &[f32], ask: Ask) {
         let slot = batches.next_query();
         slot.clear();
         slot.extend_from_slice(query);
-        batches.park(seat, index, k, true, Instant::now());
+        batches.park(seat, index, ask, true, Instant::now());
     }
 
     fn answer(batches: &mut Batches, seat: &mut Seat) -> Vec<u8> {
@@ -251,9 +257,13 @@ mod tests {
 
     /// The answer each search gets alone, in a turn of its own.
     fn alone(store: &Store, index: &str, query: &[f32], k: usize) -> Vec<u8> {
+        alone_asking(store, index, query, Ask { k, ..Ask::default() })
+    }
+
+    fn alone_asking(store: &Store, index: &str, query: &[f32], ask: Ask) -> Vec<u8> {
         let mut batches = Batches::with_threads(1);
         let mut seat = Seat::default();
-        park(&mut batches, &mut seat, index, query, k);
+        park_asking(&mut batches, &mut seat, index, query, ask);
         batches.run(store, &mut Metrics::default(), 1 << 20);
         answer(&mut batches, &mut seat)
     }
@@ -266,12 +276,18 @@ mod tests {
             let mut batches = Batches::with_threads(threads);
             let mut metrics = Metrics::default();
             let mut seats = vec![Seat::default(); queries.len()];
+            // Every other search includes its scores and vectors.
+            let ask =
+                |q: usize| Ask { k: q + 1, include: Include { score: q % 2 == 1, data: q % 2 == 1 }, divisor: 1.0 };
             for (q, (seat, query)) in seats.iter_mut().zip(&queries).enumerate() {
-                park(&mut batches, seat, "small", query, q + 1);
+                park_asking(&mut batches, seat, "small", query, ask(q));
             }
             batches.run(&store, &mut metrics, 1 << 20);
             for (q, (seat, query)) in seats.iter_mut().zip(&queries).enumerate() {
-                assert_eq!(answer(&mut batches, seat), alone(&store, "small", query, q + 1), "query {q}");
+                let answer = answer(&mut batches, seat);
+                assert_eq!(answer, alone_asking(&store, "small", query, ask(q)), "query {q}");
+                let text = String::from_utf8(answer).unwrap();
+                assert_eq!(text.contains("\"score\":") && text.contains("\"data\":"), q % 2 == 1, "{text}");
                 assert!(!seat.is_parked());
             }
             batches.end_turn();

@@ -24,6 +24,15 @@ use super::error::ApiError;
 use super::json;
 use crate::store::Batch;
 
+/// What a search's `include` asks to add to each hit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Include {
+    /// The value the hit was ranked by.
+    pub score: bool,
+    /// The stored vector.
+    pub data: bool,
+}
+
 /// A tape node slice: the whole parsed document.
 type Nodes<'t, 'i> = &'t [Node<'i>];
 
@@ -158,10 +167,16 @@ impl Decoder {
     }
 
     /// `{"queryVector": [numbers], "k": int}`; the vector goes into `query`.
-    pub fn search(&mut self, body: &mut [u8], k_max: usize, query: &mut Vec<f32>) -> Result<usize, ApiError> {
+    /// `{"queryVector": [number], "k": int, "include"?: ["score" | "data"]}`.
+    pub fn search(
+        &mut self,
+        body: &mut [u8],
+        k_max: usize,
+        query: &mut Vec<f32>,
+    ) -> Result<(usize, Include), ApiError> {
         query.clear();
-        let k = self.with_tape(body, |nodes, scratch| {
-            let (mut k, mut have_vector) = (None, false);
+        let found = self.with_tape(body, |nodes, scratch| {
+            let (mut k, mut have_vector, mut include) = (None, false, Include::default());
             for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
                 match key {
                     "k" => {
@@ -177,16 +192,18 @@ impl Decoder {
                         numbers(nodes, at, query, &mut scratch.rereads, &|| "queryVector".to_owned())?;
                         have_vector = true;
                     }
+                    "include" => include = include_of(nodes, at)?,
                     _ => {}
                 }
             }
             if !have_vector {
                 return Err(ApiError::bad_body("queryVector: required"));
             }
-            k.ok_or_else(|| ApiError::bad_body("k: required"))
+            let k = k.ok_or_else(|| ApiError::bad_body("k: required"))?;
+            Ok((k, include))
         })?;
         self.reread_numbers(body, query)?;
-        Ok(k)
+        Ok(found)
     }
 
     /// `{"ids": [int]}`.
@@ -464,6 +481,29 @@ fn elements<'t>(nodes: Nodes<'t, '_>, at: usize) -> impl Iterator<Item = usize> 
     })
 }
 
+/// `include`: `null` (nothing), or an array of `"score"` and `"data"`.
+fn include_of(nodes: Nodes<'_, '_>, at: usize) -> Result<Include, ApiError> {
+    let mut include = Include::default();
+    match nodes[at] {
+        Node::Static(StaticNode::Null) => return Ok(include),
+        Node::Array { .. } => {}
+        _ => return Err(ApiError::bad_body(r#"include: expected an array of "score" and "data""#)),
+    }
+    for (i, element) in elements(nodes, at).enumerate() {
+        match nodes[element] {
+            Node::String("score") => include.score = true,
+            Node::String("data") => include.data = true,
+            Node::String(other) => {
+                return Err(ApiError::bad_body(format_args!(
+                    r#"include[{i}]: unknown value '{other}'; allowed: "score", "data""#
+                )))
+            }
+            _ => return Err(ApiError::bad_body(format_args!(r#"include[{i}]: expected "score" or "data""#))),
+        }
+    }
+    Ok(include)
+}
+
 fn not_an_object() -> ApiError {
     ApiError::bad_body("body: expected a JSON object")
 }
@@ -552,8 +592,26 @@ mod tests {
     fn search_create_and_ids() {
         let mut decoder = Decoder::default();
         let mut query = Vec::new();
-        let k = decoder.search(&mut br#"{"k":3,"queryVector":[1,0.5]}"#.to_vec(), 10, &mut query).unwrap();
-        assert_eq!((k, query.as_slice()), (3, &[1.0, 0.5][..]));
+        let found = decoder.search(&mut br#"{"k":3,"queryVector":[1,0.5]}"#.to_vec(), 10, &mut query).unwrap();
+        assert_eq!((found, query.as_slice()), ((3, Include::default()), &[1.0, 0.5][..]));
+        let mut include = |text: &str| decoder.search(&mut text.as_bytes().to_vec(), 10, &mut query).map(|(_, i)| i);
+        let both = Include { score: true, data: true };
+        assert_eq!(include(r#"{"k":1,"queryVector":[1],"include":["data","score"]}"#), Ok(both));
+        assert!(!include(r#"{"k":1,"queryVector":[1],"include":["score"]}"#).unwrap().data);
+        assert_eq!(include(r#"{"k":1,"queryVector":[1],"include":null}"#), Ok(Include::default()));
+        assert_eq!(include(r#"{"k":1,"queryVector":[1],"include":[]}"#), Ok(Include::default()));
+        assert_eq!(
+            detail(include(r#"{"k":1,"queryVector":[1],"include":["score","vectors"]}"#)),
+            r#"include[1]: unknown value 'vectors'; allowed: "score", "data""#
+        );
+        assert_eq!(
+            detail(include(r#"{"k":1,"queryVector":[1],"include":"score"}"#)),
+            r#"include: expected an array of "score" and "data""#
+        );
+        assert_eq!(
+            detail(include(r#"{"k":1,"queryVector":[1],"include":[1]}"#)),
+            r#"include[0]: expected "score" or "data""#
+        );
         let mut bad = |text: &str| detail(decoder.search(&mut text.as_bytes().to_vec(), 10, &mut query));
         assert_eq!(bad(r#"{"k":0,"queryVector":[1]}"#), "k: expected an integer from 1 to 10");
         assert_eq!(bad(r#"{"k":11,"queryVector":[1]}"#), "k: expected an integer from 1 to 10");

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use super::decode::Include;
 use super::envelope::Envelope;
 use super::error::{ApiError, IndexOp};
 use super::{find, json, ApiLimits, Reply, Scratch};
@@ -45,9 +46,20 @@ impl fmt::Display for SkipReason {
     }
 }
 
+/// What a search asks for besides its query.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Ask {
+    /// How many nearest rows.
+    pub k: usize,
+    /// What each hit shows besides its metadata and rank.
+    pub include: Include,
+    /// What `Index::prepare_query` divided the query by (for `Index::score_of`).
+    pub divisor: f64,
+}
+
 /// Decodes and checks a search body: its query goes into `query`, made
-/// ready to scan (`Index::prepare_query`); returns `k` and the index it
-/// searches.
+/// ready to scan (`Index::prepare_query`); returns what the search asks for
+/// and the index it searches.
 pub fn prepare_search<'s>(
     store: &'s Store,
     decoder: &mut super::decode::Decoder,
@@ -55,19 +67,25 @@ pub fn prepare_search<'s>(
     name: &str,
     body: &mut [u8],
     query: &mut Vec<f32>,
-) -> Result<(usize, &'s Index), ApiError> {
-    let k = decoder.search(body, limits.k_max, query)?;
+) -> Result<(Ask, &'s Index), ApiError> {
+    let (k, include) = decoder.search(body, limits.k_max, query)?;
     let index = find(store, name, IndexOp::Fetch)?;
-    index.prepare_query(query).map_err(|error| ApiError::SearchFailed { reason: format!("queryVector: {error}") })?;
-    Ok((k, index))
+    let divisor = index
+        .prepare_query(query)
+        .map_err(|error| ApiError::SearchFailed { reason: format!("queryVector: {error}") })?;
+    Ok((Ask { k, include, divisor }, index))
 }
 
 /// Bytes of a reply besides its items: the head, the envelope, its message.
 const REPLY_FRAME_BYTES: usize = 512;
 
-/// Most bytes one hit adds to a search reply besides its metadata text:
-/// `"<id>":{"metadata":,"rank":<rank>},`.
+/// Most bytes one hit adds to a search reply besides its metadata text and
+/// what `include` adds: `"<id>":{"metadata":,"rank":<rank>},`.
 const HIT_BYTES_MAX: usize = 64;
+
+/// Most bytes `include` adds to a hit besides its values: `,"score":` and
+/// `,"data":[]`.
+const INCLUDE_BYTES_MAX: usize = 24;
 
 /// Most bytes one embedding adds to a retrieve reply besides its metadata
 /// text and values: `{"id":<id>,"data":[],"metadata":{}},`.
@@ -91,12 +109,22 @@ fn check_reply(bytes: usize, items: usize, max: usize, what: &'static str) -> Re
     Err(ApiError::ReplyTooLarge { bytes, max, fit, what })
 }
 
-/// Writes the answer to a search whose hits are in `top`, if it fits in
-/// `reply_bytes_max`.
-pub fn write_hits(index: &Index, top: &mut TopK, reply_bytes_max: usize, reply: Reply<'_>) -> Result<u16, ApiError> {
+/// Writes the answer to a search whose hits are in `top`, with what `ask`
+/// includes, if it fits in `reply_bytes_max`.
+pub fn write_hits(
+    index: &Index,
+    top: &mut TopK,
+    ask: Ask,
+    reply_bytes_max: usize,
+    reply: Reply<'_>,
+) -> Result<u16, ApiError> {
     let hits = top.sorted();
+    let Include { score, data } = ask.include;
+    let included = if score || data { INCLUDE_BYTES_MAX } else { 0 }
+        + usize::from(score) * VALUE_BYTES_MAX
+        + usize::from(data) * index.dims() * VALUE_BYTES_MAX;
     let bytes = REPLY_FRAME_BYTES
-        + hits.iter().map(|hit| HIT_BYTES_MAX + index.metadata_of_row(hit.row).len().max(2)).sum::<usize>();
+        + hits.iter().map(|hit| HIT_BYTES_MAX + included + index.metadata_of_row(hit.row).len().max(2)).sum::<usize>();
     check_reply(bytes, hits.len(), reply_bytes_max, "hits (a smaller k)")?;
     let Reply { out, keep_alive } = reply;
     let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("Similarity search performed successfully."));
@@ -112,6 +140,14 @@ pub fn write_hits(index: &Index, top: &mut TopK, reply_bytes_max: usize, reply: 
         json::write_metadata(out, index.metadata_of_row(hit.row));
         out.extend_from_slice(b",\"rank\":");
         json::write_u64(out, rank as u64);
+        if score {
+            out.extend_from_slice(b",\"score\":");
+            json::write_f32(out, index.score_of(hit.distance, ask.divisor));
+        }
+        if data {
+            out.extend_from_slice(b",\"data\":");
+            json::write_f32_array(out, index.vector_of_row(hit.row));
+        }
         out.push(b'}');
     }
     out.extend_from_slice(b"}}");

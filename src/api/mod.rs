@@ -116,9 +116,9 @@ impl App {
         let query = self.batches.next_query();
         let store = self.db.store();
         match embeddings::prepare_search(store, &mut self.scratch.decoder, self.limits, name, body, query) {
-            Ok((k, index)) => {
+            Ok((ask, index)) => {
                 self.metrics.add_search_bytes((index.len() * index.dims() * 4) as u64);
-                self.batches.park(seat, name, k, reply.keep_alive, started);
+                self.batches.park(seat, name, ask, reply.keep_alive, started);
                 None
             }
             Err(error) => Some(error.write(reply.out, reply.keep_alive)),

@@ -213,12 +213,27 @@ impl Index {
     /// exponent, wherever nothing underflows or overflows (every distance
     /// of cosine, which divides the norm back out, is unchanged bit for
     /// bit). l2 subtracts the query from each row and is left as it is.
-    pub fn prepare_query(&self, query: &mut [f32]) -> Result<(), VectorError> {
+    /// Returns the power of two the query was divided by, for `score_of`.
+    pub fn prepare_query(&self, query: &mut [f32]) -> Result<f64, VectorError> {
         let squared = self.checked_squared_norm(query)?;
-        if self.metric != Metric::L2 {
-            kernels::scale_to_unit_norm(query, squared);
+        if self.metric == Metric::L2 {
+            return Ok(1.0);
         }
-        Ok(())
+        Ok(kernels::scale_to_unit_norm(query, squared))
+    }
+
+    /// The value a hit was ranked by, as a search reports it: the cosine
+    /// similarity, the inner product with the query as it was given, or the
+    /// squared Euclidean distance; from the hit's `distance` and the
+    /// `divisor` that `prepare_query` returned. The inner product is scaled
+    /// back by that power of two: exact, unless the product leaves f32's
+    /// normal range, where it rounds once.
+    pub fn score_of(&self, distance: f32, divisor: f64) -> f32 {
+        match self.metric {
+            Metric::Cosine => -distance,
+            Metric::Ip => (-f64::from(distance) * divisor) as f32,
+            Metric::L2 => distance,
+        }
     }
 
     /// Stores or replaces the embedding `id`. The vector must have passed `check_vector`.
@@ -334,6 +349,12 @@ impl Index {
         Some((&self.vectors[row * self.dims..(row + 1) * self.dims], &self.metadata[row]))
     }
 
+    /// The stored vector of row `row`.
+    pub fn vector_of_row(&self, row: u32) -> &[f32] {
+        let row = row as usize;
+        &self.vectors[row * self.dims..(row + 1) * self.dims]
+    }
+
     pub fn metadata_of_row(&self, row: u32) -> &[u8] {
         &self.metadata[row as usize]
     }
@@ -378,10 +399,10 @@ mod tests {
         assert_eq!(index.prepare_query(&mut [1e-23, 5e-24]), Err(VectorError::NormTooSmall));
         assert_eq!(index.prepare_query(&mut [0.0, 0.0]), Err(VectorError::ZeroForCosine));
         let mut tiny = [f32::from_bits(1 << 9), 0.0]; // 2^-140, a subnormal
-        assert_eq!(Index::new(2, Metric::Ip).prepare_query(&mut tiny), Ok(()));
+        assert_eq!(Index::new(2, Metric::Ip).prepare_query(&mut tiny), Ok(2f64.powi(-140)));
         assert_eq!(tiny, [1.0, 0.0]);
         let mut l2 = [1e-40f32, 3.0];
-        assert_eq!(Index::new(2, Metric::L2).prepare_query(&mut l2), Ok(()));
+        assert_eq!(Index::new(2, Metric::L2).prepare_query(&mut l2), Ok(1.0));
         assert_eq!(l2, [1e-40, 3.0], "l2 queries are left as given");
     }
 

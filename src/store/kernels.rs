@@ -220,10 +220,11 @@ pub fn inverse_norm_of(squared: f64) -> f32 {
 /// Scales `v`, whose `squared_norm` is `squared`, by the power of two that
 /// brings its Euclidean norm into [1, 2); leaves a zero vector as it is.
 /// Exact for every value that stays a normal f32 (a value below 2^-126 of
-/// the new norm rounds to f32's subnormals, off by at most 2^-150).
-pub fn scale_to_unit_norm(v: &mut [f32], squared: f64) {
+/// the new norm rounds to f32's subnormals, off by at most 2^-150). Returns
+/// the power of two `v` was divided by (1 for a zero vector).
+pub fn scale_to_unit_norm(v: &mut [f32], squared: f64) -> f64 {
     if squared == 0.0 {
-        return;
+        return 1.0;
     }
     // The norm's binary exponent; the norm is a normal f64 (at least the
     // smallest f32, 2^-149).
@@ -232,6 +233,7 @@ pub fn scale_to_unit_norm(v: &mut [f32], squared: f64) {
     for x in v {
         *x = (f64::from(*x) * factor) as f32;
     }
+    1.0 / factor
 }
 
 /// Plain loops, one element at a time: the reference the SIMD kernels must agree with.

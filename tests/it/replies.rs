@@ -59,18 +59,24 @@ fn a_retrieve_past_the_limit_is_refused_saying_how_many_ids_fit() {
 #[test]
 fn a_search_past_the_limit_is_refused_saying_how_many_hits_fit() {
     let (_server, mut client) = server_with_rows(400);
-    let search = |client: &mut Client, k: usize| {
-        let body = json!({"queryVector": vec![0.5; DIMS], "k": k}).to_string();
-        client.call("POST", "/api/v1/embeddings/wide/search", Some(&body))
-    };
-    let r = search(&mut client, 400);
-    assert_eq!((r.status, r.code()), (400, "REPLY_TOO_LARGE"), "{r:?}");
-    let fit = fit(&r);
-    assert!(fit > 10 && fit < 400, "{r:?}");
-    let r = search(&mut client, fit);
-    assert_eq!(r.status, 200, "{r:?}");
-    assert_eq!(r.body["data"]["nearest_neighbors"].as_object().unwrap().len(), fit);
-    assert!(reply_bytes(&r) <= REPLY_BYTES_MAX, "{} bytes", reply_bytes(&r));
+    // Plain hits, then hits with their scores and vectors: fewer fit.
+    let mut fits = Vec::new();
+    for include in [json!(null), json!(["score", "data"])] {
+        let search = |client: &mut Client, k: usize| {
+            let body = json!({"queryVector": vec![0.5; DIMS], "k": k, "include": include}).to_string();
+            client.call("POST", "/api/v1/embeddings/wide/search", Some(&body))
+        };
+        let r = search(&mut client, 400);
+        assert_eq!((r.status, r.code()), (400, "REPLY_TOO_LARGE"), "{r:?}");
+        let fit = fit(&r);
+        assert!(fit > 10 && fit < 400, "{r:?}");
+        let r = search(&mut client, fit);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.body["data"]["nearest_neighbors"].as_object().unwrap().len(), fit);
+        assert!(reply_bytes(&r) <= REPLY_BYTES_MAX, "{include}: {} bytes", reply_bytes(&r));
+        fits.push(fit);
+    }
+    assert!(fits[1] < fits[0], "{fits:?}");
     // Other clients are answered as usual meanwhile.
     assert_eq!(client.call("GET", "/api/v1/health", None).status, 200);
 }

@@ -143,6 +143,46 @@ pub fn check_search(client: &mut Client, index: &str, metric: Metric, model: &Mo
             );
         }
     }
+    check_included(client, index, metric, model, query, k, &ranked);
+}
+
+/// The same search with `include: ["score", "data"]`: the same hits in the
+/// same ranks, each with the stored vector exactly and the value it was
+/// ranked by, within the oracle's bound of the exact one (cosine
+/// similarity, inner product with the query as sent, squared distance).
+fn check_included(
+    client: &mut Client,
+    index: &str,
+    metric: Metric,
+    model: &Model,
+    query: &[f32],
+    k: usize,
+    ranked: &[i64],
+) {
+    let body = serde_json::json!({"queryVector": query, "k": k, "include": ["score", "data"]}).to_string();
+    let r = client.call("POST", &format!("/api/v1/embeddings/{index}/search"), Some(&body));
+    assert_eq!(r.status, 200, "{r:?}");
+    let hits = r.body["data"]["nearest_neighbors"].as_object().unwrap();
+    assert_eq!(hits.len(), ranked.len());
+    for (rank, id) in ranked.iter().enumerate() {
+        let hit = &hits[&id.to_string()];
+        assert_eq!(hit.as_object().unwrap().len(), 4, "metadata, rank, score, data: {hit}");
+        assert_eq!(hit["rank"], rank, "{hit}");
+        let (vector, tag) = &model[id];
+        assert_eq!(hit["metadata"]["tag"].as_str(), Some(tag.as_str()));
+        let data: Vec<u32> =
+            hit["data"].as_array().unwrap().iter().map(|x| (x.as_f64().unwrap() as f32).to_bits()).collect();
+        assert_eq!(data, vector.iter().map(|x| x.to_bits()).collect::<Vec<u32>>(), "id {id}: data as stored");
+        let score = hit["score"].as_f64().unwrap();
+        let exact = match metric {
+            Metric::L2 => -metric.nearness(query, vector),
+            Metric::Cosine | Metric::Ip => metric.nearness(query, vector),
+        };
+        // Besides the ranking's own error, the score is rounded to f32 once
+        // more: relatively, or by half a subnormal where it underflows.
+        let bound = metric.tolerance(query, vector) + exact.abs() * U + TINY;
+        assert!((score - exact).abs() <= bound, "{metric:?} id {id}: score {score}, exact {exact}, bound {bound}");
+    }
 }
 
 fn run_oracle(metric: Metric, dims: usize, count: usize, seed: u64) {
