@@ -103,6 +103,11 @@ pub struct Config {
     #[arg(long, default_value_t = limits::K_MAX_DEFAULT)]
     pub k_max: usize,
 
+    /// Most searches in one search-batch request.
+    #[arg(long, default_value_t = limits::SEARCH_BATCH_MAX_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|n| n as usize))]
+    pub search_batch_max: usize,
+
     /// Write a snapshot (in a forked process) once the log has grown this many bytes.
     #[arg(long, default_value_t = limits::SNAPSHOT_LOG_BYTES_DEFAULT)]
     pub snapshot_log_bytes: u64,

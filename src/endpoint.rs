@@ -16,6 +16,8 @@ pub enum Endpoint {
     IndexStats,
     DeleteIndex,
     Search,
+    /// `POST /api/v1/embeddings/{name}/search-batch`: many searches, one pass.
+    SearchBatch,
     Upsert,
     Insert,
     Retrieve,
@@ -24,7 +26,7 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// Every endpoint, in declaration order (`endpoint as usize` is its position).
-    pub const ALL: [Endpoint; 13] = [
+    pub const ALL: [Endpoint; 14] = [
         Endpoint::Health,
         Endpoint::TestAuth,
         Endpoint::Metrics,
@@ -34,6 +36,7 @@ impl Endpoint {
         Endpoint::IndexStats,
         Endpoint::DeleteIndex,
         Endpoint::Search,
+        Endpoint::SearchBatch,
         Endpoint::Upsert,
         Endpoint::Insert,
         Endpoint::Retrieve,
@@ -52,6 +55,7 @@ impl Endpoint {
             Endpoint::IndexStats => "index_stats",
             Endpoint::DeleteIndex => "delete_index",
             Endpoint::Search => "search",
+            Endpoint::SearchBatch => "search_batch",
             Endpoint::Upsert => "upsert",
             Endpoint::Insert => "insert",
             Endpoint::Retrieve => "retrieve",
@@ -74,6 +78,13 @@ impl Endpoint {
     /// Whether answering reads indexes or embeddings (and so must not see
     /// writes that are not yet durable).
     pub fn reads_data(self) -> bool {
-        matches!(self, Endpoint::ListIndexes | Endpoint::IndexStats | Endpoint::Search | Endpoint::Retrieve)
+        matches!(
+            self,
+            Endpoint::ListIndexes
+                | Endpoint::IndexStats
+                | Endpoint::Search
+                | Endpoint::SearchBatch
+                | Endpoint::Retrieve
+        )
     }
 }

@@ -65,6 +65,10 @@ pub const DIMENSIONS_MAX_DEFAULT: usize = 65_536;
 /// Largest `k` a search may ask for.
 pub const K_MAX_DEFAULT: usize = 10_000;
 
+/// Most searches in one `search-batch` request: a batch of 1,024 queries of
+/// 768 dimensions is a body of about 10 MB, and one pass over the rows.
+pub const SEARCH_BATCH_MAX_DEFAULT: usize = 1024;
+
 /// Largest Euclidean norm of a stored vector or a query: 2^62 (about
 /// 4.6e18). Inside it no f32 product or sum of a search can overflow: a dot
 /// product is at most |q||x| <= 2^124, a squared distance at most

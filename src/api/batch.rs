@@ -198,6 +198,11 @@ impl Batches {
         Some((parked.status, started))
     }
 
+    /// The scanner the batches use, for searches run at once.
+    pub fn scanner(&mut self) -> &mut Scanner {
+        &mut self.scanner
+    }
+
     /// Forgets this turn's parked searches (their slots are kept for reuse).
     pub fn end_turn(&mut self) {
         self.parked_len = 0;

@@ -18,6 +18,8 @@
 //! gives integers beyond 64 bits as f64 (its `big-int-as-float`), which the
 //! halfway check covers like any other.
 
+use std::ops::Range;
+
 use simd_json::{Buffers, Node, StaticNode, Tape};
 
 use super::error::ApiError;
@@ -176,34 +178,62 @@ impl Decoder {
     ) -> Result<(usize, Include), ApiError> {
         query.clear();
         let found = self.with_tape(body, |nodes, scratch| {
-            let (mut k, mut have_vector, mut include) = (None, false, Include::default());
-            for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
-                match key {
-                    "k" => {
-                        let n = integer(nodes, at).filter(|&n| (1..=k_max as i64).contains(&n));
-                        let n = n.ok_or_else(|| {
-                            ApiError::bad_body(format_args!("k: expected an integer from 1 to {k_max}"))
-                        })?;
-                        k = Some(n as usize);
-                    }
-                    "queryVector" => {
-                        query.clear();
-                        scratch.rereads.clear();
-                        numbers(nodes, at, query, &mut scratch.rereads, &|| "queryVector".to_owned())?;
-                        have_vector = true;
-                    }
-                    "include" => include = include_of(nodes, at)?,
-                    _ => {}
-                }
-            }
-            if !have_vector {
-                return Err(ApiError::bad_body("queryVector: required"));
-            }
-            let k = k.ok_or_else(|| ApiError::bad_body("k: required"))?;
-            Ok((k, include))
+            let object = object(nodes, 0).ok_or_else(not_an_object)?;
+            search_fields(nodes, object, k_max, query, &mut scratch.rereads)
         })?;
         self.reread_numbers(body, query)?;
         Ok(found)
+    }
+
+    /// `{"searches": [<search body>, ...]}`, 1 to `searches_max` of them:
+    /// each query goes, one after another, into `queries`, and its `k`,
+    /// `include` and place in `queries` into `searches`.
+    pub fn search_batch(
+        &mut self,
+        body: &mut [u8],
+        k_max: usize,
+        searches_max: usize,
+        queries: &mut Vec<f32>,
+        searches: &mut Vec<(usize, Include, Range<usize>)>,
+    ) -> Result<(), ApiError> {
+        queries.clear();
+        searches.clear();
+        self.with_tape(body, |nodes, scratch| {
+            let mut found = false;
+            for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
+                if key != "searches" {
+                    continue;
+                }
+                let Node::Array { len, .. } = nodes[at] else {
+                    return Err(ApiError::bad_body("searches: expected an array of search bodies"));
+                };
+                if !(1..=searches_max).contains(&len) {
+                    return Err(ApiError::bad_body(format_args!("searches: expected 1 to {searches_max} searches")));
+                }
+                queries.clear();
+                searches.clear();
+                scratch.rereads.clear();
+                for (i, element) in elements(nodes, at).enumerate() {
+                    let in_search = |error: ApiError| match error {
+                        ApiError::BadBody { detail } => ApiError::BadBody { detail: format!("searches[{i}].{detail}") },
+                        other => other,
+                    };
+                    let object = object(nodes, element)
+                        .ok_or_else(|| ApiError::bad_body(format_args!("searches[{i}]: expected a JSON object")))?;
+                    let start = queries.len();
+                    let (k, include) =
+                        search_fields(nodes, object, k_max, queries, &mut scratch.rereads).map_err(in_search)?;
+                    searches.push((k, include, start..queries.len()));
+                }
+                found = true;
+            }
+            if found {
+                Ok(())
+            } else {
+                Err(ApiError::bad_body("searches: required"))
+            }
+        })?;
+        self.reread_numbers(body, queries)
     }
 
     /// `{"ids": [int]}`.
@@ -479,6 +509,42 @@ fn elements<'t>(nodes: Nodes<'t, '_>, at: usize) -> impl Iterator<Item = usize> 
         next = skip(nodes, element);
         element
     })
+}
+
+/// The fields of one search body, whose query is appended to `queries`.
+fn search_fields<'i>(
+    nodes: Nodes<'_, 'i>,
+    fields: impl Iterator<Item = (&'i str, usize)>,
+    k_max: usize,
+    queries: &mut Vec<f32>,
+    rereads: &mut Vec<(usize, usize)>,
+) -> Result<(usize, Include), ApiError> {
+    let start = queries.len();
+    let (mut k, mut have_vector, mut include) = (None, false, Include::default());
+    for (key, at) in fields {
+        match key {
+            "k" => {
+                let n = integer(nodes, at).filter(|&n| (1..=k_max as i64).contains(&n));
+                let n =
+                    n.ok_or_else(|| ApiError::bad_body(format_args!("k: expected an integer from 1 to {k_max}")))?;
+                k = Some(n as usize);
+            }
+            "queryVector" => {
+                // A repeated key: the last one counts.
+                queries.truncate(start);
+                rereads.retain(|&(_, slot)| slot < start);
+                numbers(nodes, at, queries, rereads, &|| "queryVector".to_owned())?;
+                have_vector = true;
+            }
+            "include" => include = include_of(nodes, at)?,
+            _ => {}
+        }
+    }
+    if !have_vector {
+        return Err(ApiError::bad_body("queryVector: required"));
+    }
+    let k = k.ok_or_else(|| ApiError::bad_body("k: required"))?;
+    Ok((k, include))
 }
 
 /// `include`: `null` (nothing), or an array of `"score"` and `"data"`.

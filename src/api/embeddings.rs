@@ -7,8 +7,8 @@ use super::envelope::Envelope;
 use super::error::{ApiError, IndexOp};
 use super::{find, json, ApiLimits, Reply, Scratch};
 use crate::db::Database;
-use crate::store::topk::TopK;
-use crate::store::{Index, Mutation, Store, VectorError};
+use crate::store::topk::{Candidate, TopK};
+use crate::store::{Index, Mutation, Scanner, Store, VectorError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Write {
@@ -119,16 +119,28 @@ pub fn write_hits(
     reply: Reply<'_>,
 ) -> Result<u16, ApiError> {
     let hits = top.sorted();
+    let bytes = REPLY_FRAME_BYTES + hits_bytes(index, hits, ask);
+    check_reply(bytes, hits.len(), reply_bytes_max, "hits (a smaller k)")?;
+    let Reply { out, keep_alive } = reply;
+    let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("Similarity search performed successfully."));
+    write_neighbors(envelope.data(), index, hits, ask);
+    Ok(envelope.finish())
+}
+
+/// Most bytes the hits of `{"nearest_neighbors": ...}` take (its braces
+/// and key are in `REPLY_FRAME_BYTES`, or in `HIT_BYTES_MAX` for each
+/// search of a batch).
+fn hits_bytes(index: &Index, hits: &[Candidate], ask: Ask) -> usize {
     let Include { score, data } = ask.include;
     let included = if score || data { INCLUDE_BYTES_MAX } else { 0 }
         + usize::from(score) * VALUE_BYTES_MAX
         + usize::from(data) * index.dims() * VALUE_BYTES_MAX;
-    let bytes = REPLY_FRAME_BYTES
-        + hits.iter().map(|hit| HIT_BYTES_MAX + included + index.metadata_of_row(hit.row).len().max(2)).sum::<usize>();
-    check_reply(bytes, hits.len(), reply_bytes_max, "hits (a smaller k)")?;
-    let Reply { out, keep_alive } = reply;
-    let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("Similarity search performed successfully."));
-    let out = envelope.data();
+    hits.iter().map(|hit| HIT_BYTES_MAX + included + index.metadata_of_row(hit.row).len().max(2)).sum::<usize>()
+}
+
+/// Writes `{"nearest_neighbors":{...}}` for `hits`, nearest first.
+fn write_neighbors(out: &mut Vec<u8>, index: &Index, hits: &[Candidate], ask: Ask) {
+    let Include { score, data } = ask.include;
     out.extend_from_slice(b"{\"nearest_neighbors\":{");
     for (rank, hit) in hits.iter().enumerate() {
         if rank > 0 {
@@ -151,6 +163,59 @@ pub fn write_hits(
         out.push(b'}');
     }
     out.extend_from_slice(b"}}");
+}
+
+/// Many searches of one index in one request, run together in one pass
+/// over its rows; `data.results` holds each answer, in request order, as
+/// the search alone would give it. A bad search fails the whole request.
+pub fn search_batch(
+    store: &Store,
+    scratch: &mut Scratch,
+    scanner: &mut Scanner,
+    limits: ApiLimits,
+    name: &str,
+    body: &mut [u8],
+    reply: Reply<'_>,
+) -> Result<u16, ApiError> {
+    let Scratch { decoder, queries, searches, tops, .. } = scratch;
+    decoder.search_batch(body, limits.k_max, limits.search_batch_max, queries, searches)?;
+    let index = find(store, name, IndexOp::Fetch)?;
+    let mut asks = Vec::with_capacity(searches.len());
+    for (i, (k, include, range)) in searches.iter().enumerate() {
+        let divisor = index
+            .prepare_query(&mut queries[range.clone()])
+            .map_err(|error| ApiError::SearchFailed { reason: format!("searches[{i}].queryVector: {error}") })?;
+        asks.push(Ask { k: *k, include: *include, divisor });
+    }
+    let query_refs: Vec<&[f32]> = searches.iter().map(|(_, _, range)| &queries[range.clone()]).collect();
+    let ks: Vec<usize> = asks.iter().map(|ask| ask.k).collect();
+    tops.resize_with(asks.len().max(tops.len()), TopK::new);
+    let tops = &mut tops[..asks.len()];
+    scanner.search(index, &query_refs, &ks, tops);
+    let mut bytes = REPLY_FRAME_BYTES;
+    let mut hits = 0;
+    for (top, &ask) in tops.iter_mut().zip(&asks) {
+        let sorted = top.sorted();
+        bytes += HIT_BYTES_MAX + hits_bytes(index, sorted, ask);
+        hits += sorted.len();
+    }
+    check_reply(bytes, hits, limits.reply_bytes_max, "hits in all (a smaller k, or fewer searches)")?;
+    let Reply { out, keep_alive } = reply;
+    let mut envelope = Envelope::start(
+        out,
+        200,
+        keep_alive,
+        format_args!("{} similarity searches performed successfully.", asks.len()),
+    );
+    let out = envelope.data();
+    out.extend_from_slice(b"{\"results\":[");
+    for (n, (top, &ask)) in tops.iter_mut().zip(&asks).enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        write_neighbors(out, index, top.sorted(), ask);
+    }
+    out.extend_from_slice(b"]}");
     Ok(envelope.finish())
 }
 

@@ -55,6 +55,7 @@ pub struct Reply<'a> {
 pub struct ApiLimits {
     pub dimensions_max: usize,
     pub k_max: usize,
+    pub search_batch_max: usize,
     pub reply_bytes_max: usize,
     pub body: decode::BodyLimits,
     pub indexes_max: usize,
@@ -74,6 +75,11 @@ pub struct Scratch {
     pub items: Vec<u32>,
     pub skipped: Vec<(u32, embeddings::Skip)>,
     pub seen: AHashSet<i64>,
+    /// A search batch's queries, one after another, and each search's `k`,
+    /// `include` and place among them; a top per search.
+    pub queries: Vec<f32>,
+    pub searches: Vec<(usize, decode::Include, std::ops::Range<usize>)>,
+    pub tops: Vec<crate::store::topk::TopK>,
 }
 
 pub struct App {
@@ -216,7 +222,7 @@ impl App {
             self.run_parked();
         }
         let uncommitted_before = self.db.uncommitted();
-        let App { db, limits, scratch, health, metrics, .. } = self;
+        let App { db, limits, scratch, health, metrics, batches, .. } = self;
         let result = match target.endpoint {
             Endpoint::Health => Ok(health.write(out, keep_alive)),
             Endpoint::TestAuth => {
@@ -237,6 +243,15 @@ impl App {
             Endpoint::IndexStats => indexes::stats(db.store(), name, Reply { out, keep_alive }),
             Endpoint::DeleteIndex => indexes::delete(db, name, Reply { out, keep_alive }),
             Endpoint::Search => unreachable!("searches are parked above"),
+            Endpoint::SearchBatch => embeddings::search_batch(
+                db.store(),
+                scratch,
+                batches.scanner(),
+                *limits,
+                name,
+                body,
+                Reply { out, keep_alive },
+            ),
             Endpoint::Upsert | Endpoint::Insert => {
                 let write = if target.endpoint == Endpoint::Upsert {
                     embeddings::Write::Upsert
@@ -252,6 +267,12 @@ impl App {
                 embeddings::delete(db, scratch, *limits, name, body, Reply { out, keep_alive })
             }
         };
+        if target.endpoint == Endpoint::SearchBatch && result.is_ok() {
+            if let Some(index) = self.db.store().index(name) {
+                let searches = self.scratch.searches.len();
+                self.metrics.add_search_bytes((searches * index.len() * index.dims() * 4) as u64);
+            }
+        }
         let status = result.unwrap_or_else(|error| error.write(out, keep_alive));
         if self.db.uncommitted() > uncommitted_before {
             Handled::Mutated(status)

@@ -49,6 +49,7 @@ pub fn route(method: Method, path: &str) -> Result<Target, ApiError> {
         (Some("embeddings"), Some(name), Some(action), None) => {
             let (endpoint, allowed) = match action {
                 "search" => (Endpoint::Search, Method::Post),
+                "search-batch" => (Endpoint::SearchBatch, Method::Post),
                 "upsert" => (Endpoint::Upsert, Method::Put),
                 "insert" => (Endpoint::Insert, Method::Put),
                 "retrieve" => (Endpoint::Retrieve, Method::Post),

@@ -71,6 +71,7 @@ pub fn run(config: Config) -> io::Result<()> {
     let limits = ApiLimits {
         dimensions_max: config.dimensions_max,
         k_max: config.k_max,
+        search_batch_max: config.search_batch_max,
         reply_bytes_max: config.reply_bytes_max,
         body: BodyLimits {
             items_max: config.items_max,

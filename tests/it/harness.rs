@@ -365,6 +365,7 @@ pub fn app_in(data_dir: &Path) -> quiver::api::App {
     let limits = ApiLimits {
         dimensions_max: 1024,
         k_max: 100,
+        search_batch_max: 64,
         reply_bytes_max: quiver::limits::REPLY_BYTES_MAX_DEFAULT,
         body: BodyLimits::DEFAULT,
         indexes_max: 8,

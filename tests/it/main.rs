@@ -39,5 +39,7 @@ mod operations;
 mod readme;
 /// A reply's size is bounded; the error says how to page.
 mod replies;
+/// search-batch: each search answered as alone; a bad one fails the batch.
+mod search_batch;
 /// Search results checked against a brute-force oracle.
 mod search_oracle;
