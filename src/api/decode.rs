@@ -168,8 +168,8 @@ impl Decoder {
         })
     }
 
-    /// `{"queryVector": [numbers], "k": int}`; the vector goes into `query`.
-    /// `{"queryVector": [number], "k": int, "include"?: ["score" | "data"]}`.
+    /// `{"queryVector": [number], "k": int, "include"?: ["score" | "data"]}`;
+    /// the vector goes into `query`.
     pub fn search(
         &mut self,
         body: &mut [u8],

@@ -70,10 +70,16 @@ pub fn prepare_search<'s>(
 ) -> Result<(Ask, &'s Index), ApiError> {
     let (k, include) = decoder.search(body, limits.k_max, query)?;
     let index = find(store, name, IndexOp::Fetch)?;
-    let divisor = index
-        .prepare_query(query)
-        .map_err(|error| ApiError::SearchFailed { reason: format!("queryVector: {error}") })?;
+    let divisor = prepare_query(index, query, String::new)?;
     Ok((Ask { k, include, divisor }, index))
+}
+
+/// `Index::prepare_query`, its refusal the search's error, the query named
+/// after `place` (`searches[3].` in a batch).
+fn prepare_query(index: &Index, query: &mut [f32], place: impl FnOnce() -> String) -> Result<f64, ApiError> {
+    index
+        .prepare_query(query)
+        .map_err(|error| ApiError::SearchFailed { reason: format!("{}queryVector: {error}", place()) })
 }
 
 /// Bytes of a reply besides its items: the head, the envelope, its message.
@@ -82,6 +88,10 @@ const REPLY_FRAME_BYTES: usize = 512;
 /// Most bytes one hit adds to a search reply besides its metadata text and
 /// what `include` adds: `"<id>":{"metadata":,"rank":<rank>},`.
 const HIT_BYTES_MAX: usize = 64;
+
+/// Fewest bytes one hit adds to a search reply: `"0":{"metadata":{},"rank":0}`
+/// and a comma.
+const HIT_BYTES_MIN: usize = 28;
 
 /// Most bytes `include` adds to a hit besides its values: `,"score":` and
 /// `,"data":[]`.
@@ -182,11 +192,14 @@ pub fn search_batch(
     let index = find(store, name, IndexOp::Fetch)?;
     let mut asks = Vec::with_capacity(searches.len());
     for (i, (k, include, range)) in searches.iter().enumerate() {
-        let divisor = index
-            .prepare_query(&mut queries[range.clone()])
-            .map_err(|error| ApiError::SearchFailed { reason: format!("searches[{i}].queryVector: {error}") })?;
+        let divisor = prepare_query(index, &mut queries[range.clone()], || format!("searches[{i}]."))?;
         asks.push(Ask { k: *k, include: *include, divisor });
     }
+    // Before the scan, the fewest bytes the hits can take: a batch that
+    // cannot fit is refused without scanning, or keeping tops for it.
+    let most_hits: usize = asks.iter().map(|ask| ask.k.min(index.len())).sum();
+    let what = "hits in all (a smaller k, or fewer searches)";
+    check_reply(REPLY_FRAME_BYTES + HIT_BYTES_MIN * most_hits, most_hits, limits.reply_bytes_max, what)?;
     let query_refs: Vec<&[f32]> = searches.iter().map(|(_, _, range)| &queries[range.clone()]).collect();
     let ks: Vec<usize> = asks.iter().map(|ask| ask.k).collect();
     tops.resize_with(asks.len().max(tops.len()), TopK::new);
@@ -199,7 +212,7 @@ pub fn search_batch(
         bytes += HIT_BYTES_MAX + hits_bytes(index, sorted, ask);
         hits += sorted.len();
     }
-    check_reply(bytes, hits, limits.reply_bytes_max, "hits in all (a smaller k, or fewer searches)")?;
+    check_reply(bytes, hits, limits.reply_bytes_max, what)?;
     let Reply { out, keep_alive } = reply;
     let mut envelope = Envelope::start(
         out,

@@ -228,8 +228,7 @@ impl Database {
             if skipped > 0 { format!(", {skipped} for indexes deleted later") } else { String::new() }
         ));
 
-        let segments = wal::segments(&wal_dir).map_err(io_error("list", &wal_dir))?;
-        let next = segments.last().map_or(manifest.log_start, |&last| last + 1).max(manifest.log_start);
+        let next = replayed.last.map_or(manifest.log_start, |last| last + 1).max(manifest.log_start);
         let mut log_file =
             Log::create(&wal_dir, next).map_err(io_error("start", &wal::segment_path(&wal_dir, next)))?;
         log_file.set_sync(options.sync);

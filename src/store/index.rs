@@ -345,8 +345,8 @@ impl Index {
 
     /// The stored vector and metadata text of `id`.
     pub fn get(&self, id: i64) -> Option<(&[f32], &[u8])> {
-        let row = *self.rows.get(&id)? as usize;
-        Some((&self.vectors[row * self.dims..(row + 1) * self.dims], &self.metadata[row]))
+        let row = *self.rows.get(&id)?;
+        Some((self.vector_of_row(row), &self.metadata[row as usize]))
     }
 
     /// The stored vector of row `row`.

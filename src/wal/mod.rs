@@ -245,6 +245,8 @@ fn io_error<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) 
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Replayed {
     pub segments: usize,
+    /// The last segment left in the log, if any: the next one follows it.
+    pub last: Option<u64>,
     pub records: u64,
     pub bytes: u64,
     /// `(segment, offset, bytes)` of a torn final record that was cut off.
@@ -262,7 +264,7 @@ pub struct Replayed {
 pub fn replay(dir: &Path, from: u64, repair: bool, mut apply: impl FnMut(Record)) -> Result<Replayed, ReplayError> {
     let all = segments(dir).map_err(io_error("list", dir))?;
     let wanted: Vec<u64> = all.into_iter().filter(|&s| s >= from).collect();
-    let mut report = Replayed { segments: wanted.len(), ..Replayed::default() };
+    let mut report = Replayed { segments: wanted.len(), last: wanted.last().copied(), ..Replayed::default() };
     let total_bytes: u64 =
         wanted.iter().filter_map(|&s| fs::metadata(segment_path(dir, s)).ok()).map(|m| m.len()).sum();
     let mut progress = crate::log::Progress::new("replaying the log", total_bytes);
@@ -310,6 +312,7 @@ pub fn replay(dir: &Path, from: u64, repair: bool, mut apply: impl FnMut(Record)
             fs::remove_file(&later).map_err(io_error("remove", &later))?;
         }
         report.repaired_at = Some((segment, at as u64));
+        report.last = Some(segment);
         report.bytes += at as u64;
         return Ok(report);
     }

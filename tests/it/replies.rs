@@ -80,3 +80,28 @@ fn a_search_past_the_limit_is_refused_saying_how_many_hits_fit() {
     // Other clients are answered as usual meanwhile.
     assert_eq!(client.call("GET", "/api/v1/health", None).status, 200);
 }
+
+/// A search batch is bounded by all its hits together: refused before the
+/// scan when even the shortest hits could not fit, after it otherwise; the
+/// count the error gives, shared among the searches, fits.
+#[test]
+fn a_search_batch_past_the_limit_is_refused_saying_how_many_hits_fit() {
+    let (_server, mut client) = server_with_rows(400);
+    let batch = |client: &mut Client, ks: &[usize]| {
+        let searches: Vec<_> = ks.iter().map(|&k| json!({"queryVector": vec![0.5; DIMS], "k": k})).collect();
+        let body = json!({ "searches": searches }).to_string();
+        client.call("POST", "/api/v1/embeddings/wide/search-batch", Some(&body))
+    };
+    // 64 x 400 hits of at least 28 bytes each: refused before any scan.
+    let r = batch(&mut client, &[400; 64]);
+    assert_eq!((r.status, r.code()), (400, "REPLY_TOO_LARGE"), "{r:?}");
+    assert!(r.body["error"]["description"].as_str().unwrap().contains("hits in all"), "{r:?}");
+    // Two searches of 400 long hits: refused once their hits are known.
+    let r = batch(&mut client, &[400, 400]);
+    assert_eq!((r.status, r.code()), (400, "REPLY_TOO_LARGE"), "{r:?}");
+    let fit = fit(&r);
+    assert!(fit > 10 && fit < 800, "{r:?}");
+    let r = batch(&mut client, &[fit / 2, fit - fit / 2]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(reply_bytes(&r) <= REPLY_BYTES_MAX, "{} bytes", reply_bytes(&r));
+}
