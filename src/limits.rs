@@ -69,6 +69,20 @@ pub const K_MAX_DEFAULT: usize = 10_000;
 /// 768 dimensions is a body of about 10 MB, and one pass over the rows.
 pub const SEARCH_BATCH_MAX_DEFAULT: usize = 1024;
 
+/// Most levels of `$and`, `$or` and `$not` inside one another in a filter.
+/// (A body's JSON nesting is bounded too, by `JSON_DEPTH_MAX`.)
+pub const FILTER_DEPTH_MAX_DEFAULT: usize = 6;
+
+/// Most terms in one filter: operators, metadata keys and the values of
+/// `$in` and `$nin` together. Each costs a look-up in the metadata index.
+pub const FILTER_TERMS_MAX_DEFAULT: usize = 10_000;
+
+/// Most rows one `scroll` page may ask for.
+pub const SCROLL_LIMIT_MAX: usize = 10_000;
+
+/// Rows of a `scroll` page when the request names no `limit`.
+pub const SCROLL_LIMIT_DEFAULT: usize = 100;
+
 /// Largest Euclidean norm of a stored vector or a query: 2^62 (about
 /// 4.6e18). Inside it no f32 product or sum of a search can overflow: a dot
 /// product is at most |q||x| <= 2^124, a squared distance at most

@@ -20,8 +20,9 @@ use std::time::Instant;
 use crate::log;
 use crate::snapshot::{self, LoadError, Manifest};
 use crate::store::index::Row;
-use crate::store::{Index, Mutation, Store};
+use crate::store::{Filter, Index, Mutation, Store};
 use crate::wal::{self, Log, Record, ReplayError};
+use roaring::RoaringBitmap;
 use snapshots::SnapshotChild;
 
 pub struct Options {
@@ -139,7 +140,7 @@ fn io_error<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) 
 /// What undoes one applied mutation.
 enum Undo {
     Created(String),
-    Dropped(String, Index),
+    Dropped(String, Box<Index>),
     /// Each id with its previous row, or `None` if it was new.
     Upserted(String, Vec<(i64, Option<Row>)>),
     Deleted(String, Vec<(i64, Row)>),
@@ -254,6 +255,13 @@ impl Database {
         &self.store
     }
 
+    /// The rows of the index `name` that `filter` matches (`Index::matching`):
+    /// `None` when it matches every row, or there is no such index. A read,
+    /// not a change: it may index metadata keys, which nothing logs.
+    pub fn matching(&mut self, name: &str, filter: &Filter) -> Option<RoaringBitmap> {
+        self.store.index_mut(name)?.matching(filter)
+    }
+
     /// True while mutations wait for `commit`.
     pub fn has_uncommitted(&self) -> bool {
         !self.undo.is_empty()
@@ -278,7 +286,7 @@ impl Database {
             }
             Mutation::DropIndex { name } => {
                 let index = self.store.take_index(name).expect("drop of a validated index");
-                Undo::Dropped(name.to_owned(), index)
+                Undo::Dropped(name.to_owned(), Box::new(index))
             }
             Mutation::Upsert { index: name, batch, items } => {
                 let index = self.store.index(name).expect("upsert into a validated index");
@@ -329,7 +337,7 @@ impl Database {
                     self.store.take_index(&name);
                 }
                 Undo::Dropped(name, index) => {
-                    self.store.put_index(&name, index);
+                    self.store.put_index(&name, *index);
                 }
                 Undo::Upserted(name, previous) => {
                     let index = self.store.index_mut(&name).expect("undo in an existing index");

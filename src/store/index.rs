@@ -5,12 +5,15 @@
 //! row into the hole, so the arrays stay dense and a scan never skips
 //! tombstones. How the rows are scanned is in `scan`.
 
+mod meta;
 mod scan;
 
 use std::fmt;
 
 use ahash::AHashMap;
+use roaring::RoaringBitmap;
 
+use super::filter::Filter;
 use super::kernels;
 use super::screen;
 use crate::limits::{COSINE_SQUARED_NORM_MIN, SQUARED_NORM_MAX};
@@ -127,6 +130,8 @@ pub struct Index {
     /// empty for `{}`.
     metadata: Vec<Box<[u8]>>,
     rows: AHashMap<i64, u32>,
+    /// Which rows hold which metadata values, for filters.
+    meta: meta::MetaIndex,
 }
 
 /// Shape only: an index may hold millions of vectors.
@@ -152,6 +157,7 @@ impl Index {
             ids: Vec::new(),
             metadata: Vec::new(),
             rows: AHashMap::new(),
+            meta: meta::MetaIndex::default(),
         }
     }
 
@@ -254,6 +260,8 @@ impl Index {
                     self.inverse_norms[row] = inverse_norm;
                 }
                 if *self.metadata[row] != *metadata {
+                    self.meta.remove(row as u32, &self.metadata[row]);
+                    self.meta.add(row as u32, metadata);
                     self.metadata[row] = metadata.into();
                 }
             }
@@ -266,6 +274,7 @@ impl Index {
                 }
                 self.ids.push(id);
                 self.metadata.push(metadata.into());
+                self.meta.add(row, metadata);
                 self.rows.insert(id, row);
             }
         }
@@ -291,6 +300,10 @@ impl Index {
         let row = row as usize;
         let last = self.ids.len() - 1;
         let metadata = self.metadata.swap_remove(row);
+        self.meta.remove(row as u32, &metadata);
+        if row != last {
+            self.meta.moved(last as u32, row as u32, &self.metadata[row]);
+        }
         take(&self.vectors[row * self.dims..(row + 1) * self.dims], metadata);
         if row != last {
             let (dims, moved_id) = (self.dims, self.ids[last]);
@@ -335,7 +348,11 @@ impl Index {
             Metric::L2 | Metric::Ip => Vec::new(),
         };
         let norms = squared_norms.into_iter().map(screen::norm_bound_of).collect();
-        Ok(Index { dims, metric, vectors, inverse_norms, norms, ids, metadata, rows })
+        let mut meta = meta::MetaIndex::default();
+        for (row, text) in metadata.iter().enumerate() {
+            meta.add(row as u32, text);
+        }
+        Ok(Index { dims, metric, vectors, inverse_norms, norms, ids, metadata, rows, meta })
     }
 
     /// The rows, for writing a snapshot: ids, vectors (row after row), metadata texts.
@@ -357,6 +374,56 @@ impl Index {
 
     pub fn metadata_of_row(&self, row: u32) -> &[u8] {
         &self.metadata[row as usize]
+    }
+
+    pub fn id_of_row(&self, row: u32) -> i64 {
+        self.ids[row as usize]
+    }
+
+    /// The rows `filter` matches, from the metadata index (which indexes
+    /// the keys it names, if no filter has before); `None` when it matches
+    /// every row, so that a scan needs no mask.
+    pub fn matching(&mut self, filter: &Filter) -> Option<RoaringBitmap> {
+        if *filter == Filter::All {
+            return None;
+        }
+        self.meta.index_keys(filter, &self.metadata);
+        let rows = u32::try_from(self.len()).expect("an index holds at most 2^32 rows");
+        let set = self.meta.matching(filter, rows).into_owned();
+        (set.len() < u64::from(rows)).then_some(set)
+    }
+
+    /// A page of a listing by id: into `page`, the rows of the ids after
+    /// `after` (all if `None`) among `rows` (all if `None`), the `limit`
+    /// smallest, ascending by id. Returns whether any row after the page
+    /// would follow.
+    pub fn scroll(&self, after: Option<i64>, limit: usize, rows: Option<&RoaringBitmap>, page: &mut Vec<u32>) -> bool {
+        let after = after.unwrap_or(i64::MIN);
+        // The `limit + 1` smallest ids after `after`: a max-heap whose root
+        // is the largest kept. The one beyond the page tells that more follow.
+        let mut heap = std::collections::BinaryHeap::with_capacity(limit + 1);
+        let mut offer = |row: u32| {
+            let id = self.ids[row as usize];
+            if id <= after {
+                return;
+            }
+            if heap.len() <= limit {
+                heap.push((id, row));
+            } else if heap.peek().is_some_and(|&(largest, _)| id < largest) {
+                heap.pop();
+                heap.push((id, row));
+            }
+        };
+        match rows {
+            Some(rows) => rows.iter().for_each(&mut offer),
+            None => (0..self.len() as u32).for_each(&mut offer),
+        }
+        let mut sorted = heap.into_sorted_vec();
+        let more = sorted.len() > limit;
+        sorted.truncate(limit);
+        page.clear();
+        page.extend(sorted.into_iter().map(|(_, row)| row));
+        more
     }
 }
 

@@ -5,6 +5,7 @@
 //! write-ahead log can record exactly what is applied, in the order applied.
 //! This module knows nothing of HTTP, JSON or sockets.
 
+pub mod filter;
 pub mod index;
 pub mod kernels;
 pub mod screen;
@@ -12,6 +13,7 @@ pub mod topk;
 
 use std::collections::BTreeMap;
 
+pub use filter::Filter;
 pub use index::{Index, Metric, Scanner, VectorError};
 
 /// Decoded embeddings of one request, in flat reusable buffers.

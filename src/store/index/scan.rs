@@ -6,6 +6,8 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use roaring::RoaringBitmap;
+
 use super::{Index, Metric};
 use crate::store::kernels;
 use crate::store::screen::{self, Screen};
@@ -74,15 +76,23 @@ impl Scanner {
     }
 
     /// Searches `index` for each of `queries` at once (`Index::search_many`):
-    /// `tops[q]` receives the `ks[q]` nearest to `queries[q]`, exactly as a
-    /// lone search would find them.
-    pub fn search(&mut self, index: &Index, queries: &[&[f32]], ks: &[usize], tops: &mut [TopK]) {
+    /// `tops[q]` receives the `ks[q]` nearest to `queries[q]` among the rows
+    /// in `mask` (all rows if `None`), exactly as a lone search would find
+    /// them.
+    pub fn search(
+        &mut self,
+        index: &Index,
+        queries: &[&[f32]],
+        ks: &[usize],
+        tops: &mut [TopK],
+        mask: Option<&RoaringBitmap>,
+    ) {
         for partial in &mut self.partials {
             if partial.len() < queries.len() {
                 partial.resize_with(queries.len(), TopK::new);
             }
         }
-        index.search_many(queries, ks, tops, &mut self.partials);
+        index.search_many(queries, ks, tops, &mut self.partials, mask);
     }
 }
 
@@ -105,11 +115,27 @@ impl Index {
     /// `ks[q]` nearest to `queries[q]`, exactly as `search` would give them.
     /// A large index is split across up to `partials.len() + 1` threads (the
     /// caller waits anyway; memory bandwidth is what one thread cannot use up
-    /// alone); each `partials[t]` must hold a `TopK` per query.
-    fn search_many(&self, queries: &[&[f32]], ks: &[usize], tops: &mut [TopK], partials: &mut [Vec<TopK>]) {
-        let by_size = self.vectors.len() / PARALLEL_SCAN_FLOATS_MIN;
+    /// alone); each `partials[t]` must hold a `TopK` per query. With a
+    /// `mask`, only its rows are read and scored (see `scan_masked`), and
+    /// the threads are as many as the rows it holds call for.
+    fn search_many(
+        &self,
+        queries: &[&[f32]],
+        ks: &[usize],
+        tops: &mut [TopK],
+        partials: &mut [Vec<TopK>],
+        mask: Option<&RoaringBitmap>,
+    ) {
+        let rows = mask.map_or(self.len(), |mask| mask.len() as usize);
+        let by_size = rows * self.dims / PARALLEL_SCAN_FLOATS_MIN;
         let threads = (partials.len() + 1).min(by_size.max(1));
-        self.search_many_split(queries, ks, tops, &mut partials[..threads - 1]);
+        let chunk = self.chunk_rows();
+        self.search_in_chunks(queries, ks, tops, &mut partials[..threads - 1], chunk, mask);
+    }
+
+    /// Rows a thread of a split scan takes at a time (`SCAN_CHUNK_FLOATS`).
+    fn chunk_rows(&self) -> usize {
+        (SCAN_CHUNK_FLOATS / self.dims).max(1).next_multiple_of(ROW_TILE)
     }
 
     /// `search_many` on `partials.len() + 1` threads, their nearest merged
@@ -119,11 +145,11 @@ impl Index {
     /// of holding up the others. Exact: each of the k nearest rows is among
     /// the k nearest of the rows its thread scanned.
     pub fn search_many_split(&self, queries: &[&[f32]], ks: &[usize], tops: &mut [TopK], partials: &mut [Vec<TopK>]) {
-        let chunk = (SCAN_CHUNK_FLOATS / self.dims).max(1).next_multiple_of(ROW_TILE);
-        self.search_in_chunks(queries, ks, tops, partials, chunk);
+        self.search_in_chunks(queries, ks, tops, partials, self.chunk_rows(), None);
     }
 
-    /// `search_many_split`, the threads taking `chunk` rows at a time.
+    /// `search_many_split`, the threads taking `chunk` rows at a time, of
+    /// which only those in `mask` (if any) are scored.
     fn search_in_chunks(
         &self,
         queries: &[&[f32]],
@@ -131,9 +157,11 @@ impl Index {
         tops: &mut [TopK],
         partials: &mut [Vec<TopK>],
         chunk: usize,
+        mask: Option<&RoaringBitmap>,
     ) {
         assert!(queries.len() == ks.len() && ks.len() == tops.len() && chunk > 0);
         let rows = self.len();
+        let matching = mask.map_or(rows, |mask| mask.len() as usize);
         // A lone search keeps its scale on the stack: it allocates nothing.
         // A batch sums each query's squares once, for its scale and for the
         // bfloat16 pass's bound.
@@ -149,10 +177,13 @@ impl Index {
         };
         let reset = |tops: &mut [TopK]| {
             for (top, &k) in tops.iter_mut().zip(ks) {
-                top.reset(k.min(rows));
+                top.reset(k.min(matching));
             }
         };
         reset(tops);
+        if let Some(mask) = mask {
+            return self.scan_masked_split(queries, scales, tops, partials, chunk, mask, reset);
+        }
         let screen = if queries.len() >= SCREEN_QUERIES_MIN && self.metric != Metric::L2 {
             Screen::new(queries, &squared_norms, scales, self.dims)
         } else {
@@ -192,20 +223,58 @@ impl Index {
                 }
             }
         };
-        std::thread::scope(|scope| {
-            for partial in partials.iter_mut() {
-                let partial = &mut partial[..queries.len()];
-                reset(partial);
-                scope.spawn(|| scan(partial));
+        run_split(queries.len(), tops, partials, reset, scan);
+    }
+
+    /// `search_in_chunks` over the rows of `mask` only: each thread takes
+    /// the next `chunk` rows no thread has taken and scores those of them
+    /// in `mask`, a run of consecutive rows at a time. No bfloat16 pass:
+    /// the rows a mask leaves are rarely in tiles worth converting.
+    #[allow(clippy::too_many_arguments)]
+    fn scan_masked_split(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        tops: &mut [TopK],
+        partials: &mut [Vec<TopK>],
+        chunk: usize,
+        mask: &RoaringBitmap,
+        reset: impl Fn(&mut [TopK]) + Sync,
+    ) {
+        if partials.is_empty() {
+            return self.scan_masked(queries, scales, mask, 0..self.len(), tops);
+        }
+        let taken = AtomicUsize::new(0);
+        let scan = |tops: &mut [TopK]| loop {
+            let start = taken.fetch_add(chunk, Ordering::Relaxed);
+            if start >= self.len() {
+                break;
             }
-            scan(tops);
-        });
-        for partial in partials {
-            for (top, partial) in tops.iter_mut().zip(partial.iter_mut()) {
-                for &candidate in partial.sorted() {
-                    top.push(candidate);
-                }
+            self.scan_masked(queries, scales, mask, start..(start + chunk).min(self.len()), tops);
+        };
+        run_split(queries.len(), tops, partials, reset, scan);
+    }
+
+    /// `scan_exact` over the rows of `mask` within `rows`: each run of
+    /// consecutive rows in the mask is scanned as an unmasked scan would
+    /// scan it, so every pair is scored as it would be without the mask.
+    fn scan_masked(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        mask: &RoaringBitmap,
+        rows: Range<usize>,
+        tops: &mut [TopK],
+    ) {
+        let mut runs = mask.iter();
+        runs.advance_to(rows.start as u32);
+        while let Some(run) = runs.next_range() {
+            let start = *run.start() as usize;
+            if start >= rows.end {
+                break;
             }
+            let end = (*run.end() as usize + 1).min(rows.end);
+            self.scan_exact(queries, scales, start..end, tops);
         }
     }
 
@@ -441,6 +510,32 @@ impl Index {
     }
 }
 
+/// Runs `scan` on `tops` and, at once on threads of their own, on each of
+/// `partials` (reset first); then merges the partials' nearest into `tops`.
+fn run_split(
+    queries: usize,
+    tops: &mut [TopK],
+    partials: &mut [Vec<TopK>],
+    reset: impl Fn(&mut [TopK]),
+    scan: impl Fn(&mut [TopK]) + Sync,
+) {
+    std::thread::scope(|scope| {
+        for partial in partials.iter_mut() {
+            let partial = &mut partial[..queries];
+            reset(partial);
+            scope.spawn(|| scan(partial));
+        }
+        scan(tops);
+    });
+    for partial in partials {
+        for (top, partial) in tops.iter_mut().zip(partial.iter_mut()) {
+            for &candidate in partial.sorted() {
+                top.push(candidate);
+            }
+        }
+    }
+}
+
 /// What `screen_tile` scores: queries `first..` against the `R` rows from
 /// `row`, which are `converted` to bfloat16 and scale their scores by
 /// `row_scales` (see `screen::distance`).
@@ -493,6 +588,76 @@ pub(crate) mod tests {
         assert_eq!(ids_of(&l2, &[1.0, 0.0], 3), vec![1, 3, 2]);
     }
 
+    /// A masked scan finds, for each query, exactly the nearest rows among
+    /// those in the mask (brute force over the mask's rows), lone and in a
+    /// batch, on one thread and split across threads taking a few rows at
+    /// a time, whatever the mask's runs look like.
+    #[test]
+    fn a_mask_keeps_exactly_its_rows() {
+        for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
+            let dims = 13;
+            let mut index = Index::new(dims, metric);
+            for id in 0..300i64 {
+                let row: Vec<f32> = (0..dims as i64).map(|d| ((id * 37 + d * 11) % 29) as f32 - 14.0).collect();
+                index.upsert(id * 3 - 100, &row, b"");
+            }
+            let queries: Vec<Vec<f32>> = (0..6)
+                .map(|q| {
+                    let mut query: Vec<f32> = (0..dims as i64).map(|d| ((q * 7 + d * 5) % 13) as f32 - 6.0).collect();
+                    index.prepare_query(&mut query).unwrap();
+                    query
+                })
+                .collect();
+            let masks: [Vec<u32>; 4] = [
+                vec![],
+                vec![7],
+                (0..300).filter(|r| r % 3 != 1).collect(),
+                (20..60).chain(61..62).chain(200..299).collect(),
+            ];
+            for rows in &masks {
+                let mask: RoaringBitmap = rows.iter().copied().collect();
+                for k in [1, 5, 400] {
+                    let mut alone = Vec::new();
+                    for query in &queries {
+                        // Brute force: each masked row scored alone.
+                        let mut want = TopK::new();
+                        want.reset(k.min(rows.len()));
+                        for &row in rows {
+                            index.scan_exact(
+                                &[query],
+                                &[index.query_scale(|| kernels::squared_norm(query))],
+                                row as usize..row as usize + 1,
+                                std::slice::from_mut(&mut want),
+                            );
+                        }
+                        let want: Vec<Candidate> = want.sorted().to_vec();
+                        let mut top = TopK::new();
+                        Scanner::with_threads(1).search(
+                            &index,
+                            &[query],
+                            &[k],
+                            std::slice::from_mut(&mut top),
+                            Some(&mask),
+                        );
+                        assert_eq!(top.sorted(), &want[..], "{metric:?}, k {k}, {} rows", rows.len());
+                        alone.push(want);
+                    }
+                    let refs: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+                    let ks = vec![k; refs.len()];
+                    for (threads, chunk) in [(1, 1000), (3, 7), (2, 1)] {
+                        let mut tops: Vec<TopK> = refs.iter().map(|_| TopK::new()).collect();
+                        let mut partials: Vec<Vec<TopK>> =
+                            (1..threads).map(|_| refs.iter().map(|_| TopK::new()).collect()).collect();
+                        index.search_in_chunks(&refs, &ks, &mut tops, &mut partials, chunk, Some(&mask));
+                        for (top, want) in tops.iter_mut().zip(&alone) {
+                            assert_eq!(top.sorted(), &want[..], "{metric:?}, k {k}, {threads} threads, chunk {chunk}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// `count` patterned vectors of `dims`, each under two ids (`twins_of`).
     fn twins(dims: usize, count: i64, metric: Metric) -> Index {
         let vectors: Vec<Vec<f32>> =
@@ -512,7 +677,7 @@ pub(crate) mod tests {
     ) {
         let ks = vec![k; queries.len()];
         let mut split: Vec<TopK> = queries.iter().map(|_| TopK::new()).collect();
-        index.search_in_chunks(queries, &ks, &mut split, partials, chunk);
+        index.search_in_chunks(queries, &ks, &mut split, partials, chunk, None);
         let mut alone = TopK::new();
         for (query, split) in queries.iter().zip(&mut split) {
             index.search(query, k, &mut alone);
@@ -654,7 +819,7 @@ pub(crate) mod tests {
             for chunk in [8, 100] {
                 let mut partials: Vec<Vec<TopK>> =
                     (1..threads).map(|_| queries.iter().map(|_| TopK::new()).collect()).collect();
-                index.search_in_chunks(&queries, &ks, &mut tops, &mut partials, chunk);
+                index.search_in_chunks(&queries, &ks, &mut tops, &mut partials, chunk, None);
                 for (q, top) in tops.iter_mut().enumerate() {
                     index.search(queries[q], ks[q], &mut alone);
                     assert_eq!(top.sorted(), alone.sorted(), "{what}, query {q}, {threads} threads, chunk {chunk}");
