@@ -69,7 +69,7 @@ fn bench_bodies(c: &mut Criterion) {
     group.bench_function("search 768", |b| {
         b.iter(|| {
             scratch.copy_from_slice(search.as_bytes());
-            black_box(decoder.search(&mut scratch, 10_000, &mut vector).unwrap())
+            black_box(decoder.search(&mut scratch, 10_000, BodyLimits::DEFAULT, &mut vector).unwrap())
         })
     });
     group.finish();

@@ -4,13 +4,14 @@
 //! "no crash".
 
 use std::collections::BTreeMap;
+use std::ops::{Bound, RangeBounds};
 
-use quiver::api::decode::{BodyLimits, Decoder};
+use quiver::api::decode::{BodyLimits, Decoder, Deletion};
 use quiver::api::json;
 use quiver::http::pieces::parse_in_pieces;
 use quiver::http::FramingLimits;
 use quiver::store::topk::TopK;
-use quiver::store::{kernels, Batch, Index, Metric, Mutation, Store};
+use quiver::store::{kernels, Batch, Filter, Index, Metric, Mutation, Scanner, Store};
 use quiver::wal::record::{self, Record};
 use quiver::wal::{scan, ScanEnd};
 
@@ -49,7 +50,7 @@ pub fn json_bodies(input: &[u8]) {
     let Some((&which, body)) = input.split_first() else { return };
     let mut decoder = Decoder::default();
     let limits = BodyLimits::DEFAULT;
-    match which % 4 {
+    match which % 6 {
         0 => {
             if let Ok((dims, metric)) = decoder.create(&mut body.to_vec(), 65536) {
                 let mut again = Vec::new();
@@ -61,19 +62,27 @@ pub fn json_bodies(input: &[u8]) {
         }
         1 => {
             let mut query = Vec::new();
-            if let Ok((k, include)) = decoder.search(&mut body.to_vec(), 10_000, &mut query) {
+            if let Ok(search) = decoder.search(&mut body.to_vec(), 10_000, limits, &mut query) {
+                let include = search.include;
                 let included: Vec<&str> = [("\"score\"", include.score), ("\"data\"", include.data)]
                     .into_iter()
                     .filter_map(|(name, on)| on.then_some(name))
                     .collect();
-                let mut again =
-                    format!("{{\"k\":{k},\"include\":[{}],\"queryVector\":", included.join(",")).into_bytes();
+                let mut again = format!("{{\"k\":{},\"include\":[{}],", search.k, included.join(",")).into_bytes();
+                if let Some(filter) = &search.filter {
+                    again.extend_from_slice(b"\"filter\":");
+                    if !write_filter(&mut again, filter) {
+                        return;
+                    }
+                    again.push(b',');
+                }
+                again.extend_from_slice(b"\"queryVector\":");
                 if !write_f32s(&mut again, &query) {
                     return;
                 }
                 again.push(b'}');
                 let mut query_again = Vec::new();
-                assert_eq!(decoder.search(&mut again, 10_000, &mut query_again).unwrap(), (k, include));
+                assert_eq!(decoder.search(&mut again, 10_000, limits, &mut query_again).unwrap(), search);
                 assert_eq!(bits(&query_again), bits(&query));
             }
         }
@@ -91,6 +100,34 @@ pub fn json_bodies(input: &[u8]) {
                 let mut ids_again = Vec::new();
                 decoder.ids(&mut again, limits, &mut ids_again).unwrap();
                 assert_eq!(ids_again, ids);
+            }
+        }
+        3 => {
+            if let Ok(scroll) = decoder.scroll(&mut body.to_vec(), limits) {
+                let mut again = format!("{{\"limit\":{},", scroll.limit).into_bytes();
+                if let Some(after) = scroll.after {
+                    again.extend_from_slice(format!("\"after\":{after},").as_bytes());
+                }
+                if let Some(filter) = &scroll.filter {
+                    again.extend_from_slice(b"\"filter\":");
+                    if !write_filter(&mut again, filter) {
+                        return;
+                    }
+                    again.push(b',');
+                }
+                again.extend_from_slice(if scroll.data { b"\"include\":[\"data\"]}" } else { b"\"include\":[]}" });
+                assert_eq!(decoder.scroll(&mut again, limits).unwrap(), scroll);
+            }
+        }
+        4 => {
+            let mut ids = Vec::new();
+            if let Ok(Deletion::Filter(filter)) = decoder.deletion(&mut body.to_vec(), limits, &mut ids) {
+                let mut again = b"{\"filter\":".to_vec();
+                if !write_filter(&mut again, &filter) {
+                    return;
+                }
+                again.push(b'}');
+                assert_eq!(decoder.deletion(&mut again, limits, &mut ids).unwrap(), Deletion::Filter(filter));
             }
         }
         _ => {
@@ -122,6 +159,113 @@ pub fn json_bodies(input: &[u8]) {
             }
         }
     }
+}
+
+/// Writes `filter` as JSON that decodes to it, nested no deeper than the
+/// text it was decoded from (so that it passes the same depth limits): the
+/// members of an `And` side by side in one object, `Not` of a key's test as
+/// `$ne`, `$nin` or `$exists: false`. False if it holds a number JSON
+/// cannot carry.
+pub fn write_filter(out: &mut Vec<u8>, filter: &Filter) -> bool {
+    out.push(b'{');
+    let written = match filter {
+        Filter::All => true,
+        Filter::And(filters) if filters.len() >= 2 && !filters.contains(&Filter::All) => {
+            filters.iter().enumerate().all(|(i, filter)| {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_member(out, filter)
+            })
+        }
+        _ => write_member(out, filter),
+    };
+    out.push(b'}');
+    written
+}
+
+/// Writes one member of a filter object that decodes to `filter` (not `All`).
+fn write_member(out: &mut Vec<u8>, filter: &Filter) -> bool {
+    let test = |out: &mut Vec<u8>, key: &str, operator: &str| {
+        json::write_str(out, key);
+        out.extend_from_slice(b":{");
+        json::write_str(out, operator);
+        out.push(b':');
+    };
+    let strings = |out: &mut Vec<u8>, values: &[Box<str>]| {
+        out.push(b'[');
+        for (i, value) in values.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            json::write_str(out, value);
+        }
+        out.extend_from_slice(b"]}");
+    };
+    match filter {
+        Filter::All => unreachable!("`All` is the empty object, not a member"),
+        Filter::Eq(key, value) => {
+            json::write_str(out, key);
+            out.push(b':');
+            json::write_str(out, value);
+        }
+        Filter::In(key, values) => {
+            test(out, key, "$in");
+            strings(out, values);
+        }
+        Filter::Exists(key) => {
+            test(out, key, "$exists");
+            out.extend_from_slice(b"true}");
+        }
+        Filter::Range(key, low, high) => {
+            let (operator, x) = match (low, high) {
+                (Bound::Excluded(x), Bound::Unbounded) => ("$gt", x),
+                (Bound::Included(x), Bound::Unbounded) => ("$gte", x),
+                (Bound::Unbounded, Bound::Excluded(x)) => ("$lt", x),
+                (Bound::Unbounded, Bound::Included(x)) => ("$lte", x),
+                _ => unreachable!("a decoded range is open on one side"),
+            };
+            if !x.is_finite() {
+                return false;
+            }
+            test(out, key, operator);
+            json::write_f64(out, *x);
+            out.push(b'}');
+        }
+        Filter::Not(inner) => match &**inner {
+            Filter::Eq(key, value) => {
+                test(out, key, "$ne");
+                json::write_str(out, value);
+                out.push(b'}');
+            }
+            Filter::In(key, values) => {
+                test(out, key, "$nin");
+                strings(out, values);
+            }
+            Filter::Exists(key) => {
+                test(out, key, "$exists");
+                out.extend_from_slice(b"false}");
+            }
+            inner => {
+                out.extend_from_slice(b"\"$not\":");
+                return write_filter(out, inner);
+            }
+        },
+        Filter::And(filters) | Filter::Or(filters) => {
+            let operator: &[u8] = if matches!(filter, Filter::And(_)) { b"\"$and\":[" } else { b"\"$or\":[" };
+            out.extend_from_slice(operator);
+            for (i, filter) in filters.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                if !write_filter(out, filter) {
+                    return false;
+                }
+            }
+            out.push(b']');
+        }
+    }
+    true
 }
 
 /// Reads fuzz bytes as small structured choices.
@@ -244,8 +388,58 @@ fn model_distance(metric: Metric, query: &[f32], vector: &[f32]) -> f32 {
     }
 }
 
+/// A small filter over the tag `t` that `batch_from` gives rows (and the
+/// key `u` that no row has), nested at most three deep.
+fn filter_from(choices: &mut Choices<'_>, depth: usize) -> Filter {
+    let value = |choices: &mut Choices<'_>| -> Box<str> { choices.byte().to_string().into() };
+    let x = |choices: &mut Choices<'_>| f64::from(choices.byte()) - 8.5 * f64::from(choices.below(2));
+    let many = |choices: &mut Choices<'_>| (0..choices.below(3) + 1).map(|_| filter_from(choices, depth + 1)).collect();
+    match choices.below(if depth < 3 { 9 } else { 6 }) {
+        0 => Filter::All,
+        1 => Filter::Eq("t".into(), value(choices)),
+        2 => Filter::In("t".into(), (0..choices.below(4)).map(|_| value(choices)).collect()),
+        3 => Filter::Exists(["t", "u"][usize::from(choices.below(2))].into()),
+        4 => {
+            let bound = |choices: &mut Choices<'_>| match choices.below(3) {
+                0 => Bound::Included(x(choices)),
+                1 => Bound::Excluded(x(choices)),
+                _ => Bound::Unbounded,
+            };
+            Filter::Range("t".into(), bound(choices), bound(choices))
+        }
+        5 => Filter::Eq("u".into(), value(choices)),
+        6 => Filter::Not(Box::new(filter_from(choices, depth + 1))),
+        7 => Filter::And(many(choices)),
+        _ => Filter::Or(many(choices)),
+    }
+}
+
+/// Whether `filter` matches a row whose tag `t` is `tag`, by the contract's
+/// definitions (the model of the metadata index).
+fn model_matches(filter: &Filter, tag: Option<&str>) -> bool {
+    let value_of = |key: &str| if key == "t" { tag } else { None };
+    match filter {
+        Filter::All => true,
+        Filter::Eq(key, value) => value_of(key) == Some(&**value),
+        Filter::In(key, values) => value_of(key).is_some_and(|v| values.iter().any(|value| **value == *v)),
+        Filter::Exists(key) => value_of(key).is_some(),
+        Filter::Range(key, low, high) => {
+            value_of(key).and_then(|v| v.parse::<f64>().ok()).is_some_and(|n| (*low, *high).contains(&n))
+        }
+        Filter::Not(inner) => !model_matches(inner, tag),
+        Filter::And(filters) => filters.iter().all(|f| model_matches(f, tag)),
+        Filter::Or(filters) => filters.iter().any(|f| model_matches(f, tag)),
+    }
+}
+
+/// The tag of a metadata text `batch_from` wrote.
+fn tag_of(metadata: &[u8]) -> Option<&str> {
+    std::str::from_utf8(metadata).ok()?.strip_prefix("{\"t\":\"")?.strip_suffix("\"}")
+}
+
 /// A sequence of index and embedding operations against the store and a
-/// simple model (a map and a brute-force scan): every read agrees exactly.
+/// simple model (a map and a brute-force scan): every read agrees exactly,
+/// filtered searches, scrolls and deletes by filter among them.
 pub fn store_ops(input: &[u8]) {
     let mut choices = Choices(input);
     let mut store = Store::new();
@@ -254,7 +448,7 @@ pub fn store_ops(input: &[u8]) {
     let names = ["abc", "xyz"];
     while !choices.is_empty() {
         let name = names[usize::from(choices.below(2))];
-        match choices.below(6) {
+        match choices.below(8) {
             0 => {
                 if model.contains_key(name) {
                     continue;
@@ -293,22 +487,60 @@ pub fn store_ops(input: &[u8]) {
                     entry.rows.remove(id);
                 }
             }
+            5 => {
+                // Delete by filter: the rows the metadata index names.
+                let Some(entry) = model.get_mut(name) else { continue };
+                let filter = filter_from(&mut choices, 0);
+                let rows = store.index_mut(name).unwrap().matching(&filter);
+                let index = store.index(name).unwrap();
+                let ids: Vec<i64> = match rows {
+                    Some(rows) => rows.iter().map(|row| index.id_of_row(row)).collect(),
+                    None => (0..index.len() as u32).map(|row| index.id_of_row(row)).collect(),
+                };
+                store.apply(&Mutation::Delete { index: name, ids: &ids });
+                entry.rows.retain(|_, (_, metadata)| !model_matches(&filter, tag_of(metadata)));
+            }
+            6 => {
+                // A page of a scroll.
+                let Some(entry) = model.get(name) else { continue };
+                let filter = filter_from(&mut choices, 0);
+                let (after, limit) = (i64::from(choices.below(20)) - 6, usize::from(choices.below(6)) + 1);
+                let mask = store.index_mut(name).unwrap().matching(&filter);
+                let index = store.index(name).unwrap();
+                let mut page = Vec::new();
+                let more = index.scroll(Some(after), limit, mask.as_ref(), &mut page);
+                let got: Vec<i64> = page.iter().map(|&row| index.id_of_row(row)).collect();
+                let matching: Vec<i64> = entry
+                    .rows
+                    .range(after + 1..)
+                    .filter(|(_, (_, metadata))| model_matches(&filter, tag_of(metadata)))
+                    .map(|(&id, _)| id)
+                    .collect();
+                assert_eq!(got, &matching[..matching.len().min(limit)], "{filter:?}");
+                assert_eq!(more, matching.len() > limit);
+            }
             _ => {
                 let Some(entry) = model.get(name) else { continue };
-                let index: &Index = store.index(name).unwrap();
                 let mut query: Vec<f32> = (0..entry.dims).map(|_| f32::from(choices.byte() as i8) / 4.0).collect();
                 // Prepared the way the API does; the model scores the prepared query.
-                if index.prepare_query(&mut query).is_err() {
+                if store.index(name).unwrap().prepare_query(&mut query).is_err() {
                     continue;
                 }
                 let k = usize::from(choices.below(20)) + 1;
-                index.search(&query, k, &mut top);
+                let filter = if choices.below(2) == 0 { None } else { Some(filter_from(&mut choices, 0)) };
+                let mask = filter.as_ref().and_then(|filter| store.index_mut(name).unwrap().matching(filter));
+                let index: &Index = store.index(name).unwrap();
+                Scanner::with_threads(1).search(index, &[&query], &[k], std::slice::from_mut(&mut top), mask.as_ref());
                 let got: Vec<(i64, u32)> = top.sorted().iter().map(|c| (c.id, c.distance.to_bits())).collect();
-                let mut want: Vec<(f32, i64)> =
-                    entry.rows.iter().map(|(&id, (v, _))| (model_distance(entry.metric, &query, v), id)).collect();
+                let mut want: Vec<(f32, i64)> = entry
+                    .rows
+                    .iter()
+                    .filter(|(_, (_, metadata))| filter.as_ref().is_none_or(|f| model_matches(f, tag_of(metadata))))
+                    .map(|(&id, (v, _))| (model_distance(entry.metric, &query, v), id))
+                    .collect();
                 want.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
                 let want: Vec<(i64, u32)> = want.into_iter().take(k).map(|(d, id)| (id, d.to_bits())).collect();
-                assert_eq!(got, want);
+                assert_eq!(got, want, "{filter:?}");
             }
         }
         // Every stored row reads back exactly.

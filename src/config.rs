@@ -108,6 +108,16 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|n| n as usize))]
     pub search_batch_max: usize,
 
+    /// Most levels of $and, $or and $not inside one another in a filter.
+    #[arg(long, default_value_t = limits::FILTER_DEPTH_MAX_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..=64).map(|n| n as usize))]
+    pub filter_depth_max: usize,
+
+    /// Most terms in a filter: operators, keys, and the values of $in and $nin.
+    #[arg(long, default_value_t = limits::FILTER_TERMS_MAX_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000).map(|n| n as usize))]
+    pub filter_terms_max: usize,
+
     /// Write a snapshot (in a forked process) once the log has grown this many bytes.
     #[arg(long, default_value_t = limits::SNAPSHOT_LOG_BYTES_DEFAULT)]
     pub snapshot_log_bytes: u64,

@@ -18,6 +18,8 @@ pub enum Endpoint {
     Search,
     /// `POST /api/v1/embeddings/{name}/search-batch`: many searches, one pass.
     SearchBatch,
+    /// `POST /api/v1/embeddings/{name}/scroll`: rows in order of id, a page at a time.
+    Scroll,
     Upsert,
     Insert,
     Retrieve,
@@ -26,7 +28,7 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// Every endpoint, in declaration order (`endpoint as usize` is its position).
-    pub const ALL: [Endpoint; 14] = [
+    pub const ALL: [Endpoint; 15] = [
         Endpoint::Health,
         Endpoint::TestAuth,
         Endpoint::Metrics,
@@ -37,6 +39,7 @@ impl Endpoint {
         Endpoint::DeleteIndex,
         Endpoint::Search,
         Endpoint::SearchBatch,
+        Endpoint::Scroll,
         Endpoint::Upsert,
         Endpoint::Insert,
         Endpoint::Retrieve,
@@ -56,6 +59,7 @@ impl Endpoint {
             Endpoint::DeleteIndex => "delete_index",
             Endpoint::Search => "search",
             Endpoint::SearchBatch => "search_batch",
+            Endpoint::Scroll => "scroll",
             Endpoint::Upsert => "upsert",
             Endpoint::Insert => "insert",
             Endpoint::Retrieve => "retrieve",
@@ -84,6 +88,7 @@ impl Endpoint {
                 | Endpoint::IndexStats
                 | Endpoint::Search
                 | Endpoint::SearchBatch
+                | Endpoint::Scroll
                 | Endpoint::Retrieve
         )
     }

@@ -26,7 +26,8 @@ use super::embeddings::{self, Ask};
 use super::Reply;
 use crate::metrics::Metrics;
 use crate::store::topk::TopK;
-use crate::store::{Index, Scanner, Store};
+use crate::store::{Filter, Index, Scanner, Store};
+use roaring::RoaringBitmap;
 
 /// The longest the loop waits for more searches to join a batch.
 const GATHER_WINDOW_MAX: Duration = Duration::from_millis(2);
@@ -54,6 +55,11 @@ struct Parked {
     index: String,
     query: Vec<f32>,
     ask: Ask,
+    /// The rows it may find (`None` for every row): the filter, by which
+    /// searches are grouped, and the rows it matched when it was parked
+    /// (no change can come between that and the run).
+    filter: Option<Filter>,
+    mask: Option<RoaringBitmap>,
     keep_alive: bool,
     top: TopK,
     /// The answer and its status, rendered as soon as the search has run: a
@@ -108,13 +114,24 @@ impl Batches {
     }
 
     /// Parks the search whose query is in `next_query()`: what `ask` asks
-    /// of the index `index`, taken at `started`.
-    pub fn park(&mut self, seat: &mut Seat, index: &str, ask: Ask, keep_alive: bool, started: Instant) {
+    /// of the rows of the index `index` that `filter` matches (`mask`, or
+    /// all), taken at `started`.
+    pub fn park(
+        &mut self,
+        seat: &mut Seat,
+        index: &str,
+        ask: Ask,
+        (filter, mask): (Option<Filter>, Option<RoaringBitmap>),
+        keep_alive: bool,
+        started: Instant,
+    ) {
         debug_assert!(seat.parked.is_none(), "one parked search per connection");
         let slot = &mut self.parked[self.parked_len];
         slot.index.clear();
         slot.index.push_str(index);
         slot.ask = ask;
+        slot.filter = filter;
+        slot.mask = mask;
         slot.keep_alive = keep_alive;
         slot.done = false;
         seat.parked = Some((self.parked_len, started));
@@ -148,8 +165,9 @@ impl Batches {
         self.returned < self.last_run.0
     }
 
-    /// Runs every parked search not yet run: those on the same index
-    /// together, reading its rows once for all of them.
+    /// Runs every parked search not yet run: those on the same index with
+    /// the same filter (or none) together, reading its rows once for all
+    /// of them.
     pub fn run(&mut self, store: &Store, metrics: &mut Metrics, reply_bytes_max: usize) {
         let started = Instant::now();
         let to_run = self.parked[..self.parked_len].iter().filter(|p| !p.done).count();
@@ -163,20 +181,26 @@ impl Batches {
             let Some(index) = store.index(&self.parked[first].index) else {
                 unreachable!("a parked search's index exists until the searches parked before a change are run")
             };
-            let same_index = |s: &usize| !self.parked[*s].done && self.parked[*s].index == self.parked[first].index;
-            if (first + 1..self.parked_len).filter(same_index).count() == 0 {
+            let mask = self.parked[first].mask.take();
+            let (name, filter) = (&self.parked[first].index, &self.parked[first].filter);
+            let together = |s: &usize| {
+                let other = &self.parked[*s];
+                !other.done && other.index == *name && other.filter == *filter
+            };
+            if (first + 1..self.parked_len).filter(together).count() == 0 {
                 // Alone on its index: no batch to build.
                 let slot = &mut self.parked[first];
-                self.scanner.search(index, &[&slot.query], &[slot.ask.k], std::slice::from_mut(&mut slot.top));
+                let top = std::slice::from_mut(&mut slot.top);
+                self.scanner.search(index, &[&slot.query], &[slot.ask.k], top, mask.as_ref());
                 slot.answer(index, reply_bytes_max);
                 continue;
             }
-            let group: Vec<usize> = (first..self.parked_len).filter(same_index).collect();
+            let group: Vec<usize> = (first..self.parked_len).filter(together).collect();
             metrics.add_search_batch(group.len() as u64);
             let mut tops: Vec<TopK> = group.iter().map(|&s| std::mem::take(&mut self.parked[s].top)).collect();
             let queries: Vec<&[f32]> = group.iter().map(|&s| self.parked[s].query.as_slice()).collect();
             let ks: Vec<usize> = group.iter().map(|&s| self.parked[s].ask.k).collect();
-            self.scanner.search(index, &queries, &ks, &mut tops);
+            self.scanner.search(index, &queries, &ks, &mut tops, mask.as_ref());
             for (&s, top) in group.iter().zip(tops) {
                 self.parked[s].top = top;
                 self.parked[s].answer(index, reply_bytes_max);
@@ -250,7 +274,7 @@ mod tests {
         let slot = batches.next_query();
         slot.clear();
         slot.extend_from_slice(query);
-        batches.park(seat, index, ask, true, Instant::now());
+        batches.park(seat, index, ask, (None, None), true, Instant::now());
     }
 
     fn answer(batches: &mut Batches, seat: &mut Seat) -> Vec<u8> {

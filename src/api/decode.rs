@@ -18,13 +18,14 @@
 //! gives integers beyond 64 bits as f64 (its `big-int-as-float`), which the
 //! halfway check covers like any other.
 
-use std::ops::Range;
+use std::fmt;
+use std::ops::{Bound, Range};
 
 use simd_json::{Buffers, Node, StaticNode, Tape};
 
 use super::error::ApiError;
 use super::json;
-use crate::store::Batch;
+use crate::store::{Batch, Filter};
 
 /// What a search's `include` asks to add to each hit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -33,6 +34,37 @@ pub struct Include {
     pub score: bool,
     /// The stored vector.
     pub data: bool,
+}
+
+/// What one search body asks for besides its query.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Search {
+    pub k: usize,
+    pub include: Include,
+    /// The rows it may find; `None` for every row.
+    pub filter: Option<Filter>,
+    /// Where its query lies in the decoded queries.
+    pub query: Range<usize>,
+}
+
+/// What a scroll body asks for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scroll {
+    /// Most rows in the page.
+    pub limit: usize,
+    /// Rows with ids after this one only.
+    pub after: Option<i64>,
+    pub filter: Option<Filter>,
+    /// Whether each row shows its vector.
+    pub data: bool,
+}
+
+/// What a delete of embeddings names: ids (decoded into the caller's
+/// buffer), or a filter.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Deletion {
+    Ids,
+    Filter(Filter),
 }
 
 /// A tape node slice: the whole parsed document.
@@ -46,6 +78,10 @@ pub struct BodyLimits {
     pub metadata_entries_max: usize,
     /// Bytes of one embedding's metadata as JSON text.
     pub metadata_bytes_max: usize,
+    /// Levels of `$and`, `$or` and `$not` inside one another in a filter.
+    pub filter_depth_max: usize,
+    /// Terms of one filter (`filter_of`).
+    pub filter_terms_max: usize,
 }
 
 impl BodyLimits {
@@ -53,6 +89,8 @@ impl BodyLimits {
         items_max: crate::limits::ITEMS_PER_REQUEST_MAX_DEFAULT,
         metadata_entries_max: crate::limits::METADATA_ENTRIES_MAX_DEFAULT,
         metadata_bytes_max: crate::limits::METADATA_BYTES_MAX_DEFAULT,
+        filter_depth_max: crate::limits::FILTER_DEPTH_MAX_DEFAULT,
+        filter_terms_max: crate::limits::FILTER_TERMS_MAX_DEFAULT,
     };
 }
 
@@ -168,33 +206,34 @@ impl Decoder {
         })
     }
 
-    /// `{"queryVector": [number], "k": int, "include"?: ["score" | "data"]}`;
-    /// the vector goes into `query`.
+    /// `{"queryVector": [number], "k": int, "include"?: ["score" | "data"],
+    /// "filter"?: filter}`; the vector goes into `query`.
     pub fn search(
         &mut self,
         body: &mut [u8],
         k_max: usize,
+        limits: BodyLimits,
         query: &mut Vec<f32>,
-    ) -> Result<(usize, Include), ApiError> {
+    ) -> Result<Search, ApiError> {
         query.clear();
         let found = self.with_tape(body, |nodes, scratch| {
             let object = object(nodes, 0).ok_or_else(not_an_object)?;
-            search_fields(nodes, object, k_max, query, &mut scratch.rereads)
+            search_fields(nodes, object, k_max, limits, query, &mut scratch.rereads)
         })?;
         self.reread_numbers(body, query)?;
         Ok(found)
     }
 
     /// `{"searches": [<search body>, ...]}`, 1 to `searches_max` of them:
-    /// each query goes, one after another, into `queries`, and its `k`,
-    /// `include` and place in `queries` into `searches`.
+    /// each query goes, one after another, into `queries`, and what the
+    /// search asks for (with its query's place in `queries`) into `searches`.
     pub fn search_batch(
         &mut self,
         body: &mut [u8],
-        k_max: usize,
-        searches_max: usize,
+        (k_max, searches_max): (usize, usize),
+        limits: BodyLimits,
         queries: &mut Vec<f32>,
-        searches: &mut Vec<(usize, Include, Range<usize>)>,
+        searches: &mut Vec<Search>,
     ) -> Result<(), ApiError> {
         queries.clear();
         searches.clear();
@@ -220,10 +259,9 @@ impl Decoder {
                     };
                     let object = object(nodes, element)
                         .ok_or_else(|| ApiError::bad_body(format_args!("searches[{i}]: expected a JSON object")))?;
-                    let start = queries.len();
-                    let (k, include) =
-                        search_fields(nodes, object, k_max, queries, &mut scratch.rereads).map_err(in_search)?;
-                    searches.push((k, include, start..queries.len()));
+                    let search = search_fields(nodes, object, k_max, limits, queries, &mut scratch.rereads)
+                        .map_err(in_search)?;
+                    searches.push(search);
                 }
                 found = true;
             }
@@ -238,33 +276,69 @@ impl Decoder {
 
     /// `{"ids": [int]}`.
     pub fn ids(&mut self, body: &mut [u8], limits: BodyLimits, ids: &mut Vec<i64>) -> Result<(), ApiError> {
-        ids.clear();
+        self.with_tape(body, |nodes, _| ids_of(nodes, limits, ids))
+    }
+
+    /// A delete's body: `{"ids": [int]}` (into `ids`) or `{"filter": filter}`,
+    /// not both.
+    pub fn deletion(&mut self, body: &mut [u8], limits: BodyLimits, ids: &mut Vec<i64>) -> Result<Deletion, ApiError> {
         self.with_tape(body, |nodes, _| {
-            let mut found = false;
+            let mut filter = None;
             for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
-                if key != "ids" {
+                if key == "filter" {
+                    filter = filter_field(nodes, at, limits)?;
+                }
+            }
+            let Some(filter) = filter else {
+                return ids_of(nodes, limits, ids).map(|()| Deletion::Ids);
+            };
+            if object(nodes, 0).into_iter().flatten().any(|(key, at)| key == "ids" && !is_null(nodes, at)) {
+                return Err(ApiError::bad_body("body: expected either ids or filter, not both"));
+            }
+            Ok(Deletion::Filter(filter))
+        })
+    }
+
+    /// `{"limit"?: int, "after"?: int, "filter"?: filter, "include"?: ["data"]}`.
+    pub fn scroll(&mut self, body: &mut [u8], limits: BodyLimits) -> Result<Scroll, ApiError> {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Scroll { limit: crate::limits::SCROLL_LIMIT_DEFAULT, after: None, filter: None, data: false });
+        }
+        self.with_tape(body, |nodes, _| {
+            let mut scroll =
+                Scroll { limit: crate::limits::SCROLL_LIMIT_DEFAULT, after: None, filter: None, data: false };
+            let max = crate::limits::SCROLL_LIMIT_MAX;
+            for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
+                if is_null(nodes, at) {
+                    // `null` is absent; a repeated key's last one counts.
+                    match key {
+                        "limit" => scroll.limit = crate::limits::SCROLL_LIMIT_DEFAULT,
+                        "after" => scroll.after = None,
+                        "filter" => scroll.filter = None,
+                        "include" => scroll.data = false,
+                        _ => {}
+                    }
                     continue;
                 }
-                let Node::Array { len, .. } = nodes[at] else {
-                    return Err(ApiError::bad_body("ids: expected an array of integers"));
-                };
-                if len > limits.items_max {
-                    return Err(ApiError::bad_body(format_args!("ids: at most {} per request", limits.items_max)));
+                match key {
+                    "limit" => {
+                        let n = integer(nodes, at).filter(|&n| (1..=max as i64).contains(&n));
+                        let n = n.ok_or_else(|| {
+                            ApiError::bad_body(format_args!("limit: expected an integer from 1 to {max}"))
+                        })?;
+                        scroll.limit = n as usize;
+                    }
+                    "after" => {
+                        let after = integer(nodes, at);
+                        scroll.after =
+                            Some(after.ok_or_else(|| ApiError::bad_body("after: expected a 64-bit integer"))?);
+                    }
+                    "filter" => scroll.filter = filter_field(nodes, at, limits)?,
+                    "include" => scroll.data = include_of(nodes, at, &["data"])?.data,
+                    _ => {}
                 }
-                ids.clear();
-                ids.reserve(len);
-                for (i, element) in elements(nodes, at).enumerate() {
-                    let id = integer(nodes, element)
-                        .ok_or_else(|| ApiError::bad_body(format_args!("ids[{i}]: expected a 64-bit integer")))?;
-                    ids.push(id);
-                }
-                found = true;
             }
-            if found {
-                Ok(())
-            } else {
-                Err(ApiError::bad_body("ids: required"))
-            }
+            Ok(scroll)
         })
     }
 
@@ -352,6 +426,36 @@ fn embedding(
 
 fn span(n: usize) -> Result<u32, ApiError> {
     u32::try_from(n).map_err(|_| ApiError::bad_body("embeddings: too much data in one request"))
+}
+
+/// `{"ids": [int]}`, read into `ids`.
+fn ids_of(nodes: Nodes<'_, '_>, limits: BodyLimits, ids: &mut Vec<i64>) -> Result<(), ApiError> {
+    ids.clear();
+    let mut found = false;
+    for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
+        if key != "ids" {
+            continue;
+        }
+        let Node::Array { len, .. } = nodes[at] else {
+            return Err(ApiError::bad_body("ids: expected an array of integers"));
+        };
+        if len > limits.items_max {
+            return Err(ApiError::bad_body(format_args!("ids: at most {} per request", limits.items_max)));
+        }
+        ids.clear();
+        ids.reserve(len);
+        for (i, element) in elements(nodes, at).enumerate() {
+            let id = integer(nodes, element)
+                .ok_or_else(|| ApiError::bad_body(format_args!("ids[{i}]: expected a 64-bit integer")))?;
+            ids.push(id);
+        }
+        found = true;
+    }
+    if found {
+        Ok(())
+    } else {
+        Err(ApiError::bad_body("ids: required"))
+    }
 }
 
 /// Validates a metadata object and writes it as canonical JSON text; `{}`
@@ -516,11 +620,13 @@ fn search_fields<'i>(
     nodes: Nodes<'_, 'i>,
     fields: impl Iterator<Item = (&'i str, usize)>,
     k_max: usize,
+    limits: BodyLimits,
     queries: &mut Vec<f32>,
     rereads: &mut Vec<(usize, usize)>,
-) -> Result<(usize, Include), ApiError> {
+) -> Result<Search, ApiError> {
     let start = queries.len();
-    let (mut k, mut have_vector, mut include) = (None, false, Include::default());
+    let (mut k, mut have_vector) = (None, false);
+    let mut search = Search::default();
     for (key, at) in fields {
         match key {
             "k" => {
@@ -536,38 +642,208 @@ fn search_fields<'i>(
                 numbers(nodes, at, queries, rereads, &|| "queryVector".to_owned())?;
                 have_vector = true;
             }
-            "include" => include = include_of(nodes, at)?,
+            "include" => search.include = include_of(nodes, at, &["score", "data"])?,
+            "filter" => search.filter = filter_field(nodes, at, limits)?,
             _ => {}
         }
     }
     if !have_vector {
         return Err(ApiError::bad_body("queryVector: required"));
     }
-    let k = k.ok_or_else(|| ApiError::bad_body("k: required"))?;
-    Ok((k, include))
+    search.k = k.ok_or_else(|| ApiError::bad_body("k: required"))?;
+    search.query = start..queries.len();
+    Ok(search)
 }
 
-/// `include`: `null` (nothing), or an array of `"score"` and `"data"`.
-fn include_of(nodes: Nodes<'_, '_>, at: usize) -> Result<Include, ApiError> {
+/// `include`: `null` (nothing), or an array of the values in `allowed`
+/// (some of `"score"` and `"data"`).
+fn include_of(nodes: Nodes<'_, '_>, at: usize, allowed: &[&str]) -> Result<Include, ApiError> {
     let mut include = Include::default();
+    let listed =
+        |separator: &str| allowed.iter().map(|value| format!("\"{value}\"")).collect::<Vec<_>>().join(separator);
     match nodes[at] {
         Node::Static(StaticNode::Null) => return Ok(include),
         Node::Array { .. } => {}
-        _ => return Err(ApiError::bad_body(r#"include: expected an array of "score" and "data""#)),
+        _ => return Err(ApiError::bad_body(format_args!("include: expected an array of {}", listed(" and ")))),
     }
     for (i, element) in elements(nodes, at).enumerate() {
         match nodes[element] {
-            Node::String("score") => include.score = true,
-            Node::String("data") => include.data = true,
+            Node::String(value) if allowed.contains(&value) => match value {
+                "score" => include.score = true,
+                _ => include.data = true,
+            },
             Node::String(other) => {
                 return Err(ApiError::bad_body(format_args!(
-                    r#"include[{i}]: unknown value '{other}'; allowed: "score", "data""#
+                    "include[{i}]: unknown value '{other}'; allowed: {}",
+                    listed(", ")
                 )))
             }
-            _ => return Err(ApiError::bad_body(format_args!(r#"include[{i}]: expected "score" or "data""#))),
+            _ => return Err(ApiError::bad_body(format_args!("include[{i}]: expected {}", listed(" or ")))),
         }
     }
     Ok(include)
+}
+
+fn is_null(nodes: Nodes<'_, '_>, at: usize) -> bool {
+    matches!(nodes[at], Node::Static(StaticNode::Null))
+}
+
+/// A body's `filter` field: `None` for `null`.
+fn filter_field(nodes: Nodes<'_, '_>, at: usize, limits: BodyLimits) -> Result<Option<Filter>, ApiError> {
+    if is_null(nodes, at) {
+        return Ok(None);
+    }
+    let mut reader = FilterReader { nodes, limits, terms: 0 };
+    reader.filter(at, Place::Root, 0).map(Some)
+}
+
+/// Where in a filter a term stands, for its error: `filter.$and[1].year`.
+/// Written out only when there is an error.
+#[derive(Clone, Copy)]
+enum Place<'a> {
+    Root,
+    Key(&'a Place<'a>, &'a str),
+    Element(&'a Place<'a>, usize),
+}
+
+impl fmt::Display for Place<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Place::Root => f.write_str("filter"),
+            Place::Key(parent, key) => write!(f, "{parent}.{key}"),
+            Place::Element(parent, i) => write!(f, "{parent}[{i}]"),
+        }
+    }
+}
+
+/// Reads a filter (the wire format is in `openapi.yaml`) into a `Filter`,
+/// counting its terms against the limits.
+struct FilterReader<'t, 'i> {
+    nodes: Nodes<'t, 'i>,
+    limits: BodyLimits,
+    terms: usize,
+}
+
+impl FilterReader<'_, '_> {
+    /// Counts `n` more terms; fails past the limit.
+    fn count(&mut self, n: usize, place: Place<'_>) -> Result<(), ApiError> {
+        self.terms += n;
+        let max = self.limits.filter_terms_max;
+        if self.terms > max {
+            return Err(ApiError::bad_body(format_args!("{place}: the filter has more than {max} terms")));
+        }
+        Ok(())
+    }
+
+    /// The filter object at `at`, `depth` levels of `$and`/`$or`/`$not` deep.
+    fn filter(&mut self, at: usize, place: Place<'_>, depth: usize) -> Result<Filter, ApiError> {
+        let nodes = self.nodes;
+        let fields =
+            object(nodes, at).ok_or_else(|| ApiError::bad_body(format_args!("{place}: expected a JSON object")))?;
+        let max = self.limits.filter_depth_max;
+        if depth > max {
+            return Err(ApiError::bad_body(format_args!("{place}: filters nested deeper than {max} levels")));
+        }
+        let mut all = Vec::new();
+        for (key, value) in fields {
+            self.count(1, place)?;
+            let here = Place::Key(&place, key);
+            match key {
+                "$and" | "$or" => {
+                    let filters = self.list(value, here, depth)?;
+                    all.push(if key == "$and" { Filter::And(filters) } else { Filter::Or(filters) });
+                }
+                "$not" => all.push(Filter::Not(Box::new(self.filter(value, here, depth + 1)?))),
+                _ if key.starts_with('$') => {
+                    return Err(ApiError::bad_body(format_args!("{place}: unknown operator '{key}'")));
+                }
+                _ => self.conditions(key, value, here, &mut all)?,
+            }
+        }
+        Ok(match all.len() {
+            0 => Filter::All,
+            1 => all.pop().expect("one"),
+            _ => Filter::And(all),
+        })
+    }
+
+    /// The non-empty array of filters of `$and` or `$or`.
+    fn list(&mut self, at: usize, place: Place<'_>, depth: usize) -> Result<Vec<Filter>, ApiError> {
+        let nodes = self.nodes;
+        match nodes[at] {
+            Node::Array { len, .. } if len > 0 => {}
+            _ => return Err(ApiError::bad_body(format_args!("{place}: expected a non-empty array of filters"))),
+        }
+        elements(nodes, at)
+            .enumerate()
+            .map(|(i, element)| self.filter(element, Place::Element(&place, i), depth + 1))
+            .collect()
+    }
+
+    /// What a metadata key must satisfy: a string (`$eq`), or an object of
+    /// operators, all of which must hold; each goes into `all`.
+    fn conditions(&mut self, key: &str, at: usize, place: Place<'_>, all: &mut Vec<Filter>) -> Result<(), ApiError> {
+        let nodes = self.nodes;
+        if let Node::String(value) = nodes[at] {
+            all.push(Filter::Eq(key.into(), value.into()));
+            return Ok(());
+        }
+        let operators = object(nodes, at)
+            .ok_or_else(|| ApiError::bad_body(format_args!("{place}: expected a string or an object of operators")))?;
+        let before = all.len();
+        for (operator, value) in operators {
+            self.count(1, place)?;
+            let here = Place::Key(&place, operator);
+            let string = || match nodes[value] {
+                Node::String(s) => Ok(Box::<str>::from(s)),
+                _ => Err(ApiError::bad_body(format_args!("{here}: expected a string"))),
+            };
+            let number = || match nodes[value] {
+                Node::Static(StaticNode::F64(x)) => Ok(x),
+                Node::Static(StaticNode::I64(n)) => Ok(n as f64),
+                Node::Static(StaticNode::U64(n)) => Ok(n as f64),
+                _ => Err(ApiError::bad_body(format_args!("{here}: expected a number"))),
+            };
+            let key = || Box::<str>::from(key);
+            let condition = match operator {
+                "$eq" => Filter::Eq(key(), string()?),
+                "$ne" => Filter::Not(Box::new(Filter::Eq(key(), string()?))),
+                "$in" => Filter::In(key(), self.strings(value, here)?),
+                "$nin" => Filter::Not(Box::new(Filter::In(key(), self.strings(value, here)?))),
+                "$exists" => match nodes[value] {
+                    Node::Static(StaticNode::Bool(true)) => Filter::Exists(key()),
+                    Node::Static(StaticNode::Bool(false)) => Filter::Not(Box::new(Filter::Exists(key()))),
+                    _ => return Err(ApiError::bad_body(format_args!("{here}: expected true or false"))),
+                },
+                "$gt" => Filter::Range(key(), Bound::Excluded(number()?), Bound::Unbounded),
+                "$gte" => Filter::Range(key(), Bound::Included(number()?), Bound::Unbounded),
+                "$lt" => Filter::Range(key(), Bound::Unbounded, Bound::Excluded(number()?)),
+                "$lte" => Filter::Range(key(), Bound::Unbounded, Bound::Included(number()?)),
+                _ => return Err(ApiError::bad_body(format_args!("{place}: unknown operator '{operator}'"))),
+            };
+            all.push(condition);
+        }
+        if all.len() == before {
+            return Err(ApiError::bad_body(format_args!("{place}: expected at least one operator")));
+        }
+        Ok(())
+    }
+
+    /// The array of strings of `$in` or `$nin`.
+    fn strings(&mut self, at: usize, place: Place<'_>) -> Result<Vec<Box<str>>, ApiError> {
+        let nodes = self.nodes;
+        let Node::Array { len, .. } = nodes[at] else {
+            return Err(ApiError::bad_body(format_args!("{place}: expected an array of strings")));
+        };
+        self.count(len, place)?;
+        elements(nodes, at)
+            .enumerate()
+            .map(|(i, element)| match nodes[element] {
+                Node::String(s) => Ok(s.into()),
+                _ => Err(ApiError::bad_body(format_args!("{place}[{i}]: expected a string"))),
+            })
+            .collect()
+    }
 }
 
 fn not_an_object() -> ApiError {
@@ -658,9 +934,12 @@ mod tests {
     fn search_create_and_ids() {
         let mut decoder = Decoder::default();
         let mut query = Vec::new();
-        let found = decoder.search(&mut br#"{"k":3,"queryVector":[1,0.5]}"#.to_vec(), 10, &mut query).unwrap();
-        assert_eq!((found, query.as_slice()), ((3, Include::default()), &[1.0, 0.5][..]));
-        let mut include = |text: &str| decoder.search(&mut text.as_bytes().to_vec(), 10, &mut query).map(|(_, i)| i);
+        let limits = BodyLimits::DEFAULT;
+        let found = decoder.search(&mut br#"{"k":3,"queryVector":[1,0.5]}"#.to_vec(), 10, limits, &mut query).unwrap();
+        let expected = Search { k: 3, include: Include::default(), filter: None, query: 0..2 };
+        assert_eq!((found, query.as_slice()), (expected, &[1.0, 0.5][..]));
+        let mut include =
+            |text: &str| decoder.search(&mut text.as_bytes().to_vec(), 10, limits, &mut query).map(|s| s.include);
         let both = Include { score: true, data: true };
         assert_eq!(include(r#"{"k":1,"queryVector":[1],"include":["data","score"]}"#), Ok(both));
         assert!(!include(r#"{"k":1,"queryVector":[1],"include":["score"]}"#).unwrap().data);
@@ -678,7 +957,7 @@ mod tests {
             detail(include(r#"{"k":1,"queryVector":[1],"include":[1]}"#)),
             r#"include[0]: expected "score" or "data""#
         );
-        let mut bad = |text: &str| detail(decoder.search(&mut text.as_bytes().to_vec(), 10, &mut query));
+        let mut bad = |text: &str| detail(decoder.search(&mut text.as_bytes().to_vec(), 10, limits, &mut query));
         assert_eq!(bad(r#"{"k":0,"queryVector":[1]}"#), "k: expected an integer from 1 to 10");
         assert_eq!(bad(r#"{"k":11,"queryVector":[1]}"#), "k: expected an integer from 1 to 10");
         assert_eq!(bad(r#"{"k":"3","queryVector":[1]}"#), "k: expected an integer from 1 to 10");
@@ -790,13 +1069,13 @@ mod tests {
     fn a_query_is_rounded_once_too() {
         let mut query = Vec::new();
         let mut body = br#"{"queryVector":[9,9],"k":1,"queryVector":["x\"y",1.0000000596046448,-0]}"#.to_vec();
-        assert!(Decoder::default().search(&mut body, 10, &mut query).is_err());
+        assert!(Decoder::default().search(&mut body, 10, BodyLimits::DEFAULT, &mut query).is_err());
         let mut body = br#"{"queryVector":[1.0000000596046448,-0, 2],"k":1,"m":"\"1"}"#.to_vec();
-        Decoder::default().search(&mut body, 10, &mut query).unwrap();
+        Decoder::default().search(&mut body, 10, BodyLimits::DEFAULT, &mut query).unwrap();
         assert_eq!(bits(&query), vec![1.000_000_1f32.to_bits(), (-0.0f32).to_bits(), 2.0f32.to_bits()]);
         // A query given twice: the last one counts, and its numbers are the ones read again.
         let mut body = br#"{"queryVector":[1.0000000596046448,3],"k":1,"queryVector":[5,1.0000000596046448]}"#.to_vec();
-        Decoder::default().search(&mut body, 10, &mut query).unwrap();
+        Decoder::default().search(&mut body, 10, BodyLimits::DEFAULT, &mut query).unwrap();
         assert_eq!(query, vec![5.0, 1.000_000_1]);
     }
 }

@@ -2,13 +2,13 @@
 
 use std::fmt;
 
-use super::decode::Include;
+use super::decode::{Deletion, Include, Scroll, Search};
 use super::envelope::Envelope;
 use super::error::{ApiError, IndexOp};
 use super::{find, json, ApiLimits, Reply, Scratch};
 use crate::db::Database;
 use crate::store::topk::{Candidate, TopK};
-use crate::store::{Index, Mutation, Scanner, Store, VectorError};
+use crate::store::{Filter, Index, Mutation, Scanner, Store, VectorError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Write {
@@ -58,8 +58,8 @@ pub struct Ask {
 }
 
 /// Decodes and checks a search body: its query goes into `query`, made
-/// ready to scan (`Index::prepare_query`); returns what the search asks for
-/// and the index it searches.
+/// ready to scan (`Index::prepare_query`); returns what the search asks
+/// for, the rows it may find, and the index it searches.
 pub fn prepare_search<'s>(
     store: &'s Store,
     decoder: &mut super::decode::Decoder,
@@ -67,11 +67,11 @@ pub fn prepare_search<'s>(
     name: &str,
     body: &mut [u8],
     query: &mut Vec<f32>,
-) -> Result<(Ask, &'s Index), ApiError> {
-    let (k, include) = decoder.search(body, limits.k_max, query)?;
+) -> Result<(Ask, Option<Filter>, &'s Index), ApiError> {
+    let Search { k, include, filter, .. } = decoder.search(body, limits.k_max, limits.body, query)?;
     let index = find(store, name, IndexOp::Fetch)?;
     let divisor = prepare_query(index, query, String::new)?;
-    Ok((Ask { k, include, divisor }, index))
+    Ok((Ask { k, include, divisor }, filter, index))
 }
 
 /// `Index::prepare_query`, its refusal the search's error, the query named
@@ -179,7 +179,7 @@ fn write_neighbors(out: &mut Vec<u8>, index: &Index, hits: &[Candidate], ask: As
 /// over its rows; `data.results` holds each answer, in request order, as
 /// the search alone would give it. A bad search fails the whole request.
 pub fn search_batch(
-    store: &Store,
+    db: &mut Database,
     scratch: &mut Scratch,
     scanner: &mut Scanner,
     limits: ApiLimits,
@@ -188,23 +188,45 @@ pub fn search_batch(
     reply: Reply<'_>,
 ) -> Result<u16, ApiError> {
     let Scratch { decoder, queries, searches, tops, .. } = scratch;
-    decoder.search_batch(body, limits.k_max, limits.search_batch_max, queries, searches)?;
-    let index = find(store, name, IndexOp::Fetch)?;
+    decoder.search_batch(body, (limits.k_max, limits.search_batch_max), limits.body, queries, searches)?;
+    let index = find(db.store(), name, IndexOp::Fetch)?;
     let mut asks = Vec::with_capacity(searches.len());
-    for (i, (k, include, range)) in searches.iter().enumerate() {
-        let divisor = prepare_query(index, &mut queries[range.clone()], || format!("searches[{i}]."))?;
-        asks.push(Ask { k: *k, include: *include, divisor });
+    for (i, search) in searches.iter().enumerate() {
+        let divisor = prepare_query(index, &mut queries[search.query.clone()], || format!("searches[{i}]."))?;
+        asks.push(Ask { k: search.k, include: search.include, divisor });
     }
     // Before the scan, the fewest bytes the hits can take: a batch that
     // cannot fit is refused without scanning, or keeping tops for it.
     let most_hits: usize = asks.iter().map(|ask| ask.k.min(index.len())).sum();
     let what = "hits in all (a smaller k, or fewer searches)";
     check_reply(REPLY_FRAME_BYTES + HIT_BYTES_MIN * most_hits, most_hits, limits.reply_bytes_max, what)?;
-    let query_refs: Vec<&[f32]> = searches.iter().map(|(_, _, range)| &queries[range.clone()]).collect();
-    let ks: Vec<usize> = asks.iter().map(|ask| ask.k).collect();
+    // The searches with the same filter (or none) run together, in one
+    // pass over the rows that filter leaves.
+    let mut groups: Vec<(Vec<usize>, Option<roaring::RoaringBitmap>)> = Vec::new();
+    let mut grouped = vec![false; searches.len()];
+    for first in 0..searches.len() {
+        if grouped[first] {
+            continue;
+        }
+        let filter = &searches[first].filter;
+        let group: Vec<usize> = (first..searches.len()).filter(|&s| searches[s].filter == *filter).collect();
+        for &s in &group {
+            grouped[s] = true;
+        }
+        groups.push((group, filter.as_ref().and_then(|filter| db.matching(name, filter))));
+    }
+    let index = find(db.store(), name, IndexOp::Fetch)?;
     tops.resize_with(asks.len().max(tops.len()), TopK::new);
     let tops = &mut tops[..asks.len()];
-    scanner.search(index, &query_refs, &ks, tops);
+    for (group, mask) in &groups {
+        let query_refs: Vec<&[f32]> = group.iter().map(|&s| &queries[searches[s].query.clone()]).collect();
+        let ks: Vec<usize> = group.iter().map(|&s| asks[s].k).collect();
+        let mut group_tops: Vec<TopK> = group.iter().map(|&s| std::mem::take(&mut tops[s])).collect();
+        scanner.search(index, &query_refs, &ks, &mut group_tops, mask.as_ref());
+        for (&s, top) in group.iter().zip(group_tops) {
+            tops[s] = top;
+        }
+    }
     let mut bytes = REPLY_FRAME_BYTES;
     let mut hits = 0;
     for (top, &ask) in tops.iter_mut().zip(&asks) {
@@ -347,11 +369,32 @@ pub fn delete(
 ) -> Result<u16, ApiError> {
     let Reply { out, keep_alive } = reply;
     let Scratch { decoder, ids, seen, batch, .. } = scratch;
-    decoder.ids(body, limits.body, ids)?;
-    let index = find(db.store(), name, IndexOp::Fetch)?;
+    let deletion = decoder.deletion(body, limits.body, ids)?;
+    find(db.store(), name, IndexOp::Fetch)?;
     // `batch.ids` is free scratch here: it collects the ids to delete, in order.
     let deletable = &mut batch.ids;
     deletable.clear();
+    if let Deletion::Filter(filter) = deletion {
+        let rows = db.matching(name, &filter);
+        let index = find(db.store(), name, IndexOp::Fetch)?;
+        match rows {
+            Some(rows) => deletable.extend(rows.iter().map(|row| index.id_of_row(row))),
+            None => deletable.extend((0..index.len() as u32).map(|row| index.id_of_row(row))),
+        }
+        // One record in the log, however many rows match.
+        if !deletable.is_empty() {
+            db.apply(&Mutation::Delete { index: name, ids: deletable }).map_err(ApiError::Storage)?;
+        }
+        let n = deletable.len();
+        let mut envelope =
+            Envelope::start(out, 200, keep_alive, format_args!("{n}/{n} embeddings successfully deleted."));
+        let data = envelope.data();
+        data.extend_from_slice(b"{\"deleted\":");
+        json::write_u64(data, n as u64);
+        data.push(b'}');
+        return Ok(envelope.finish());
+    }
+    let index = find(db.store(), name, IndexOp::Fetch)?;
     seen.clear();
     for &id in ids.iter() {
         if index.contains(id) && seen.insert(id) {
@@ -378,6 +421,68 @@ pub fn delete(
         }
     });
     write_missing(&mut envelope, missing, "deleted");
+    Ok(envelope.finish())
+}
+
+/// A page of the rows of an index in order of id: those after `after`
+/// that the filter matches, at most `limit`, and fewer if the reply would
+/// pass its bound. `data.next` is the last id listed when more may follow,
+/// for the next page's `after`.
+pub fn scroll(
+    db: &mut Database,
+    scratch: &mut Scratch,
+    limits: ApiLimits,
+    name: &str,
+    body: &mut [u8],
+    reply: Reply<'_>,
+) -> Result<u16, ApiError> {
+    let Scroll { limit, after, filter, data } = scratch.decoder.scroll(body, limits.body)?;
+    find(db.store(), name, IndexOp::Fetch)?;
+    let mask = filter.as_ref().and_then(|filter| db.matching(name, filter));
+    let index = find(db.store(), name, IndexOp::Fetch)?;
+    let page = &mut scratch.items;
+    let mut more = index.scroll(after, limit, mask.as_ref(), page);
+    // The rows that fit in the reply; the rest are for the next page.
+    let row_bytes = EMBEDDING_BYTES_MAX + usize::from(data) * index.dims() * VALUE_BYTES_MAX;
+    let mut bytes = REPLY_FRAME_BYTES;
+    let fit = page
+        .iter()
+        .take_while(|&&row| {
+            bytes += row_bytes + index.metadata_of_row(row).len();
+            bytes <= limits.reply_bytes_max
+        })
+        .count();
+    if fit == 0 && !page.is_empty() {
+        check_reply(bytes, 1, limits.reply_bytes_max, "rows")?;
+    }
+    if fit < page.len() {
+        page.truncate(fit);
+        more = true;
+    }
+    let Reply { out, keep_alive } = reply;
+    let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("{} embeddings listed.", page.len()));
+    let out = envelope.data();
+    out.extend_from_slice(b"{\"embeddings\":[");
+    for (n, &row) in page.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"id\":");
+        json::write_i64(out, index.id_of_row(row));
+        out.extend_from_slice(b",\"metadata\":");
+        json::write_metadata(out, index.metadata_of_row(row));
+        if data {
+            out.extend_from_slice(b",\"data\":");
+            json::write_f32_array(out, index.vector_of_row(row));
+        }
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"],\"next\":");
+    match page.last() {
+        Some(&row) if more => json::write_i64(out, index.id_of_row(row)),
+        _ => out.extend_from_slice(b"null"),
+    }
+    out.push(b'}');
     Ok(envelope.finish())
 }
 

@@ -75,10 +75,10 @@ pub struct Scratch {
     pub items: Vec<u32>,
     pub skipped: Vec<(u32, embeddings::Skip)>,
     pub seen: AHashSet<i64>,
-    /// A search batch's queries, one after another, and each search's `k`,
-    /// `include` and place among them; a top per search.
+    /// A search batch's queries, one after another, and what each search
+    /// asks for (with its place among them); a top per search.
     pub queries: Vec<f32>,
-    pub searches: Vec<(usize, decode::Include, std::ops::Range<usize>)>,
+    pub searches: Vec<decode::Search>,
     pub tops: Vec<crate::store::topk::TopK>,
 }
 
@@ -122,9 +122,10 @@ impl App {
         let query = self.batches.next_query();
         let store = self.db.store();
         match embeddings::prepare_search(store, &mut self.scratch.decoder, self.limits, name, body, query) {
-            Ok((ask, index)) => {
+            Ok((ask, filter, index)) => {
                 self.metrics.add_search_bytes((index.len() * index.dims() * 4) as u64);
-                self.batches.park(seat, name, ask, reply.keep_alive, started);
+                let mask = filter.as_ref().and_then(|filter| self.db.matching(name, filter));
+                self.batches.park(seat, name, ask, (filter, mask), reply.keep_alive, started);
                 None
             }
             Err(error) => Some(error.write(reply.out, reply.keep_alive)),
@@ -243,15 +244,9 @@ impl App {
             Endpoint::IndexStats => indexes::stats(db.store(), name, Reply { out, keep_alive }),
             Endpoint::DeleteIndex => indexes::delete(db, name, Reply { out, keep_alive }),
             Endpoint::Search => unreachable!("searches are parked above"),
-            Endpoint::SearchBatch => embeddings::search_batch(
-                db.store(),
-                scratch,
-                batches.scanner(),
-                *limits,
-                name,
-                body,
-                Reply { out, keep_alive },
-            ),
+            Endpoint::SearchBatch => {
+                embeddings::search_batch(db, scratch, batches.scanner(), *limits, name, body, Reply { out, keep_alive })
+            }
             Endpoint::Upsert | Endpoint::Insert => {
                 let write = if target.endpoint == Endpoint::Upsert {
                     embeddings::Write::Upsert
@@ -260,6 +255,7 @@ impl App {
                 };
                 embeddings::write(db, scratch, *limits, write, name, body, Reply { out, keep_alive })
             }
+            Endpoint::Scroll => embeddings::scroll(db, scratch, *limits, name, body, Reply { out, keep_alive }),
             Endpoint::Retrieve => {
                 embeddings::retrieve(db.store(), scratch, *limits, name, body, Reply { out, keep_alive })
             }

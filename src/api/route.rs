@@ -50,6 +50,7 @@ pub fn route(method: Method, path: &str) -> Result<Target, ApiError> {
             let (endpoint, allowed) = match action {
                 "search" => (Endpoint::Search, Method::Post),
                 "search-batch" => (Endpoint::SearchBatch, Method::Post),
+                "scroll" => (Endpoint::Scroll, Method::Post),
                 "upsert" => (Endpoint::Upsert, Method::Put),
                 "insert" => (Endpoint::Insert, Method::Put),
                 "retrieve" => (Endpoint::Retrieve, Method::Post),

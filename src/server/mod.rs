@@ -77,6 +77,8 @@ pub fn run(config: Config) -> io::Result<()> {
             items_max: config.items_max,
             metadata_entries_max: config.metadata_entries_max,
             metadata_bytes_max: config.metadata_bytes_max,
+            filter_depth_max: config.filter_depth_max,
+            filter_terms_max: config.filter_terms_max,
         },
         indexes_max: config.indexes_max,
         index_name_bytes_max: config.index_name_bytes_max,

@@ -17,6 +17,8 @@ mod compat;
 mod contract;
 /// Answered writes survive kill -9; torn and damaged logs; snapshots; the lock.
 mod durability;
+/// Filters: every operator on search, batch, scroll and delete, against a model.
+mod filters;
 /// The fuzz targets' corpora, replayed through their properties.
 mod fuzz_corpus;
 /// Hostile requests: every limit, framing error and bad value, answered exactly.

@@ -41,7 +41,7 @@ fn every_curl_example_works_as_written() {
     let commands = readme_commands();
     let (setup, calls): (Vec<_>, Vec<_>) = commands.iter().partition(|c| !c.starts_with("curl"));
     assert_eq!(setup.len(), 2, "{setup:?}");
-    assert_eq!(calls.len(), 12, "one example per endpoint, and search with include");
+    assert_eq!(calls.len(), 15, "one example per endpoint, and search with include and with a filter");
     let prelude =
         setup.iter().map(|c| c.replace("127.0.0.1:8080", &server.addr.to_string())).collect::<Vec<_>>().join("; ");
     for call in calls {

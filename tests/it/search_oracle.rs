@@ -70,7 +70,7 @@ fn norm(x: &[f32]) -> f64 {
 /// The model: id -> (vector, metadata value).
 pub type Model = BTreeMap<i64, (Vec<f32>, String)>;
 
-fn vector(rng: &mut Rng, dims: usize) -> Vec<f32> {
+pub fn vector(rng: &mut Rng, dims: usize) -> Vec<f32> {
     loop {
         let v: Vec<f32> = (0..dims).map(|_| rng.float()).collect();
         if v.iter().any(|&x| x != 0.0) {
@@ -92,8 +92,25 @@ pub fn write_batch(client: &mut Client, index: &str, endpoint: &str, items: &[(i
 /// that is nearer than a hit, by more than their scores' f32 error
 /// (`tolerance`); rows with identical vectors in id order.
 pub fn check_search(client: &mut Client, index: &str, metric: Metric, model: &Model, query: &[f32], k: usize) {
-    let body = serde_json::json!({"queryVector": query, "k": k}).to_string();
-    let r = client.call("POST", &format!("/api/v1/embeddings/{index}/search"), Some(&body));
+    check_filtered(client, index, metric, model, query, k, None);
+}
+
+/// `check_search` with `filter` sent along, where `model` holds exactly the
+/// rows the filter matches: the hits are the true k nearest among them.
+pub fn check_filtered(
+    client: &mut Client,
+    index: &str,
+    metric: Metric,
+    model: &Model,
+    query: &[f32],
+    k: usize,
+    filter: Option<&Value>,
+) {
+    let mut body = serde_json::json!({"queryVector": query, "k": k});
+    if let Some(filter) = filter {
+        body["filter"] = filter.clone();
+    }
+    let r = client.call("POST", &format!("/api/v1/embeddings/{index}/search"), Some(&body.to_string()));
     assert_eq!(r.status, 200, "{r:?}");
     let hits = r.body["data"]["nearest_neighbors"].as_object().unwrap();
     let expected_len = k.min(model.len());
@@ -143,7 +160,8 @@ pub fn check_search(client: &mut Client, index: &str, metric: Metric, model: &Mo
             );
         }
     }
-    check_included(client, index, metric, model, query, k, &ranked);
+    body["include"] = serde_json::json!(["score", "data"]);
+    check_included(client, index, metric, model, query, &body, &ranked);
 }
 
 /// The same search with `include: ["score", "data"]`: the same hits in the
@@ -156,11 +174,10 @@ fn check_included(
     metric: Metric,
     model: &Model,
     query: &[f32],
-    k: usize,
+    body: &Value,
     ranked: &[i64],
 ) {
-    let body = serde_json::json!({"queryVector": query, "k": k, "include": ["score", "data"]}).to_string();
-    let r = client.call("POST", &format!("/api/v1/embeddings/{index}/search"), Some(&body));
+    let r = client.call("POST", &format!("/api/v1/embeddings/{index}/search"), Some(&body.to_string()));
     assert_eq!(r.status, 200, "{r:?}");
     let hits = r.body["data"]["nearest_neighbors"].as_object().unwrap();
     assert_eq!(hits.len(), ranked.len());
