@@ -265,6 +265,15 @@ impl Client {
         }
     }
 
+    /// Sends a request and returns its response's status and body bytes,
+    /// unparsed (the bench reading large replies at speed).
+    #[allow(dead_code)]
+    pub fn raw_call(&mut self, method: &str, path: &str, body: Option<&str>) -> (u16, Vec<u8>) {
+        self.send(&request_bytes(method, path, &[("X-Service-API-Key", KEY)], body));
+        let (status, _, body) = self.read_frame();
+        (status, body)
+    }
+
     /// Reads one response's status, head and body bytes.
     fn read_frame(&mut self) -> (u16, String, Vec<u8>) {
         let head_end = loop {

@@ -258,6 +258,8 @@ impl Index {
     /// `scan_exact` over the rows of `mask` within `rows`: each run of
     /// consecutive rows in the mask is scanned as an unmasked scan would
     /// scan it, so every pair is scored as it would be without the mask.
+    /// The first row of the next run is asked for from memory meanwhile:
+    /// across a gap the hardware's prefetcher loses the stream.
     fn scan_masked(
         &self,
         queries: &[&[f32]],
@@ -268,13 +270,19 @@ impl Index {
     ) {
         let mut runs = mask.iter();
         runs.advance_to(rows.start as u32);
-        while let Some(run) = runs.next_range() {
+        let end = rows.end;
+        let mut next_run = || {
+            let run = runs.next_range()?;
             let start = *run.start() as usize;
-            if start >= rows.end {
-                break;
+            (start < end).then(|| start..(*run.end() as usize + 1).min(end))
+        };
+        let mut next = next_run();
+        while let Some(run) = next {
+            next = next_run();
+            if let Some(ahead) = &next {
+                kernels::prefetch(self.vector_of_row(ahead.start as u32));
             }
-            let end = (*run.end() as usize + 1).min(rows.end);
-            self.scan_exact(queries, scales, start..end, tops);
+            self.scan_exact(queries, scales, run, tops);
         }
     }
 

@@ -1,0 +1,311 @@
+//! The filters benchmark (issue 16's targets): filtered search against
+//! unfiltered on the same index in the same run, with recall against brute
+//! force; search-batch against the same searches sent one by one; scroll's
+//! output rate; delete by filter of 10% of a million rows. The table is
+//! also written to `target/filters-bench.md`.
+//!
+//! Run with `make bench` (or `cargo bench --bench filters`; arguments
+//! choose sections: `search`, `batch`, `scroll`, `delete`).
+
+#[allow(dead_code)]
+#[path = "../tests/it/harness.rs"]
+mod harness;
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use harness::{create_index, Client, Rng, Server};
+use serde_json::{json, Value};
+
+const DIMS: usize = 768;
+const ROWS: usize = 100_000;
+const BATCH: usize = 1_000;
+
+/// Row `id`'s metadata: `cat` (1,000 values, 0.1% each), `tier` (10),
+/// `half` (2), `year` (1990-2024).
+fn metadata(id: usize) -> String {
+    format!(
+        r#"{{"cat":"c{}","tier":"t{}","half":"h{}","year":"{}"}}"#,
+        id % 1000,
+        (id / 1000) % 10,
+        id % 2,
+        1990 + (id * 7) % 35
+    )
+}
+
+fn vector(rng: &mut Rng, dims: usize) -> Vec<f32> {
+    (0..dims).map(|_| rng.float() * 2.0 - 1.0).collect()
+}
+
+fn json_array(values: &[f32], out: &mut String) {
+    out.push('[');
+    for (d, x) in values.iter().enumerate() {
+        if d > 0 {
+            out.push(',');
+        }
+        write!(out, "{x}").unwrap();
+    }
+    out.push(']');
+}
+
+/// Loads `rows` random vectors of `dims` with `metadata`, returning them.
+fn load(client: &mut Client, index: &str, rows: usize, dims: usize, rng: &mut Rng) -> Vec<Vec<f32>> {
+    let vectors: Vec<Vec<f32>> = (0..rows).map(|_| vector(rng, dims)).collect();
+    for first in (0..rows).step_by(BATCH) {
+        let mut body = String::from(r#"{"embeddings":["#);
+        for (id, v) in vectors.iter().enumerate().skip(first).take(BATCH) {
+            if id > first {
+                body.push(',');
+            }
+            write!(body, r#"{{"id":{id},"metadata":{},"data":"#, metadata(id)).unwrap();
+            json_array(v, &mut body);
+            body.push('}');
+        }
+        body.push_str("]}");
+        let r = client.call("PUT", &format!("/api/v1/embeddings/{index}/insert"), Some(&body));
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    vectors
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn search_body(query: &[f32], filter: &Value) -> String {
+    let mut body = json!({"k": 10, "queryVector": query});
+    if !filter.is_null() {
+        body["filter"] = filter.clone();
+    }
+    body.to_string()
+}
+
+/// The median time of a search of `index` with `filter`, over `queries`.
+fn timed(client: &mut Client, index: &str, queries: &[Vec<f32>], filter: &Value) -> Duration {
+    let path = format!("/api/v1/embeddings/{index}/search");
+    let bodies: Vec<String> = queries.iter().map(|q| search_body(q, filter)).collect();
+    for body in bodies.iter().take(3) {
+        client.call("POST", &path, Some(body));
+    }
+    median(
+        bodies
+            .iter()
+            .map(|body| {
+                let started = Instant::now();
+                let r = client.call("POST", &path, Some(body));
+                let took = started.elapsed();
+                assert_eq!(r.status, 200, "{r:?}");
+                took
+            })
+            .collect(),
+    )
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+/// Of `queries` searched with `filter` (matching the rows `matches` says),
+/// the share of the true 10 nearest among the matching rows (by f64 brute
+/// force) that the server returned, and whether every answer held
+/// min(10, matches) hits.
+fn recall(
+    client: &mut Client,
+    vectors: &[Vec<f32>],
+    queries: &[Vec<f32>],
+    filter: &Value,
+    matches: &dyn Fn(usize) -> bool,
+) -> (f64, bool) {
+    let (mut found, mut wanted, mut counts_right) = (0, 0, true);
+    for query in queries {
+        let r = client.call("POST", "/api/v1/embeddings/wide/search", Some(&search_body(query, filter)));
+        let hits: Vec<usize> =
+            r.body["data"]["nearest_neighbors"].as_object().unwrap().keys().map(|id| id.parse().unwrap()).collect();
+        let mut scored: Vec<(f64, usize)> =
+            (0..vectors.len()).filter(|&id| matches(id)).map(|id| (cosine(query, &vectors[id]), id)).collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let truth: Vec<usize> = scored.iter().take(10).map(|&(_, id)| id).collect();
+        counts_right &= hits.len() == truth.len();
+        found += truth.iter().filter(|id| hits.contains(id)).count();
+        wanted += truth.len();
+    }
+    (if wanted == 0 { 1.0 } else { found as f64 / wanted as f64 }, counts_right)
+}
+
+#[derive(Default)]
+struct Table(String);
+
+impl Table {
+    fn add(&mut self, target: &str, ours: String, reference: String, ratio: f64, goal: &str) {
+        println!("  {target}: {ours} | reference {reference} | ratio {ratio:.2} (goal {goal})");
+        writeln!(self.0, "| {target} | {ours} | {reference} | {ratio:.2} | {goal} |").unwrap();
+    }
+}
+
+fn main() {
+    let chosen: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let run = |section: &str| chosen.is_empty() || chosen.iter().any(|c| section.contains(c.as_str()));
+    let mut table = Table::default();
+    println!("filters (release server, loopback, one client; ratios are ours / reference)");
+    if run("search batch scroll") {
+        let server = Server::start();
+        create_index(&server, "wide", DIMS, "cosine");
+        let mut client = server.connect();
+        let mut rng = Rng(16);
+        let vectors = load(&mut client, "wide", ROWS, DIMS, &mut rng);
+        let queries: Vec<Vec<f32>> = (0..32).map(|_| vector(&mut rng, DIMS)).collect();
+        if run("search") {
+            filtered_search(&mut client, &vectors, &queries, &mut table);
+        }
+        if run("batch") {
+            batch(&mut client, &queries, &mut table);
+        }
+        if run("scroll") {
+            scroll(&mut client, &mut table);
+        }
+    }
+    if run("delete") {
+        delete_by_filter(&mut table);
+    }
+    let out = std::path::Path::new("target/filters-bench.md");
+    let text = format!("| target | ours | reference, same run | ratio | goal |\n|---|---|---|---|---|\n{}", table.0);
+    std::fs::write(out, text).expect("write target/filters-bench.md");
+    println!("table written to {}", out.display());
+}
+
+/// Targets 1 and 2: each selectivity against the unfiltered search.
+fn filtered_search(client: &mut Client, vectors: &[Vec<f32>], queries: &[Vec<f32>], table: &mut Table) {
+    let unfiltered = timed(client, "wide", queries, &Value::Null);
+    type Case = (&'static str, Value, f64, fn(usize) -> bool);
+    let cases: [Case; 6] = [
+        ("0.1% (cat)", json!({"cat": "c7"}), 0.001, |id| id % 1000 == 7),
+        (
+            "1% (cat $in 10)",
+            json!({"cat": {"$in": (0..10).map(|c| format!("c{c}")).collect::<Vec<_>>()}}),
+            0.01,
+            |id| id % 1000 < 10,
+        ),
+        ("10% (tier)", json!({"tier": "t3"}), 0.1, |id| (id / 1000) % 10 == 3),
+        ("50% (half)", json!({"half": "h1"}), 0.5, |id| id % 2 == 1),
+        ("20% (year range)", json!({"year": {"$gte": 2000, "$lt": 2007}}), 0.2, |id| {
+            (2000..2007).contains(&(1990 + (id * 7) % 35))
+        }),
+        ("100% ($exists)", json!({"half": {"$exists": true}}), 1.0, |_| true),
+    ];
+    for (name, filter, selectivity, matches) in cases {
+        let took = timed(client, "wide", queries, &filter);
+        let (recall, counts) = recall(client, vectors, &queries[..3], &filter, &matches);
+        let (reference, ratio, goal) = if selectivity < 1.0 {
+            let bound = unfiltered.mul_f64(1.5 * selectivity) + Duration::from_micros(300);
+            (format!("1.5 x {selectivity} x unfiltered {} + 0.3 ms = {}", ms(unfiltered), ms(bound)), bound, "<= 1")
+        } else {
+            (format!("unfiltered {}", ms(unfiltered)), unfiltered, "<= 1.1")
+        };
+        table.add(
+            &format!("1, 2. filtered search {name}, 100,000 x 768 cosine, k=10 (median of 32)"),
+            format!("{}; recall {recall:.2}, always min(k, matches) hits: {counts}", ms(took)),
+            reference,
+            took.as_secs_f64() / ratio.as_secs_f64(),
+            goal,
+        );
+    }
+}
+
+/// Target 3: a search-batch of 32 against the same 32 sent one by one.
+fn batch(client: &mut Client, queries: &[Vec<f32>], table: &mut Table) {
+    let searches: Vec<Value> = queries.iter().map(|q| json!({"k": 10, "queryVector": q})).collect();
+    let body = json!({ "searches": searches }).to_string();
+    let bodies: Vec<String> = searches.iter().map(Value::to_string).collect();
+    let (mut batched, mut alone) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let started = Instant::now();
+        let r = client.call("POST", "/api/v1/embeddings/wide/search-batch", Some(&body));
+        batched.push(started.elapsed());
+        assert_eq!(r.status, 200);
+        let started = Instant::now();
+        for body in &bodies {
+            assert_eq!(client.call("POST", "/api/v1/embeddings/wide/search", Some(body)).status, 200);
+        }
+        alone.push(started.elapsed());
+    }
+    let (batched, alone) = (median(batched), median(alone));
+    table.add(
+        "3. search-batch of 32, 100,000 x 768 cosine, k=10, throughput (median of 5)",
+        format!("{} a batch", ms(batched)),
+        format!("the 32 one by one on one connection: {}", ms(alone)),
+        alone.as_secs_f64() / batched.as_secs_f64(),
+        ">= 10",
+    );
+}
+
+/// Target 4: scroll through the whole index with vectors. The client
+/// reads each page's bytes and finds `next` at its end, without parsing the
+/// rest: the figure is the server's rate, not a JSON parser's.
+fn scroll(client: &mut Client, table: &mut Table) {
+    let started = Instant::now();
+    let (mut bytes, mut pages, mut body) = (0usize, 0usize, json!({"limit": 10_000, "include": ["data"]}));
+    loop {
+        let (status, page) = client.raw_call("POST", "/api/v1/embeddings/wide/scroll", Some(&body.to_string()));
+        assert_eq!(status, 200);
+        bytes += page.len();
+        pages += 1;
+        let tail = String::from_utf8_lossy(&page[page.len().saturating_sub(64)..]).into_owned();
+        let next = tail.rsplit("\"next\":").next().unwrap().trim_end_matches('}');
+        if next == "null" {
+            break;
+        }
+        body["after"] = json!(next.parse::<i64>().unwrap());
+    }
+    let took = started.elapsed();
+    let mb_per_s = bytes as f64 / 1e6 / took.as_secs_f64();
+    table.add(
+        "4. scroll of 100,000 x 768 with vectors, JSON out",
+        format!("{mb_per_s:.0} MB/s ({:.0} MB in {pages} pages, {})", bytes as f64 / 1e6, ms(took)),
+        "200 MB/s".into(),
+        mb_per_s / 200.0,
+        ">= 1",
+    );
+}
+
+/// Target 5: delete by filter of 10% of 1,000,000 x 128, then stats and a
+/// search agree with the model.
+fn delete_by_filter(table: &mut Table) {
+    const BIG: usize = 1_000_000;
+    let server = Server::start();
+    create_index(&server, "big", 128, "l2");
+    let mut client = server.connect();
+    let mut rng = Rng(17);
+    let vectors = load(&mut client, "big", BIG, 128, &mut rng);
+    drop(vectors);
+    let started = Instant::now();
+    let r = client.call("DELETE", "/api/v1/embeddings/big/delete", Some(r#"{"filter":{"tier":"t3"}}"#));
+    let took = started.elapsed();
+    assert_eq!(r.status, 200, "{r:?}");
+    let deleted = r.body["data"]["deleted"].as_u64().unwrap() as usize;
+    assert_eq!(deleted, BIG / 10);
+    let stats = client.call("GET", "/api/v1/indexes/big/stats", None);
+    let count = stats.body["data"]["count"].as_u64().unwrap() as usize;
+    let query = vector(&mut rng, 128);
+    let r = client.call(
+        "POST",
+        "/api/v1/embeddings/big/search",
+        Some(&json!({"k": 100, "queryVector": query}).to_string()),
+    );
+    let hits = r.body["data"]["nearest_neighbors"].as_object().unwrap();
+    let agrees =
+        count == BIG - deleted && hits.len() == 100 && hits.values().all(|hit| hit["metadata"]["tier"] != "t3");
+    table.add(
+        "5. delete by filter of 10% of 1,000,000 x 128, sync included",
+        format!("{} for {deleted} rows; stats and a search agree with the model: {agrees}", ms(took)),
+        "1 s".into(),
+        took.as_secs_f64(),
+        "< 1",
+    );
+}
