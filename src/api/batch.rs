@@ -56,8 +56,9 @@ struct Parked {
     query: Vec<f32>,
     ask: Ask,
     /// The rows it may find (`None` for every row): the filter, by which
-    /// searches are grouped, and the rows it matched when it was parked
-    /// (no change can come between that and the run).
+    /// searches are grouped, and the rows it matched when it was parked (no
+    /// change can come between that and the run). Only the first search of
+    /// a group holds the rows; the others share them.
     filter: Option<Filter>,
     mask: Option<RoaringBitmap>,
     keep_alive: bool,
@@ -113,9 +114,17 @@ impl Batches {
         &mut self.parked[self.parked_len].query
     }
 
+    /// Whether a search not yet run is parked on the index `index` with
+    /// `filter`: a search parked now joins its group and needs no rows of
+    /// its own (`park`).
+    pub fn has_group(&self, index: &str, filter: &Filter) -> bool {
+        self.parked[..self.parked_len].iter().any(|p| !p.done && p.index == index && p.filter.as_ref() == Some(filter))
+    }
+
     /// Parks the search whose query is in `next_query()`: what `ask` asks
     /// of the rows of the index `index` that `filter` matches (`mask`, or
-    /// all), taken at `started`.
+    /// all; `None` too when it joins a group, `has_group`), taken at
+    /// `started`.
     pub fn park(
         &mut self,
         seat: &mut Seat,
@@ -295,6 +304,47 @@ mod tests {
         park_asking(&mut batches, &mut seat, index, query, ask);
         batches.run(store, &mut Metrics::default(), 1 << 20);
         answer(&mut batches, &mut seat)
+    }
+
+    /// Parks a search with `filter` as `App` does: the rows it matches are
+    /// looked up only for the first search of its group.
+    fn park_filtered(batches: &mut Batches, seat: &mut Seat, store: &mut Store, query: &[f32], filter: &Filter) {
+        let mask =
+            if batches.has_group("small", filter) { None } else { store.index_mut("small").unwrap().matching(filter) };
+        let slot = batches.next_query();
+        slot.clear();
+        slot.extend_from_slice(query);
+        let ask = Ask { k: 4, ..Ask::default() };
+        batches.park(seat, "small", ask, (Some(filter.clone()), mask), true, Instant::now());
+    }
+
+    #[test]
+    fn filtered_searches_share_their_group_s_rows_and_answer_as_alone() {
+        let mut store = store(0);
+        for id in 0..50 {
+            let metadata = format!("{{\"m\":\"{}\"}}", id % 3);
+            let vector = store.index("small").unwrap().get(id).unwrap().0.to_vec();
+            store.index_mut("small").unwrap().upsert(id, &vector, metadata.as_bytes());
+        }
+        let filters = [Filter::Eq("m".into(), "1".into()), Filter::Not(Box::new(Filter::Eq("m".into(), "1".into())))];
+        let queries: Vec<[f32; 2]> = (0..6).map(|q| [q as f32 * 7.5, (q % 4) as f32]).collect();
+        let mut batches = Batches::with_threads(1);
+        let mut seats = vec![Seat::default(); queries.len()];
+        for (q, (seat, query)) in seats.iter_mut().zip(&queries).enumerate() {
+            park_filtered(&mut batches, seat, &mut store, query, &filters[q % 2]);
+        }
+        batches.run(&store, &mut Metrics::default(), 1 << 20);
+        for (q, (seat, query)) in seats.iter_mut().zip(&queries).enumerate() {
+            let together = answer(&mut batches, seat);
+            let mut lone = Batches::with_threads(1);
+            let mut lone_seat = Seat::default();
+            park_filtered(&mut lone, &mut lone_seat, &mut store, query, &filters[q % 2]);
+            lone.run(&store, &mut Metrics::default(), 1 << 20);
+            let alone = answer(&mut lone, &mut lone_seat);
+            assert_eq!(together, alone, "query {q}");
+            let text = String::from_utf8(together).unwrap();
+            assert_eq!(text.matches("\"m\":\"1\"").count(), if q % 2 == 0 { 4 } else { 0 }, "{text}");
+        }
     }
 
     #[test]

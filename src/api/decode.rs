@@ -59,6 +59,12 @@ pub struct Scroll {
     pub data: bool,
 }
 
+impl Default for Scroll {
+    fn default() -> Scroll {
+        Scroll { limit: crate::limits::SCROLL_LIMIT_DEFAULT, after: None, filter: None, data: false }
+    }
+}
+
 /// What a delete of embeddings names: ids (decoded into the caller's
 /// buffer), or a filter.
 #[derive(Clone, Debug, PartialEq)]
@@ -283,44 +289,35 @@ impl Decoder {
     /// not both.
     pub fn deletion(&mut self, body: &mut [u8], limits: BodyLimits, ids: &mut Vec<i64>) -> Result<Deletion, ApiError> {
         self.with_tape(body, |nodes, _| {
-            let mut filter = None;
+            let (mut filter, mut has_ids) = (None, false);
             for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
-                if key == "filter" {
-                    filter = filter_field(nodes, at, limits)?;
+                match key {
+                    "filter" => filter = filter_field(nodes, at, limits)?,
+                    "ids" => has_ids = !is_null(nodes, at),
+                    _ => {}
                 }
             }
-            let Some(filter) = filter else {
-                return ids_of(nodes, limits, ids).map(|()| Deletion::Ids);
-            };
-            if object(nodes, 0).into_iter().flatten().any(|(key, at)| key == "ids" && !is_null(nodes, at)) {
-                return Err(ApiError::bad_body("body: expected either ids or filter, not both"));
+            match filter {
+                None => ids_of(nodes, limits, ids).map(|()| Deletion::Ids),
+                Some(_) if has_ids => Err(ApiError::bad_body("body: expected either ids or filter, not both")),
+                Some(filter) => Ok(Deletion::Filter(filter)),
             }
-            Ok(Deletion::Filter(filter))
         })
     }
 
-    /// `{"limit"?: int, "after"?: int, "filter"?: filter, "include"?: ["data"]}`.
+    /// `{"limit"?: int, "after"?: int, "filter"?: filter, "include"?: ["data"]}`,
+    /// each `null` as if absent; an empty body lists from the start.
     pub fn scroll(&mut self, body: &mut [u8], limits: BodyLimits) -> Result<Scroll, ApiError> {
         if body.iter().all(u8::is_ascii_whitespace) {
-            return Ok(Scroll { limit: crate::limits::SCROLL_LIMIT_DEFAULT, after: None, filter: None, data: false });
+            return Ok(Scroll::default());
         }
         self.with_tape(body, |nodes, _| {
-            let mut scroll =
-                Scroll { limit: crate::limits::SCROLL_LIMIT_DEFAULT, after: None, filter: None, data: false };
+            let mut scroll = Scroll::default();
             let max = crate::limits::SCROLL_LIMIT_MAX;
+            // A repeated key: the last one counts.
             for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
-                if is_null(nodes, at) {
-                    // `null` is absent; a repeated key's last one counts.
-                    match key {
-                        "limit" => scroll.limit = crate::limits::SCROLL_LIMIT_DEFAULT,
-                        "after" => scroll.after = None,
-                        "filter" => scroll.filter = None,
-                        "include" => scroll.data = false,
-                        _ => {}
-                    }
-                    continue;
-                }
                 match key {
+                    "limit" if is_null(nodes, at) => scroll.limit = crate::limits::SCROLL_LIMIT_DEFAULT,
                     "limit" => {
                         let n = integer(nodes, at).filter(|&n| (1..=max as i64).contains(&n));
                         let n = n.ok_or_else(|| {
@@ -328,6 +325,7 @@ impl Decoder {
                         })?;
                         scroll.limit = n as usize;
                     }
+                    "after" if is_null(nodes, at) => scroll.after = None,
                     "after" => {
                         let after = integer(nodes, at);
                         scroll.after =

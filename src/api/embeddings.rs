@@ -370,13 +370,15 @@ pub fn delete(
     let Reply { out, keep_alive } = reply;
     let Scratch { decoder, ids, seen, batch, .. } = scratch;
     let deletion = decoder.deletion(body, limits.body, ids)?;
-    find(db.store(), name, IndexOp::Fetch)?;
+    let rows = match &deletion {
+        Deletion::Filter(filter) => db.matching(name, filter),
+        Deletion::Ids => None,
+    };
+    let index = find(db.store(), name, IndexOp::Fetch)?;
     // `batch.ids` is free scratch here: it collects the ids to delete, in order.
     let deletable = &mut batch.ids;
     deletable.clear();
-    if let Deletion::Filter(filter) = deletion {
-        let rows = db.matching(name, &filter);
-        let index = find(db.store(), name, IndexOp::Fetch)?;
+    if let Deletion::Filter(_) = deletion {
         match rows {
             Some(rows) => deletable.extend(rows.iter().map(|row| index.id_of_row(row))),
             None => deletable.extend((0..index.len() as u32).map(|row| index.id_of_row(row))),
@@ -394,7 +396,6 @@ pub fn delete(
         data.push(b'}');
         return Ok(envelope.finish());
     }
-    let index = find(db.store(), name, IndexOp::Fetch)?;
     seen.clear();
     for &id in ids.iter() {
         if index.contains(id) && seen.insert(id) {
@@ -437,7 +438,6 @@ pub fn scroll(
     reply: Reply<'_>,
 ) -> Result<u16, ApiError> {
     let Scroll { limit, after, filter, data } = scratch.decoder.scroll(body, limits.body)?;
-    find(db.store(), name, IndexOp::Fetch)?;
     let mask = filter.as_ref().and_then(|filter| db.matching(name, filter));
     let index = find(db.store(), name, IndexOp::Fetch)?;
     let page = &mut scratch.items;
@@ -453,7 +453,7 @@ pub fn scroll(
         })
         .count();
     if fit == 0 && !page.is_empty() {
-        check_reply(bytes, 1, limits.reply_bytes_max, "rows")?;
+        check_reply(bytes, 1, limits.reply_bytes_max, "rows with their vectors")?;
     }
     if fit < page.len() {
         page.truncate(fit);

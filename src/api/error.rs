@@ -198,6 +198,11 @@ impl fmt::Display for ApiError {
                 write!(f, "metric '{metric}' is not supported; allowed values: {}", Metric::ALLOWED)
             }
             ApiError::SearchFailed { reason } => f.write_str(reason),
+            ApiError::ReplyTooLarge { bytes, max, fit: 0, what } => write!(
+                f,
+                "the reply would take up to {bytes} bytes, more than the {max} one reply may (--reply-bytes-max); \
+                 not even one of the {what} fits"
+            ),
             ApiError::ReplyTooLarge { bytes, max, fit, what } => write!(
                 f,
                 "the reply would take up to {bytes} bytes, more than the {max} one reply may (--reply-bytes-max); \

@@ -124,7 +124,10 @@ impl App {
         match embeddings::prepare_search(store, &mut self.scratch.decoder, self.limits, name, body, query) {
             Ok((ask, filter, index)) => {
                 self.metrics.add_search_bytes((index.len() * index.dims() * 4) as u64);
-                let mask = filter.as_ref().and_then(|filter| self.db.matching(name, filter));
+                let mask = match &filter {
+                    Some(filter) if !self.batches.has_group(name, filter) => self.db.matching(name, filter),
+                    _ => None,
+                };
                 self.batches.park(seat, name, ask, (filter, mask), reply.keep_alive, started);
                 None
             }

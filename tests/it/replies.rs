@@ -105,3 +105,47 @@ fn a_search_batch_past_the_limit_is_refused_saying_how_many_hits_fit() {
     assert_eq!(r.status, 200, "{r:?}");
     assert!(reply_bytes(&r) <= REPLY_BYTES_MAX, "{} bytes", reply_bytes(&r));
 }
+
+/// A scroll page stops short of the limit instead: fewer rows than asked
+/// for, `next` set, and every row still listed once page after page. A row
+/// that cannot fit alone is refused, saying so.
+#[test]
+fn a_scroll_page_stops_short_of_the_limit_and_paging_lists_every_row() {
+    let (server, mut client) = server_with_rows(200);
+    let mut body = json!({"limit": 10_000, "include": ["data"]});
+    let (mut listed, mut pages) = (Vec::new(), 0);
+    loop {
+        let r = client.call("POST", "/api/v1/embeddings/wide/scroll", Some(&body.to_string()));
+        assert_eq!(r.status, 200, "{r:?}");
+        assert!(reply_bytes(&r) <= REPLY_BYTES_MAX, "{} bytes", reply_bytes(&r));
+        let page = r.body["data"]["embeddings"].as_array().unwrap();
+        assert!(!page.is_empty() && page.len() < 200, "{} rows", page.len());
+        listed.extend(page.iter().map(|row| row["id"].as_i64().unwrap()));
+        pages += 1;
+        if r.body["data"]["next"].is_null() {
+            break;
+        }
+        body["after"] = r.body["data"]["next"].clone();
+    }
+    assert!(pages > 1);
+    let want: Vec<i64> = (0..200).rev().map(|id| -9_000_000_000_000_000_000 - id).collect();
+    assert_eq!(listed, want, "every row once, ascending");
+    drop(client);
+    drop(server);
+
+    let server = Server::start_with(&["--reply-bytes-max", &REPLY_BYTES_MAX.to_string()]);
+    create_index(&server, "huge", 5000, "l2");
+    let mut client = server.connect();
+    let row = json!({"embeddings": [{"id": 1, "data": vec![0.5; 5000]}]}).to_string();
+    assert_eq!(client.call("PUT", "/api/v1/embeddings/huge/insert", Some(&row)).status, 200);
+    let r = client.call("POST", "/api/v1/embeddings/huge/scroll", Some(r#"{"include":["data"]}"#));
+    assert_eq!((r.status, r.code()), (400, "REPLY_TOO_LARGE"), "{r:?}");
+    let description = r.body["error"]["description"].as_str().unwrap();
+    assert!(description.ends_with("not even one of the rows with their vectors fits"), "{description}");
+    let r = client.call("POST", "/api/v1/embeddings/huge/scroll", Some("{}"));
+    assert_eq!(
+        r.body["data"],
+        json!({"embeddings": [{"id": 1, "metadata": {}}], "next": null}),
+        "without data it fits"
+    );
+}

@@ -18,7 +18,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use ahash::AHashMap;
+use ahash::{AHashMap, AHashSet};
 use roaring::RoaringBitmap;
 use simd_json::{Buffers, Node, Tape};
 
@@ -120,12 +120,15 @@ impl MetaIndex {
     }
 
     /// Indexes every key `filter` names that is not yet indexed, from
-    /// `texts`, the metadata text of each row in order.
+    /// `texts`, the metadata text of each row in order. A key no row holds
+    /// is not kept: a filter naming it matches no row through it, and
+    /// filters naming made-up keys leave nothing behind (they cost a pass
+    /// each instead).
     pub fn index_keys(&mut self, filter: &Filter, texts: &[Box<[u8]>]) {
-        let mut new: Vec<&str> = Vec::new();
+        let mut new: AHashSet<&str> = AHashSet::new();
         filter.each_key(&mut |key| {
-            if !self.keys.contains_key(key) && !new.contains(&key) {
-                new.push(key);
+            if !self.keys.contains_key(key) {
+                new.insert(key);
             }
         });
         if new.is_empty() {
@@ -140,15 +143,17 @@ impl MetaIndex {
                 continue;
             }
             self.reader.pairs(text, |key, value| {
-                if new.contains(&key) {
+                if new.contains(key) {
                     keys.get_mut(key).expect("inserted above").apply(value, Change::Add(row as u32));
                 }
             });
         }
+        keys.retain(|key, entry| !(new.contains(&**key) && entry.present.is_empty()));
     }
 
     /// The rows among `0..rows` that `filter` matches; every key it names
-    /// must have been indexed (`index_keys`).
+    /// must have been through `index_keys` (a key not kept there is held
+    /// by no row).
     pub fn matching(&self, filter: &Filter, rows: u32) -> Cow<'_, RoaringBitmap> {
         let none = || Cow::Owned(RoaringBitmap::new());
         let all = || {
@@ -211,11 +216,9 @@ impl MetaIndex {
         (self.keys.len(), self.keys.values().map(|key| key.values.len()).sum())
     }
 
-    /// The key `key`'s sets: checked to have been indexed.
+    /// The key `key`'s sets; `None` if no row holds it.
     fn key(&self, key: &str) -> Option<&Key> {
-        let found = self.keys.get(key);
-        debug_assert!(found.is_some(), "filter key {key:?} used before `index_keys`");
-        found
+        self.keys.get(key)
     }
 }
 
@@ -326,10 +329,16 @@ mod tests {
 
     #[test]
     fn follows_adds_moves_and_removes() {
-        let (mut meta, _) = indexed(&[], &["lang", "year", "q\"uote"]);
-        meta.add(0, br#"{"lang":"en","year":"2001"}"#);
+        let (mut meta, _) = indexed(&[r#"{"lang":"en","year":"2001"}"#], &["lang", "year"]);
         meta.add(1, br#"{"lang":"fr","year":"2001.0"}"#);
         meta.add(2, br#"{"lang":"en","q\"uote":"a\\b\n"}"#);
+        let texts = [
+            r#"{"lang":"en","year":"2001"}"#,
+            r#"{"lang":"fr","year":"2001.0"}"#,
+            r#"{"lang":"en","q\"uote":"a\\b\n"}"#,
+        ];
+        let texts: Vec<Box<[u8]>> = texts.iter().map(|text| text.as_bytes().into()).collect();
+        meta.index_keys(&Filter::Exists("q\"uote".into()), &texts);
         assert_eq!(rows(&meta.matching(&eq("lang", "en"), 3)), [0, 2]);
         assert_eq!(rows(&meta.matching(&eq("q\"uote", "a\\b\n"), 3)), [2], "escapes are read");
         let year = Filter::Range("year".into(), Bound::Included(2001.0), Bound::Included(2001.0));
@@ -352,6 +361,8 @@ mod tests {
         let filter = Filter::Or(vec![eq("b", "y"), Filter::Not(Box::new(Filter::Exists("a".into())))]);
         meta.index_keys(&filter, &texts);
         assert_eq!(meta.sizes(), (2, 3), "a and b, from the texts: 1, x and y");
+        meta.index_keys(&eq("nobody", "x"), &texts);
+        assert_eq!(meta.sizes(), (2, 3), "a key no row holds is not kept");
         assert_eq!(rows(&meta.matching(&filter, 3)), [1, 2]);
         meta.add(3, br#"{"a":"2"}"#);
         assert_eq!(rows(&meta.matching(&Filter::Exists("a".into()), 4)), [0, 3], "then follows the rows");

@@ -181,17 +181,21 @@ impl Index {
             }
         };
         reset(tops);
-        if let Some(mask) = mask {
-            return self.scan_masked_split(queries, scales, tops, partials, chunk, mask, reset);
-        }
-        let screen = if queries.len() >= SCREEN_QUERIES_MIN && self.metric != Metric::L2 {
+        // No bfloat16 pass under a mask: the rows it leaves are rarely in
+        // tiles worth converting.
+        let screen = if mask.is_none() && queries.len() >= SCREEN_QUERIES_MIN && self.metric != Metric::L2 {
             Screen::new(queries, &squared_norms, scales, self.dims)
         } else {
             None
         };
         let screen = screen.as_ref();
+        // The exact scan of some rows: those of the mask among them, if any.
+        let scan_rows = |range: Range<usize>, tops: &mut [TopK]| match mask {
+            Some(mask) => self.scan_masked(queries, scales, mask, range, tops),
+            None => self.scan_exact(queries, scales, range, tops),
+        };
         if partials.is_empty() && screen.is_none() {
-            return self.scan_exact(queries, scales, 0..rows, tops);
+            return scan_rows(0..rows, tops);
         }
         let taken = AtomicUsize::new(0);
         let scan = |tops: &mut [TopK]| {
@@ -218,41 +222,26 @@ impl Index {
                     }
                     _ => {
                         exact_chunks = exact_chunks.saturating_sub(1);
-                        self.scan_exact(queries, scales, range, tops);
+                        scan_rows(range, tops);
                     }
                 }
             }
         };
-        run_split(queries.len(), tops, partials, reset, scan);
-    }
-
-    /// `search_in_chunks` over the rows of `mask` only: each thread takes
-    /// the next `chunk` rows no thread has taken and scores those of them
-    /// in `mask`, a run of consecutive rows at a time. No bfloat16 pass:
-    /// the rows a mask leaves are rarely in tiles worth converting.
-    #[allow(clippy::too_many_arguments)]
-    fn scan_masked_split(
-        &self,
-        queries: &[&[f32]],
-        scales: &[f32],
-        tops: &mut [TopK],
-        partials: &mut [Vec<TopK>],
-        chunk: usize,
-        mask: &RoaringBitmap,
-        reset: impl Fn(&mut [TopK]) + Sync,
-    ) {
-        if partials.is_empty() {
-            return self.scan_masked(queries, scales, mask, 0..self.len(), tops);
-        }
-        let taken = AtomicUsize::new(0);
-        let scan = |tops: &mut [TopK]| loop {
-            let start = taken.fetch_add(chunk, Ordering::Relaxed);
-            if start >= self.len() {
-                break;
+        std::thread::scope(|scope| {
+            for partial in partials.iter_mut() {
+                let partial = &mut partial[..queries.len()];
+                reset(partial);
+                scope.spawn(|| scan(partial));
             }
-            self.scan_masked(queries, scales, mask, start..(start + chunk).min(self.len()), tops);
-        };
-        run_split(queries.len(), tops, partials, reset, scan);
+            scan(tops);
+        });
+        for partial in partials {
+            for (top, partial) in tops.iter_mut().zip(partial.iter_mut()) {
+                for &candidate in partial.sorted() {
+                    top.push(candidate);
+                }
+            }
+        }
     }
 
     /// `scan_exact` over the rows of `mask` within `rows`: each run of
@@ -513,32 +502,6 @@ impl Index {
             let scores = kernels::tile::<M, Q, 1>(queries, &self.vectors[row * dims..(row + 1) * dims]);
             for (q, (scores, top)) in scores.iter().zip(tops.iter_mut()).enumerate() {
                 offer(top, distance(scores[0], row, q), self.ids[row], row);
-            }
-        }
-    }
-}
-
-/// Runs `scan` on `tops` and, at once on threads of their own, on each of
-/// `partials` (reset first); then merges the partials' nearest into `tops`.
-fn run_split(
-    queries: usize,
-    tops: &mut [TopK],
-    partials: &mut [Vec<TopK>],
-    reset: impl Fn(&mut [TopK]),
-    scan: impl Fn(&mut [TopK]) + Sync,
-) {
-    std::thread::scope(|scope| {
-        for partial in partials.iter_mut() {
-            let partial = &mut partial[..queries];
-            reset(partial);
-            scope.spawn(|| scan(partial));
-        }
-        scan(tops);
-    });
-    for partial in partials {
-        for (top, partial) in tops.iter_mut().zip(partial.iter_mut()) {
-            for &candidate in partial.sorted() {
-                top.push(candidate);
             }
         }
     }
