@@ -10,8 +10,9 @@ use quiver::api::decode::{BodyLimits, Decoder, Deletion};
 use quiver::api::json;
 use quiver::http::pieces::parse_in_pieces;
 use quiver::http::FramingLimits;
+use quiver::store::kernels::{self, distances};
 use quiver::store::topk::TopK;
-use quiver::store::{kernels, Batch, Filter, Index, Metric, Mutation, Scanner, Store};
+use quiver::store::{Batch, Filter, Index, Metric, Mutation, Scanner, Store};
 use quiver::wal::record::{self, Record};
 use quiver::wal::{scan, ScanEnd};
 
@@ -52,12 +53,18 @@ pub fn json_bodies(input: &[u8]) {
     let limits = BodyLimits::DEFAULT;
     match which % 6 {
         0 => {
-            if let Ok((dims, metric)) = decoder.create(&mut body.to_vec(), 65536) {
+            if let Ok(creation) = decoder.create(&mut body.to_vec(), 65536) {
                 let mut again = Vec::new();
-                again.extend_from_slice(format!("{{\"dimensions\":{dims},\"metric\":").as_bytes());
-                json::write_str(&mut again, &metric);
+                again.extend_from_slice(format!("{{\"dimensions\":{},\"metric\":", creation.dimensions).as_bytes());
+                json::write_str(&mut again, &creation.metric);
+                if let Some(p) = creation.p {
+                    again.extend_from_slice(b",\"p\":");
+                    json::write_f64(&mut again, p);
+                }
                 again.push(b'}');
-                assert_eq!(decoder.create(&mut again, 65536).unwrap(), (dims, metric));
+                let again = decoder.create(&mut again, 65536).unwrap();
+                assert_eq!(again.p.map(f64::to_bits), creation.p.map(f64::to_bits));
+                assert_eq!((again.dimensions, again.metric), (creation.dimensions, creation.metric));
             }
         }
         1 => {
@@ -287,8 +294,12 @@ impl Choices<'_> {
     }
 }
 
+/// Any of the nine metrics; `lp` with one of a few `p`, integer or not.
 fn metric_of(choice: u8) -> Metric {
-    [Metric::Cosine, Metric::L2, Metric::Ip][usize::from(choice % 3)]
+    let p = [0.5, 1.0, 2.0, 3.0, 2.5][usize::from(choice / 9 % 5)];
+    let metrics = [Metric::Cosine, Metric::L2, Metric::Ip, Metric::L1, Metric::Linf];
+    let metrics = metrics.into_iter().chain([Metric::Canberra, Metric::BrayCurtis, Metric::JensenShannon]);
+    metrics.chain(Metric::parse("lp", Some(p))).nth(usize::from(choice % 9)).expect("nine metrics")
 }
 
 /// A batch of `count` items with small ids (so they collide), small vectors and tags.
@@ -380,6 +391,12 @@ fn model_distance(metric: Metric, query: &[f32], vector: &[f32]) -> f32 {
         }
         Metric::L2 => kernels::l2_squared(query, vector),
         Metric::Ip => -kernels::dot(query, vector),
+        Metric::L1 => distances::l1(query, vector),
+        Metric::Linf => distances::linf(query, vector),
+        Metric::Lp(p) => distances::lp(query, vector, p.get()),
+        Metric::Canberra => distances::canberra(query, vector),
+        Metric::BrayCurtis => distances::bray_curtis(query, vector),
+        Metric::JensenShannon => distances::jensen_shannon(query, vector),
     };
     if distance.is_nan() {
         f32::INFINITY

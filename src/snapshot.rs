@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! snapshots/<generation>-<name>.snap
-//!   magic "QUIVSNP1"  version:u32  dims:u32  metric:u8  zero:[u8; 7]  count:u64
+//!   magic "QUIVSNP1"  version:u32  dims:u32  metric:u8  p:f32  zero:[u8; 3]  count:u64
+//!                                   (the codes of the log's create record; p is 0 but for lp)
 //!   ids: i64 * count
 //!   vectors: f32 * count * dims          (row after row)
 //!   metadata: { len:u32 bytes } * count  (JSON object text; empty for {})
@@ -113,7 +114,8 @@ pub fn write_index(path: &Path, index: &Index) -> io::Result<()> {
         out.write_all(SNAPSHOT_MAGIC)?;
         out.write_all(&VERSION.to_le_bytes())?;
         out.write_all(&(index.dims() as u32).to_le_bytes())?;
-        out.write_all(&[index.metric().code(), 0, 0, 0, 0, 0, 0, 0])?;
+        let p = index.metric().power().unwrap_or(0.0).to_le_bytes();
+        out.write_all(&[index.metric().code(), p[0], p[1], p[2], p[3], 0, 0, 0])?;
         out.write_all(&(ids.len() as u64).to_le_bytes())?;
         out.write_all(bytemuck::cast_slice(ids))?;
         out.write_all(bytemuck::cast_slice(vectors))?;
@@ -161,9 +163,10 @@ pub fn load_index(path: &Path, progress: &mut crate::log::Progress) -> Result<In
             return Err(io::Error::other("not a quiver snapshot of a known version"));
         }
         let dims = u32::from_le_bytes(input.array()?) as usize;
-        let [metric, ..] = input.array::<8>()?;
+        let [metric, p @ .., _, _, _] = input.array::<8>()?;
         let count = u64::from_le_bytes(input.array()?);
-        let metric = Metric::from_code(metric).ok_or_else(|| io::Error::other("unknown metric"))?;
+        let metric =
+            Metric::from_code(metric, f32::from_le_bytes(p)).ok_or_else(|| io::Error::other("unknown metric"))?;
         // Refuse sizes the file cannot hold before allocating for them.
         let row_bytes = 8 + 4 + 4 * dims as u64;
         if dims == 0 || count.saturating_mul(row_bytes) > length {

@@ -47,6 +47,15 @@ pub struct Search {
     pub query: Range<usize>,
 }
 
+/// What a create body asks for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Creation {
+    pub dimensions: usize,
+    pub metric: String,
+    /// `p`, when the body gives a number for it.
+    pub p: Option<f64>,
+}
+
 /// What a scroll body asks for.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Scroll {
@@ -184,10 +193,12 @@ impl Decoder {
         Ok(())
     }
 
-    /// `{"dimensions": int, "metric": string}`.
-    pub fn create(&mut self, body: &mut [u8], dimensions_max: usize) -> Result<(usize, String), ApiError> {
+    /// `{"dimensions": int, "metric": string, "p"?: number}`: the
+    /// dimensions, the metric's name and `p` if it is a number (only `lp`
+    /// reads it; `Metric::parse` says whether it fits).
+    pub fn create(&mut self, body: &mut [u8], dimensions_max: usize) -> Result<Creation, ApiError> {
         self.with_tape(body, |nodes, _| {
-            let (mut dimensions, mut metric) = (None, None);
+            let (mut dimensions, mut metric, mut p) = (None, None, None);
             for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
                 match key {
                     "dimensions" => {
@@ -203,12 +214,13 @@ impl Decoder {
                         Node::String(s) => metric = Some(s.to_owned()),
                         _ => return Err(ApiError::bad_body("metric: expected a string")),
                     },
+                    "p" => p = number(nodes, at),
                     _ => {}
                 }
             }
             let dimensions = dimensions.ok_or_else(|| ApiError::bad_body("dimensions: required"))?;
             let metric = metric.ok_or_else(|| ApiError::bad_body("metric: required"))?;
-            Ok((dimensions, metric))
+            Ok(Creation { dimensions, metric, p })
         })
     }
 
@@ -580,6 +592,16 @@ fn f32_once(x: f64) -> Option<f32> {
     // Exact: two neighbouring f32s sum without rounding in f64.
     let halfway = (f64::from(y) + f64::from(other)) / 2.0;
     (halfway != x).then_some(y)
+}
+
+/// A JSON number, as the f64 nearest to it.
+fn number(nodes: Nodes<'_, '_>, at: usize) -> Option<f64> {
+    match nodes[at] {
+        Node::Static(StaticNode::F64(x)) => Some(x),
+        Node::Static(StaticNode::I64(n)) => Some(n as f64),
+        Node::Static(StaticNode::U64(n)) => Some(n as f64),
+        _ => None,
+    }
 }
 
 /// A JSON integer that fits in i64 (floats such as `3.0` are not integers).
@@ -964,7 +986,15 @@ mod tests {
         assert_eq!(bad(r#"{"k":1,"queryVector":null}"#), "queryVector: expected an array of numbers");
 
         let mut decoder = Decoder::default();
-        assert_eq!(decoder.create(&mut br#"{"dimensions":3,"metric":"l2"}"#.to_vec(), 8).unwrap(), (3, "l2".into()));
+        let mut creation = |text: &str| decoder.create(&mut text.as_bytes().to_vec(), 8).unwrap();
+        assert_eq!(
+            creation(r#"{"dimensions":3,"metric":"l2"}"#),
+            Creation { dimensions: 3, metric: "l2".into(), p: None }
+        );
+        let lp = Creation { dimensions: 3, metric: "lp".into(), p: Some(2.5) };
+        assert_eq!(creation(r#"{"dimensions":3,"metric":"lp","p":2.5}"#), lp);
+        assert_eq!(creation(r#"{"dimensions":3,"metric":"lp","p":"2.5"}"#).p, None);
+        assert_eq!(creation(r#"{"dimensions":3,"metric":"lp","p":3}"#).p, Some(3.0));
         let mut bad = |text: &str| detail(decoder.create(&mut text.as_bytes().to_vec(), 8));
         assert_eq!(bad(r#"{"dimensions":9,"metric":"l2"}"#), "dimensions: expected an integer from 1 to 8");
         assert_eq!(bad(r#"{"dimensions":3}"#), "metric: required");

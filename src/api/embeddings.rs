@@ -164,7 +164,12 @@ fn write_neighbors(out: &mut Vec<u8>, index: &Index, hits: &[Candidate], ask: As
         json::write_u64(out, rank as u64);
         if score {
             out.extend_from_slice(b",\"score\":");
-            json::write_f32(out, index.score_of(hit.distance, ask.divisor));
+            // Infinite only for bc's Σ|x+q| = 0 and the largest lp with
+            // p < 1: JSON has no infinity, so `null`.
+            match index.score_of(hit.distance, ask.divisor) {
+                score if score.is_finite() => json::write_f32(out, score),
+                _ => out.extend_from_slice(b"null"),
+            }
         }
         if data {
             out.extend_from_slice(b",\"data\":");

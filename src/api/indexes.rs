@@ -1,11 +1,12 @@
 //! /api/v1/indexes: create, stats, list, delete.
 
+use super::decode::Creation;
 use super::envelope::Envelope;
 use super::error::{ApiError, IndexOp};
 use super::{find, json, ApiLimits, Reply, Scratch};
 use crate::db::Database;
 use crate::limits::{INDEX_NAME_BYTES_MAX, INDEX_NAME_BYTES_MIN};
-use crate::store::{Metric, Mutation, Store};
+use crate::store::{Metric, MetricError, Mutation, Store};
 
 /// `^[a-z0-9-]{3,32}$`, the upper bound lowered by `--index-name-bytes-max`.
 pub fn is_valid_name(name: &str, bytes_max: usize) -> bool {
@@ -22,11 +23,14 @@ pub fn create(
     reply: Reply<'_>,
 ) -> Result<u16, ApiError> {
     let Reply { out, keep_alive } = reply;
-    let (dims, metric) = scratch.decoder.create(body, limits.dimensions_max)?;
+    let Creation { dimensions: dims, metric, p } = scratch.decoder.create(body, limits.dimensions_max)?;
     if !is_valid_name(name, limits.index_name_bytes_max) {
         return Err(ApiError::IndexNameInvalid { name: name.to_owned(), bytes_max: limits.index_name_bytes_max });
     }
-    let metric = Metric::parse(&metric).ok_or(ApiError::InvalidMetric { metric })?;
+    let metric = Metric::parse(&metric, p).map_err(|error| match error {
+        MetricError::Unknown => ApiError::InvalidMetric { metric },
+        MetricError::LpNeedsP => ApiError::bad_body("p: the lp metric needs a number above 0 and finite"),
+    })?;
     if db.store().index(name).is_some() {
         return Err(ApiError::IndexExists { name: name.to_owned() });
     }
@@ -48,6 +52,10 @@ pub fn stats(store: &Store, name: &str, reply: Reply<'_>) -> Result<u16, ApiErro
     json::write_u64(out, index.dims() as u64);
     out.extend_from_slice(b",\"metric\":");
     json::write_str(out, index.metric().name());
+    if let Some(p) = index.metric().power() {
+        out.extend_from_slice(b",\"p\":");
+        json::write_f32(out, p);
+    }
     out.extend_from_slice(b",\"count\":");
     json::write_u64(out, index.len() as u64);
     out.push(b'}');

@@ -19,7 +19,7 @@ use super::screen;
 use crate::limits::{COSINE_SQUARED_NORM_MIN, SQUARED_NORM_MAX};
 pub use scan::Scanner;
 
-/// How nearness is measured.
+/// How nearness is measured: EigenDB's nine metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Metric {
     /// Cosine similarity, larger is nearer.
@@ -28,18 +28,64 @@ pub enum Metric {
     L2,
     /// Inner product, larger is nearer.
     Ip,
+    /// Σ|x−q| (Manhattan).
+    L1,
+    /// max|x−q| (Chebyshev).
+    Linf,
+    /// (Σ|x−q|^p)^(1/p) (Minkowski).
+    Lp(Power),
+    /// Σ|x−q| / (|x|+|q|), a 0/0 term counting 0.
+    Canberra,
+    /// Σ|x−q| / Σ|x+q| (Bray-Curtis).
+    BrayCurtis,
+    /// Jensen-Shannon divergence, of vectors without negative values.
+    JensenShannon,
 }
 
-impl Metric {
-    pub const ALLOWED: &'static str = "cosine, l2, ip";
+/// The `p` of an `lp` index: a positive, finite f32 (rounded once from the
+/// number a client gave, as vector values are).
+#[derive(Clone, Copy, Debug)]
+pub struct Power(f32);
 
-    pub fn parse(name: &str) -> Option<Metric> {
-        match name {
-            "cosine" => Some(Metric::Cosine),
-            "l2" => Some(Metric::L2),
-            "ip" => Some(Metric::Ip),
-            _ => None,
-        }
+impl Power {
+    /// `p`, if it is positive and finite once rounded to f32.
+    pub fn new(p: f64) -> Option<Power> {
+        let p = p as f32;
+        (p > 0.0 && p.is_finite()).then_some(Power(p))
+    }
+
+    pub fn get(self) -> f32 {
+        self.0
+    }
+}
+
+/// Bit for bit: every `Power` is a positive finite f32, so no NaN to mind.
+impl PartialEq for Power {
+    fn eq(&self, other: &Power) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for Power {}
+
+impl Metric {
+    pub const ALLOWED: &'static str = "cosine, l2, ip, l1, linf, lp, canberra, bc, js";
+
+    /// The metric named `name`; `lp` takes its `p` (`None` when it has
+    /// none or one out of range, which `LpNeedsP` reports).
+    pub fn parse(name: &str, p: Option<f64>) -> Result<Metric, MetricError> {
+        Ok(match name {
+            "cosine" => Metric::Cosine,
+            "l2" => Metric::L2,
+            "ip" => Metric::Ip,
+            "l1" => Metric::L1,
+            "linf" => Metric::Linf,
+            "lp" => Metric::Lp(p.and_then(Power::new).ok_or(MetricError::LpNeedsP)?),
+            "canberra" => Metric::Canberra,
+            "bc" => Metric::BrayCurtis,
+            "js" => Metric::JensenShannon,
+            _ => return Err(MetricError::Unknown),
+        })
     }
 
     pub fn name(self) -> &'static str {
@@ -47,28 +93,76 @@ impl Metric {
             Metric::Cosine => "cosine",
             Metric::L2 => "l2",
             Metric::Ip => "ip",
+            Metric::L1 => "l1",
+            Metric::Linf => "linf",
+            Metric::Lp(_) => "lp",
+            Metric::Canberra => "canberra",
+            Metric::BrayCurtis => "bc",
+            Metric::JensenShannon => "js",
         }
     }
 
+    /// `lp`'s `p`.
+    pub fn power(self) -> Option<f32> {
+        match self {
+            Metric::Lp(p) => Some(p.get()),
+            _ => None,
+        }
+    }
+
+    /// Whether a larger score is nearer (cosine, ip); every other metric
+    /// is a distance.
+    pub fn is_similarity(self) -> bool {
+        matches!(self, Metric::Cosine | Metric::Ip)
+    }
+
     /// Its code in the log and in snapshots: fixed for good, since files
-    /// written by every earlier version must still read.
+    /// written by every earlier version must still read. `lp` writes its
+    /// `p` (`power`) beside it.
     pub fn code(self) -> u8 {
         match self {
             Metric::Cosine => 0,
             Metric::L2 => 1,
             Metric::Ip => 2,
+            Metric::L1 => 3,
+            Metric::Linf => 4,
+            Metric::Lp(_) => 5,
+            Metric::Canberra => 6,
+            Metric::BrayCurtis => 7,
+            Metric::JensenShannon => 8,
         }
     }
 
-    /// The metric of a code read from a file (`code`), if it is one.
-    pub fn from_code(code: u8) -> Option<Metric> {
-        match code {
-            0 => Some(Metric::Cosine),
-            1 => Some(Metric::L2),
-            2 => Some(Metric::Ip),
-            _ => None,
-        }
+    /// Whether the metric of `code` has a `p` written beside it.
+    pub fn code_has_power(code: u8) -> bool {
+        code == 5
     }
+
+    /// The metric of a code read from a file (`code`), with the `p` read
+    /// beside it if `code_has_power`; `None` if they make no metric.
+    pub fn from_code(code: u8, p: f32) -> Option<Metric> {
+        Some(match code {
+            0 => Metric::Cosine,
+            1 => Metric::L2,
+            2 => Metric::Ip,
+            3 => Metric::L1,
+            4 => Metric::Linf,
+            5 => Metric::Lp(Power::new(f64::from(p))?),
+            6 => Metric::Canberra,
+            7 => Metric::BrayCurtis,
+            8 => Metric::JensenShannon,
+            _ => return None,
+        })
+    }
+}
+
+/// Why `Metric::parse` refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricError {
+    /// Not one of `Metric::ALLOWED`.
+    Unknown,
+    /// `lp` without a `p` that is a number above 0 and finite.
+    LpNeedsP,
 }
 
 /// Why one vector cannot be stored in (or searched against) an index.
@@ -82,6 +176,10 @@ pub enum VectorError {
         position: usize,
     },
     ZeroForCosine,
+    /// js only: a value below zero, which has no logarithm.
+    Negative {
+        position: usize,
+    },
     /// Euclidean norm above 2^62 (`limits::SQUARED_NORM_MAX`).
     NormTooLarge,
     /// Cosine only: a Euclidean norm below 2^-62 (`limits::COSINE_SQUARED_NORM_MIN`).
@@ -99,6 +197,9 @@ impl fmt::Display for VectorError {
             }
             VectorError::ZeroForCosine => {
                 write!(f, "an all-zero vector has no direction in a cosine index")
+            }
+            VectorError::Negative { position } => {
+                write!(f, "value at position {position} is negative, and a js index scores only vectors without negative values")
             }
             VectorError::NormTooLarge => {
                 write!(f, "its Euclidean norm is above 2^62 (about 4.6e18), the largest that is scored exactly")
@@ -195,6 +296,11 @@ impl Index {
         if let Some(position) = vector.iter().position(|x| !x.is_finite()) {
             return Err(VectorError::NotFinite { position });
         }
+        if self.metric == Metric::JensenShannon {
+            if let Some(position) = vector.iter().position(|&x| x < 0.0) {
+                return Err(VectorError::Negative { position });
+            }
+        }
         // Zero only for the zero vector: the square of any other f32 is a
         // normal f64.
         let squared = kernels::squared_norm(vector);
@@ -218,11 +324,12 @@ impl Index {
     /// changes no ranking, and no bit of any product or sum but the
     /// exponent, wherever nothing underflows or overflows (every distance
     /// of cosine, which divides the norm back out, is unchanged bit for
-    /// bit). l2 subtracts the query from each row and is left as it is.
-    /// Returns the power of two the query was divided by, for `score_of`.
+    /// bit). The distances (l2 and the rest) compare the query with each
+    /// row value by value, and leave it as it is. Returns the power of two
+    /// the query was divided by, for `score_of`.
     pub fn prepare_query(&self, query: &mut [f32]) -> Result<f64, VectorError> {
         let squared = self.checked_squared_norm(query)?;
-        if self.metric == Metric::L2 {
+        if !self.metric.is_similarity() {
             return Ok(1.0);
         }
         Ok(kernels::scale_to_unit_norm(query, squared))
@@ -230,7 +337,7 @@ impl Index {
 
     /// The value a hit was ranked by, as a search reports it: the cosine
     /// similarity, the inner product with the query as it was given, or the
-    /// squared Euclidean distance; from the hit's `distance` and the
+    /// distance (squared Euclidean for l2); from the hit's `distance` and the
     /// `divisor` that `prepare_query` returned. The inner product is scaled
     /// back by that power of two: exact, unless the product leaves f32's
     /// normal range, where it rounds once.
@@ -238,7 +345,7 @@ impl Index {
         match self.metric {
             Metric::Cosine => -distance,
             Metric::Ip => (-f64::from(distance) * divisor) as f32,
-            Metric::L2 => distance,
+            _ => distance,
         }
     }
 
@@ -248,7 +355,7 @@ impl Index {
         let squared_norm = kernels::squared_norm(vector);
         let inverse_norm = match self.metric {
             Metric::Cosine => kernels::inverse_norm_of(squared_norm),
-            Metric::L2 | Metric::Ip => 0.0,
+            _ => 0.0,
         };
         let norm = screen::norm_bound_of(squared_norm);
         match self.rows.get(&id) {
@@ -345,7 +452,7 @@ impl Index {
         let squared_norms: Vec<f64> = vectors.chunks_exact(dims).map(kernels::squared_norm).collect();
         let inverse_norms = match metric {
             Metric::Cosine => squared_norms.iter().map(|&s| kernels::inverse_norm_of(s)).collect(),
-            Metric::L2 | Metric::Ip => Vec::new(),
+            _ => Vec::new(),
         };
         let norms = squared_norms.into_iter().map(screen::norm_bound_of).collect();
         let mut meta = meta::MetaIndex::default();
@@ -475,11 +582,22 @@ mod tests {
 
     #[test]
     fn metric_codes_are_as_written_on_disk() {
-        for (metric, code) in [(Metric::Cosine, 0), (Metric::L2, 1), (Metric::Ip, 2)] {
-            assert_eq!(metric.code(), code);
-            assert_eq!(Metric::from_code(code), Some(metric));
+        let lp = Metric::Lp(Power::new(3.5).unwrap());
+        let metrics = [Metric::Cosine, Metric::L2, Metric::Ip, Metric::L1, Metric::Linf, lp];
+        let metrics = metrics.into_iter().chain([Metric::Canberra, Metric::BrayCurtis, Metric::JensenShannon]);
+        for (code, metric) in metrics.enumerate() {
+            assert_eq!(metric.code(), code as u8);
+            assert_eq!(Metric::code_has_power(code as u8), metric.power().is_some());
+            assert_eq!(Metric::from_code(code as u8, metric.power().unwrap_or(0.0)), Some(metric));
+            assert_eq!(Metric::parse(metric.name(), Some(3.5)), Ok(metric));
         }
-        assert_eq!(Metric::from_code(3), None);
+        assert_eq!(Metric::from_code(9, 0.0), None);
+        assert_eq!(Metric::from_code(5, 0.0), None, "lp without a p");
+        for p in [None, Some(0.0), Some(-1.0), Some(f64::INFINITY), Some(f64::NAN), Some(1e-50), Some(1e39)] {
+            assert_eq!(Metric::parse("lp", p), Err(MetricError::LpNeedsP), "p = {p:?}");
+        }
+        assert_eq!(Metric::parse("lp", Some(0.1)), Ok(Metric::Lp(Power(0.1))));
+        assert_eq!(Metric::parse("hamming", Some(1.0)), Err(MetricError::Unknown));
     }
 
     #[test]
@@ -505,5 +623,9 @@ mod tests {
         assert_eq!(index.check_vector(&[0.0, bottom.next_down()]), Err(VectorError::NormTooSmall));
         assert_eq!(Index::new(2, Metric::Ip).check_vector(&[bottom.next_down(), 0.0]), Ok(()));
         assert_eq!(Index::new(2, Metric::L2).check_vector(&[top.next_up(), 0.0]), Err(VectorError::NormTooLarge));
+        let js = Index::new(3, Metric::JensenShannon);
+        assert_eq!(js.check_vector(&[0.0, -0.0, 1.0]), Ok(()), "-0 is not below zero");
+        assert_eq!(js.check_vector(&[0.5, -1e-45, 1.0]), Err(VectorError::Negative { position: 1 }));
+        assert_eq!(Index::new(3, Metric::L1).check_vector(&[0.5, -1.0, 1.0]), Ok(()));
     }
 }

@@ -12,6 +12,8 @@
 //!
 //! The lanes are 16 wide where the CPU has AVX-512 and 8 wide otherwise.
 
+pub mod distances;
+
 #[cfg(target_feature = "avx512f")]
 pub type Lanes = wide::f32x16;
 #[cfg(not(target_feature = "avx512f"))]

@@ -14,7 +14,7 @@ pub mod topk;
 use std::collections::BTreeMap;
 
 pub use filter::Filter;
-pub use index::{Index, Metric, Scanner, VectorError};
+pub use index::{Index, Metric, MetricError, Power, Scanner, VectorError};
 
 /// Decoded embeddings of one request, in flat reusable buffers.
 ///

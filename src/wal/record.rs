@@ -6,7 +6,9 @@
 //!           length is caught before it is trusted to say where a record ends
 //! crc     = CRC32C over the 8 header bytes and the payload
 //! name    = len:u8 bytes
-//! create  (1) = name dims:u32 metric:u8            (0 cosine, 1 l2, 2 ip)
+//! create  (1) = name dims:u32 metric:u8 [p:f32]    (0 cosine, 1 l2, 2 ip, 3 l1, 4 linf,
+//!                                                   5 lp (the only one with p), 6 canberra,
+//!                                                   7 bc, 8 js)
 //! drop    (2) = name
 //! upsert  (3) = name dims:u32 count:u32 { id:i64 meta_len:u32 meta }*count  f32*(count*dims)
 //! delete  (4) = name count:u32 id:i64*count
@@ -69,6 +71,9 @@ pub fn encode(mutation: &Mutation<'_>, out: &mut Vec<u8>) {
             put_name(out, name);
             put_u32(out, dims);
             out.push(metric.code());
+            if let Some(p) = metric.power() {
+                out.extend_from_slice(&p.to_le_bytes());
+            }
             CREATE
         }
         Mutation::DropIndex { name } => {
@@ -193,7 +198,10 @@ impl<'a> Reader<'a> {
             CREATE => {
                 let name = self.name()?;
                 let dims = self.u32()?;
-                let metric = Metric::from_code(self.u8()?)?;
+                let code = self.u8()?;
+                let p =
+                    if Metric::code_has_power(code) { f32::from_le_bytes(self.take(4)?.try_into().ok()?) } else { 0.0 };
+                let metric = Metric::from_code(code, p)?;
                 if dims == 0 {
                     return None;
                 }

@@ -8,8 +8,8 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::harness::{create_index, Client, Rng, Server, KEY};
-use crate::search_oracle::{check_filtered, vector, Metric, Model};
+use crate::harness::{Client, Rng, Server, KEY};
+use crate::search_oracle::{check_filtered, vector, vector_for, Metric, Model};
 
 const DIMS: usize = 24;
 
@@ -118,7 +118,7 @@ fn check_cases(client: &mut Client, index: &str, metric: Metric, rows: &Rows, rn
     for case in cases() {
         let model = model_of(rows, case.matches);
         for _ in 0..queries {
-            let query = vector(rng, DIMS);
+            let query = vector_for(metric, rng, DIMS);
             for k in [1, 10, rows.len() + 5] {
                 check_filtered(client, index, metric, &model, &query, k, Some(&case.filter));
             }
@@ -133,10 +133,11 @@ fn server_with_rows(metric: Metric, count: i64, rng: &mut Rng, extra: &[&str]) -
 
 /// `server` with one index of `metric` holding `count` rows.
 fn rows_into(server: Server, metric: Metric, count: i64, rng: &mut Rng) -> (Server, Client, Rows) {
-    create_index(&server, "docs", DIMS, metric.name());
+    metric.create(&server, "docs", DIMS);
     let mut client = server.connect();
     let mut rows = Rows::new();
-    let items: Vec<_> = (0..count).map(|id| (id * 2 - 300, vector(rng, DIMS), metadata_of(id * 2 - 300, 0))).collect();
+    let items: Vec<_> =
+        (0..count).map(|id| (id * 2 - 300, vector_for(metric, rng, DIMS), metadata_of(id * 2 - 300, 0))).collect();
     for chunk in items.chunks(250) {
         put(&mut client, "docs", "insert", chunk);
     }
@@ -148,7 +149,7 @@ fn rows_into(server: Server, metric: Metric, count: i64, rng: &mut Rng) -> (Serv
 
 #[test]
 fn filtered_search_is_exact_among_the_matching_rows() {
-    for (n, metric) in [Metric::Cosine, Metric::L2, Metric::Ip].into_iter().enumerate() {
+    for (n, metric) in Metric::ALL.into_iter().enumerate() {
         let mut rng = Rng(500 + n as u64);
         let (_server, mut client, mut rows) = server_with_rows(metric, 1200, &mut rng, &[]);
         check_cases(&mut client, "docs", metric, &rows, &mut rng, 2);
@@ -156,7 +157,7 @@ fn filtered_search_is_exact_among_the_matching_rows() {
         // move rows about: the metadata index follows.
         let ids: Vec<i64> = rows.keys().copied().collect();
         let changed: Vec<_> =
-            ids.iter().step_by(3).map(|&id| (id, vector(&mut rng, DIMS), metadata_of(id, 17))).collect();
+            ids.iter().step_by(3).map(|&id| (id, vector_for(metric, &mut rng, DIMS), metadata_of(id, 17))).collect();
         put(&mut client, "docs", "upsert", &changed);
         for (id, v, metadata) in changed {
             rows.insert(id, (v, metadata));
@@ -171,16 +172,23 @@ fn filtered_search_is_exact_among_the_matching_rows() {
     }
 }
 
+/// In every metric.
 #[test]
 fn a_batch_answers_filtered_searches_as_each_alone() {
-    let mut rng = Rng(600);
-    let (_server, mut client, _) = server_with_rows(Metric::Cosine, 700, &mut rng, &[]);
+    for (n, metric) in Metric::ALL.into_iter().enumerate() {
+        batch_answers_as_alone(metric, 600 + n as u64);
+    }
+}
+
+fn batch_answers_as_alone(metric: Metric, seed: u64) {
+    let mut rng = Rng(seed);
+    let (_server, mut client, _) = server_with_rows(metric, 700, &mut rng, &[]);
     let filters = [json!(null), json!({"cat": "c4"}), json!({"year": {"$gte": 2010}}), json!({"half": "h0"})];
     let searches: Vec<Value> = (0..24)
         .map(|n| {
             let include = if n % 2 == 0 { json!(["score"]) } else { json!(null) };
             let k = [3, 40][n % 2];
-            json!({"queryVector": vector(&mut rng, DIMS), "k": k, "filter": filters[n % 4], "include": include})
+            json!({"queryVector": vector_for(metric, &mut rng, DIMS), "k": k, "filter": filters[n % 4], "include": include})
         })
         .collect();
     let r =
@@ -190,7 +198,7 @@ fn a_batch_answers_filtered_searches_as_each_alone() {
     for (n, (search, result)) in searches.iter().zip(results).enumerate() {
         let alone = client.call("POST", "/api/v1/embeddings/docs/search", Some(&search.to_string()));
         assert_eq!(alone.status, 200, "{alone:?}");
-        assert_eq!(result, &alone.body["data"], "search {n}");
+        assert_eq!(result, &alone.body["data"], "{metric:?} search {n}");
     }
 }
 

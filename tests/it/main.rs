@@ -15,6 +15,8 @@ mod allocations;
 mod compat;
 /// Every row of the reference: statuses, codes and messages.
 mod contract;
+/// The six metrics beyond the interface's: create, stats, durability, edges.
+mod distances;
 /// Answered writes survive kill -9; torn and damaged logs; snapshots; the lock.
 mod durability;
 /// Filters: every operator on search, batch, scroll and delete, against a model.

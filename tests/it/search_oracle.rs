@@ -1,6 +1,6 @@
 //! Every search checked against a brute-force oracle computed here in f64:
-//! random data, three metrics, many dimensions, with deletes and upserts in
-//! between, and k from 1 to more than the count.
+//! random data, all nine metrics, many dimensions, with deletes and upserts
+//! in between, and k from 1 to more than the count.
 
 use std::collections::BTreeMap;
 
@@ -13,6 +13,12 @@ pub enum Metric {
     Cosine,
     L2,
     Ip,
+    L1,
+    Linf,
+    Lp(f64),
+    Canberra,
+    Bc,
+    Js,
 }
 
 /// f32's unit roundoff.
@@ -21,21 +27,96 @@ const U: f64 = 1.0 / (1u64 << 24) as f64;
 const TINY: f64 = 1.401_298_464_324_817e-45;
 
 impl Metric {
+    /// Every metric, `lp` with an integer `p` (which the server computes by
+    /// multiplying) and one it raises to by logarithms.
+    pub const ALL: [Metric; 10] = [
+        Metric::Cosine,
+        Metric::L2,
+        Metric::Ip,
+        Metric::L1,
+        Metric::Linf,
+        Metric::Lp(3.0),
+        Metric::Lp(0.75),
+        Metric::Canberra,
+        Metric::Bc,
+        Metric::Js,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Metric::Cosine => "cosine",
             Metric::L2 => "l2",
             Metric::Ip => "ip",
+            Metric::L1 => "l1",
+            Metric::Linf => "linf",
+            Metric::Lp(_) => "lp",
+            Metric::Canberra => "canberra",
+            Metric::Bc => "bc",
+            Metric::Js => "js",
         }
     }
 
-    /// Nearness: larger is nearer for every metric.
+    /// A name for an index of this metric (`lp` with its `p`).
+    pub fn label(self) -> String {
+        match self {
+            Metric::Lp(p) => format!("m-lp{}", p.to_string().replace('.', "-")),
+            _ => format!("m-{}", self.name()),
+        }
+    }
+
+    /// Creates `index` with this metric.
+    pub fn create(self, server: &Server, index: &str, dims: usize) {
+        let mut body = serde_json::json!({"dimensions": dims, "metric": self.name()});
+        if let Metric::Lp(p) = self {
+            body["p"] = p.into();
+        }
+        let r = server.call("PUT", &format!("/api/v1/indexes/{index}/create"), Some(&body.to_string()));
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+
+    /// Whether the metric scores only vectors without negative values.
+    pub fn needs_non_negative(self) -> bool {
+        self == Metric::Js
+    }
+
+    /// Whether a larger score is nearer.
+    fn is_similarity(self) -> bool {
+        matches!(self, Metric::Cosine | Metric::Ip)
+    }
+
+    /// Nearness: larger is nearer for every metric (a distance negated).
     fn nearness(self, q: &[f32], v: &[f32]) -> f64 {
-        let dot: f64 = q.iter().zip(v).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+        let pairs = || q.iter().zip(v).map(|(a, b)| (f64::from(*a), f64::from(*b)));
+        let dot: f64 = pairs().map(|(a, b)| a * b).sum();
+        let l1 = || pairs().map(|(a, b)| (a - b).abs()).sum::<f64>();
+        let linf = || pairs().map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
         match self {
             Metric::Ip => dot,
-            Metric::L2 => -q.iter().zip(v).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum::<f64>(),
+            Metric::L2 => -pairs().map(|(a, b)| (a - b).powi(2)).sum::<f64>(),
             Metric::Cosine => dot / (norm(q) * norm(v)),
+            Metric::L1 => -l1(),
+            Metric::Linf => -linf(),
+            Metric::Lp(p) => {
+                let m = linf();
+                if m == 0.0 {
+                    return 0.0;
+                }
+                -m * pairs().map(|(a, b)| ((a - b).abs() / m).powf(p)).sum::<f64>().powf(1.0 / p)
+            }
+            Metric::Canberra => -pairs()
+                .map(|(a, b)| if a == 0.0 && b == 0.0 { 0.0 } else { (a - b).abs() / (a.abs() + b.abs()) })
+                .sum::<f64>(),
+            Metric::Bc => {
+                let sums = pairs().map(|(a, b)| (a + b).abs()).sum::<f64>();
+                match l1() {
+                    0.0 => 0.0,
+                    d => -d / sums,
+                }
+            }
+            Metric::Js => {
+                let term = |x: f64, m: f64| if x == 0.0 { 0.0 } else { x * (x / m).ln() };
+                -pairs().map(|(a, b)| 0.5 * term(a, (a + b) / 2.0) + 0.5 * term(b, (a + b) / 2.0)).sum::<f64>()
+            }
         }
     }
 
@@ -59,6 +140,19 @@ impl Metric {
                 (gamma * magnitudes + underflow) / (norm(q) * norm(v)) + 5.0 * U * self.nearness(q, v).abs()
             }
             Metric::L2 => (gamma + 3.0 * U) * -self.nearness(q, v) + n * TINY,
+            // Each term rounded a few times, the largest difference once.
+            Metric::L1 | Metric::Linf => (gamma + 2.0 * U) * -self.nearness(q, v) + n * TINY,
+            // The ratios' roundings raised to the power p, and (not an
+            // integer p) the error of the logarithm and exponential; the
+            // root's (in f64) is negligible.
+            Metric::Lp(p) => (gamma + (8.0 + 4.0 * p) * U) * -self.nearness(q, v) + n * TINY,
+            // Terms of at most 1, each within a few roundings.
+            Metric::Canberra => (gamma + 4.0 * U) * -self.nearness(q, v) + n * TINY,
+            Metric::Bc => (2.0 * gamma + 4.0 * U) * -self.nearness(q, v) + n * TINY,
+            // Terms of at least 0, each within a dozen roundings (series or
+            // two logarithms); and a term with a subnormal factor loses its
+            // relative precision.
+            Metric::Js => (gamma + 16.0 * U) * -self.nearness(q, v) + 4.0 * n * TINY,
         }
     }
 }
@@ -191,10 +285,8 @@ fn check_included(
             hit["data"].as_array().unwrap().iter().map(|x| (x.as_f64().unwrap() as f32).to_bits()).collect();
         assert_eq!(data, vector.iter().map(|x| x.to_bits()).collect::<Vec<u32>>(), "id {id}: data as stored");
         let score = hit["score"].as_f64().unwrap();
-        let exact = match metric {
-            Metric::L2 => -metric.nearness(query, vector),
-            Metric::Cosine | Metric::Ip => metric.nearness(query, vector),
-        };
+        let exact =
+            if metric.is_similarity() { metric.nearness(query, vector) } else { -metric.nearness(query, vector) };
         // Besides the ranking's own error, the score is rounded to f32 once
         // more: relatively, or by half a subnormal where it underflows.
         let bound = metric.tolerance(query, vector) + exact.abs() * U + TINY;
@@ -202,13 +294,24 @@ fn check_included(
     }
 }
 
+/// A random vector for `metric`: without negative values for js.
+pub fn vector_for(metric: Metric, rng: &mut Rng, dims: usize) -> Vec<f32> {
+    let v = vector(rng, dims);
+    if metric.needs_non_negative() {
+        v.into_iter().map(f32::abs).collect()
+    } else {
+        v
+    }
+}
+
 fn run_oracle(metric: Metric, dims: usize, count: usize, seed: u64) {
     let server = Server::start();
-    let index = format!("{}-{dims}", metric.name());
-    create_index(&server, &index, dims, metric.name());
+    let index = format!("{}-{dims}", metric.label());
+    metric.create(&server, &index, dims);
     let mut client = server.connect();
     let mut rng = Rng(seed);
     let mut model = Model::new();
+    let vector = |rng: &mut Rng, dims| vector_for(metric, rng, dims);
 
     let items: Vec<(i64, Vec<f32>, String)> =
         (0..count as i64).map(|id| (id * 3 - 50, vector(&mut rng, dims), format!("t{id}"))).collect();
@@ -224,10 +327,11 @@ fn run_oracle(metric: Metric, dims: usize, count: usize, seed: u64) {
             let query = vector(&mut rng, dims);
             check_search(&mut client, &index, metric, &model, &query, k.max(1));
         }
-        // A query equal to a stored vector finds it first (not under ip, where
-        // a longer vector can be nearer, nor cosine in one dimension, where
-        // every vector of the same sign has similarity 1).
-        if metric == Metric::L2 || (metric == Metric::Cosine && dims >= 3) {
+        // A query equal to a stored vector finds it first (under every
+        // distance; not under ip, where a longer vector can be nearer, nor
+        // cosine in one dimension, where every vector of the same sign has
+        // similarity 1).
+        if !metric.is_similarity() || (metric == Metric::Cosine && dims >= 3) {
             let (&id, (v, _)) = model.iter().nth(rng.below(model.len() as u64) as usize).unwrap();
             let v = v.clone();
             check_search(&mut client, &index, metric, &model, &v, 3);
@@ -291,9 +395,20 @@ fn ip_matches_the_oracle() {
     }
 }
 
+/// The six distances beyond the interface's three, at awkward dimensions
+/// (below, at and past a block of lanes, with a tail).
+#[test]
+fn the_other_metrics_match_the_oracle() {
+    for (n, metric) in Metric::ALL[3..].iter().enumerate() {
+        for (m, dims) in [1, 5, 16, 17, 33].into_iter().enumerate() {
+            run_oracle(*metric, dims, 80, 100 + 10 * n as u64 + m as u64);
+        }
+    }
+}
+
 #[test]
 fn dims_768_match_the_oracle_in_every_metric() {
-    for (n, metric) in [Metric::Cosine, Metric::L2, Metric::Ip].into_iter().enumerate() {
+    for (n, metric) in Metric::ALL.into_iter().enumerate() {
         run_oracle(metric, 768, 300, 40 + n as u64);
     }
 }
@@ -301,14 +416,14 @@ fn dims_768_match_the_oracle_in_every_metric() {
 #[test]
 fn equal_scores_rank_by_id_ascending() {
     let server = Server::start();
-    for metric in ["cosine", "l2", "ip"] {
-        let index = format!("ties-{metric}");
-        create_index(&server, &index, 3, metric);
+    for metric in Metric::ALL {
+        let index = format!("ties-{}", metric.label());
+        metric.create(&server, &index, 3);
         let mut client = server.connect();
         // Identical vectors under shuffled ids, plus one clearly nearer.
         let items: Vec<(i64, Vec<f32>, String)> = [42, -7, 13, 8, 1000, 0]
             .into_iter()
-            .map(|id| (id, vec![0.5, 0.25, -1.0], format!("{id}")))
+            .map(|id| (id, vec![0.5, 0.25, if metric.needs_non_negative() { 0.0 } else { -1.0 }], format!("{id}")))
             .chain([(99, vec![1.0, 1.0, 1.0], "near".to_owned())])
             .collect();
         write_batch(&mut client, &index, "insert", &items);
@@ -319,7 +434,7 @@ fn equal_scores_rank_by_id_ascending() {
             hits.iter().map(|(id, h)| (h["rank"].as_u64().unwrap(), id.parse().unwrap())).collect();
         ranked.sort();
         let ids: Vec<i64> = ranked.into_iter().map(|(_, id)| id).collect();
-        assert_eq!(ids, vec![99, -7, 0, 8, 13], "{metric}");
+        assert_eq!(ids, vec![99, -7, 0, 8, 13], "{metric:?}");
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use roaring::RoaringBitmap;
 
 use super::{Index, Metric};
-use crate::store::kernels;
+use crate::store::kernels::{self, distances};
 use crate::store::screen::{self, Screen};
 use crate::store::topk::{Candidate, TopK};
 
@@ -183,7 +183,7 @@ impl Index {
         reset(tops);
         // No bfloat16 pass under a mask: the rows it leaves are rarely in
         // tiles worth converting.
-        let screen = if mask.is_none() && queries.len() >= SCREEN_QUERIES_MIN && self.metric != Metric::L2 {
+        let screen = if mask.is_none() && queries.len() >= SCREEN_QUERIES_MIN && self.metric.is_similarity() {
             Screen::new(queries, &squared_norms, scales, self.dims)
         } else {
             None
@@ -344,7 +344,7 @@ impl Index {
     fn query_scale(&self, squared_norm: impl FnOnce() -> f64) -> f32 {
         match self.metric {
             Metric::Cosine => kernels::inverse_norm_of(squared_norm()),
-            Metric::L2 | Metric::Ip => 1.0,
+            _ => 1.0,
         }
     }
 
@@ -372,6 +372,31 @@ impl Index {
             }
             Metric::L2 => {
                 self.scan_tile_with::<kernels::L2Squared, Q, R>(queries, rows, tops, prefetch, |score, _, _| score)
+            }
+            Metric::L1 => self.scan_pairs(queries, rows, tops, distances::l1),
+            Metric::Linf => self.scan_pairs(queries, rows, tops, distances::linf),
+            Metric::Lp(p) => self.scan_pairs(queries, rows, tops, |q, r| distances::lp(q, r, p.get())),
+            Metric::Canberra => self.scan_pairs(queries, rows, tops, distances::canberra),
+            Metric::BrayCurtis => self.scan_pairs(queries, rows, tops, distances::bray_curtis),
+            Metric::JensenShannon => self.scan_pairs(queries, rows, tops, distances::jensen_shannon),
+        }
+    }
+
+    /// `scan_tile` for the distances of `kernels::distances`, which score
+    /// one pair at a time: a row is read from memory once, for the first
+    /// query, and from L1 for the others.
+    #[inline(always)]
+    fn scan_pairs(
+        &self,
+        queries: &[&[f32]],
+        rows: Range<usize>,
+        tops: &mut [TopK],
+        distance: impl Fn(&[f32], &[f32]) -> f32,
+    ) {
+        for row in rows {
+            let vector = self.vector_of_row(row as u32);
+            for (query, top) in queries.iter().zip(tops.iter_mut()) {
+                offer(top, distance(query, vector), self.ids[row], row);
             }
         }
     }
@@ -402,7 +427,7 @@ impl Index {
             let row_scales = match self.metric {
                 Metric::Cosine => self.inverse_norms[row..row + R].try_into().expect("R rows"),
                 Metric::Ip => [1.0; R],
-                Metric::L2 => unreachable!("the bfloat16 pass bounds dot products only"),
+                _ => unreachable!("the bfloat16 pass bounds dot products only"),
             };
             let mut prefetches = self.prefetch_shares(row, R, rows.end, queries.len());
             let tiles = (0..).step_by(QUERY_TILE).zip(tops.chunks_mut(QUERY_TILE));
