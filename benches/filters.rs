@@ -1,11 +1,12 @@
 //! The filters benchmark (issue 16's targets): filtered search against
 //! unfiltered on the same index in the same run, with recall against brute
 //! force; search-batch against the same searches sent one by one; scroll's
-//! output rate; delete by filter of 10% of a million rows. The table is
+//! output rate; delete by filter of 10% of a million rows; lone search with
+//! each of the six metrics beyond the interface's against l2. The table is
 //! also written to `target/filters-bench.md`.
 //!
 //! Run with `make bench` (or `cargo bench --bench filters`; arguments
-//! choose sections: `search`, `batch`, `scroll`, `delete`).
+//! choose sections: `search`, `batch`, `scroll`, `delete`, `metrics`).
 
 #[allow(dead_code)]
 #[path = "../tests/it/harness.rs"]
@@ -51,6 +52,13 @@ fn json_array(values: &[f32], out: &mut String) {
 /// Loads `rows` random vectors of `dims` with `metadata`, returning them.
 fn load(client: &mut Client, index: &str, rows: usize, dims: usize, rng: &mut Rng) -> Vec<Vec<f32>> {
     let vectors: Vec<Vec<f32>> = (0..rows).map(|_| vector(rng, dims)).collect();
+    load_vectors(client, index, &vectors);
+    vectors
+}
+
+/// Loads `vectors` as rows 0.. with `metadata`.
+fn load_vectors(client: &mut Client, index: &str, vectors: &[Vec<f32>]) {
+    let rows = vectors.len();
     for first in (0..rows).step_by(BATCH) {
         let mut body = String::from(r#"{"embeddings":["#);
         for (id, v) in vectors.iter().enumerate().skip(first).take(BATCH) {
@@ -65,7 +73,6 @@ fn load(client: &mut Client, index: &str, rows: usize, dims: usize, rng: &mut Rn
         let r = client.call("PUT", &format!("/api/v1/embeddings/{index}/insert"), Some(&body));
         assert_eq!(r.status, 200, "{r:?}");
     }
-    vectors
 }
 
 fn ms(d: Duration) -> String {
@@ -173,6 +180,9 @@ fn main() {
     }
     if run("delete") {
         delete_by_filter(&mut table);
+    }
+    if run("metrics") {
+        metrics(&mut table);
     }
     let out = std::path::Path::new("target/filters-bench.md");
     let text = format!("| target | ours | reference, same run | ratio | goal |\n|---|---|---|---|---|\n{}", table.0);
@@ -308,4 +318,46 @@ fn delete_by_filter(table: &mut Table) {
         took.as_secs_f64(),
         "< 1",
     );
+}
+
+/// Target 6: lone search with each of the six metrics beyond the
+/// interface's, each timed right after l2 on the same rows (random values
+/// in [0, 1), which js needs non-negative), so that each ratio is of two
+/// neighbouring measurements.
+fn metrics(table: &mut Table) {
+    let server = Server::start();
+    let mut client = server.connect();
+    let mut rng = Rng(18);
+    let vectors: Vec<Vec<f32>> = (0..ROWS).map(|_| (0..DIMS).map(|_| rng.float().abs()).collect()).collect();
+    let queries: Vec<Vec<f32>> = (0..32).map(|_| (0..DIMS).map(|_| rng.float().abs()).collect()).collect();
+    let metrics: [(&str, Value); 9] = [
+        ("m-l2", json!({"metric": "l2"})),
+        ("m-l1", json!({"metric": "l1"})),
+        ("m-linf", json!({"metric": "linf"})),
+        ("m-lp-3", json!({"metric": "lp", "p": 3})),
+        ("m-lp-2-5", json!({"metric": "lp", "p": 2.5})),
+        ("m-lp-2-7", json!({"metric": "lp", "p": 2.7})),
+        ("m-canberra", json!({"metric": "canberra"})),
+        ("m-bc", json!({"metric": "bc"})),
+        ("m-js", json!({"metric": "js"})),
+    ];
+    for (name, body) in &metrics {
+        let mut body = body.clone();
+        body["dimensions"] = json!(DIMS);
+        let r = client.call("PUT", &format!("/api/v1/indexes/{name}/create"), Some(&body.to_string()));
+        assert_eq!(r.status, 200, "{r:?}");
+        load_vectors(&mut client, name, &vectors);
+    }
+    for (name, body) in &metrics[1..] {
+        let l2 = timed(&mut client, "m-l2", &queries, &Value::Null);
+        let took = timed(&mut client, name, &queries, &Value::Null);
+        let p = body.get("p").map_or(String::new(), |p| format!(" (p = {p})"));
+        table.add(
+            &format!("6. lone search, {}{p}, 100,000 x 768, k=10 (median of 32)", body["metric"].as_str().unwrap()),
+            ms(took),
+            format!("l2 just before: {}; goal 1.5 x", ms(l2)),
+            took.as_secs_f64() / l2.as_secs_f64(),
+            "<= 1.5",
+        );
+    }
 }

@@ -296,7 +296,7 @@ impl Choices<'_> {
 
 /// Any of the nine metrics; `lp` with one of a few `p`, integer or not.
 fn metric_of(choice: u8) -> Metric {
-    let p = [0.5, 1.0, 2.0, 3.0, 2.5][usize::from(choice / 9 % 5)];
+    let p = [0.5, 1.0, 2.0, 2.7, 2.5][usize::from(choice / 9 % 5)];
     let metrics = [Metric::Cosine, Metric::L2, Metric::Ip, Metric::L1, Metric::Linf];
     let metrics = metrics.into_iter().chain([Metric::Canberra, Metric::BrayCurtis, Metric::JensenShannon]);
     metrics.chain(Metric::parse("lp", Some(p))).nth(usize::from(choice % 9)).expect("nine metrics")

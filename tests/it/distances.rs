@@ -87,7 +87,8 @@ fn every_metric_and_its_p_survive_kill_and_snapshot() {
     };
     let before = state(&server);
     assert_eq!(before[5].0["p"], 3.0);
-    assert_eq!(before[6].0["p"], 0.75);
+    assert_eq!(before[6].0["p"], 0.7);
+    assert_eq!(before[7].0["p"], 2.5);
     server.kill();
     let server = start();
     assert_eq!(state(&server), before, "replayed from the log");
@@ -156,4 +157,57 @@ fn bc_ranks_an_infinite_distance_last_with_a_null_score() {
             "9": {"metadata": {}, "rank": 3, "score": null},
         })
     );
+}
+
+/// Each of the six distances scales with its vectors (l1, linf, lp, js) or
+/// not at all (canberra, bc), and a power of two changes no bit of f32
+/// arithmetic but the exponent while nothing overflows or underflows: so at
+/// the numeric domain's extremes (norms near 2^61 and values near 2^-60),
+/// a search ranks exactly as at scale 1, with each score scaled exactly.
+/// Summing |x−q|^p as written would overflow (p = 3 at 2^60) or vanish.
+#[test]
+fn the_distances_rank_alike_at_every_scale_of_the_domain() {
+    let server = Server::start();
+    let mut client = server.connect();
+    let mut rng = Rng(11);
+    let rows: Vec<Vec<f32>> = (0..60).map(|_| vector_for(Metric::Js, &mut rng, DIMS)).collect();
+    let query = vector_for(Metric::Js, &mut rng, DIMS);
+    for metric in &Metric::ALL[3..] {
+        let answer = |client: &mut crate::harness::Client, scale: i32| {
+            let index = format!("{}-{}", metric.label(), scale + 100);
+            metric.create(&server, &index, DIMS);
+            let factor = 2f32.powi(scale);
+            let embeddings: Vec<Value> = rows
+                .iter()
+                .enumerate()
+                .map(|(id, v)| json!({"id": id, "data": v.iter().map(|x| x * factor).collect::<Vec<f32>>()}))
+                .collect();
+            let body = json!({ "embeddings": embeddings }).to_string();
+            assert_eq!(client.call("PUT", &format!("/api/v1/embeddings/{index}/insert"), Some(&body)).status, 200);
+            let q: Vec<f32> = query.iter().map(|x| x * factor).collect();
+            let body = json!({"queryVector": q, "k": 60, "include": ["score"]}).to_string();
+            let r = client.call("POST", &format!("/api/v1/embeddings/{index}/search"), Some(&body));
+            assert_eq!(r.status, 200, "{r:?}");
+            let hits = r.body["data"]["nearest_neighbors"].as_object().unwrap().clone();
+            let mut ranked: Vec<(u64, String, f64)> = hits
+                .into_iter()
+                .map(|(id, hit)| (hit["rank"].as_u64().unwrap(), id, hit["score"].as_f64().unwrap()))
+                .collect();
+            ranked.sort_by_key(|(rank, _, _)| *rank);
+            ranked
+        };
+        let base = answer(&mut client, 0);
+        for scale in [60, -60] {
+            let scaled = answer(&mut client, scale);
+            let factor = match metric {
+                Metric::Canberra | Metric::Bc => 1.0,
+                _ => 2f32.powi(scale),
+            };
+            for ((_, id, score), (_, scaled_id, scaled_score)) in base.iter().zip(&scaled) {
+                assert_eq!(id, scaled_id, "{metric:?} at 2^{scale}");
+                // Each score reads back to its f32 exactly.
+                assert_eq!(*score as f32 * factor, *scaled_score as f32, "{metric:?} at 2^{scale}, id {id}");
+            }
+        }
+    }
 }

@@ -27,16 +27,18 @@ const U: f64 = 1.0 / (1u64 << 24) as f64;
 const TINY: f64 = 1.401_298_464_324_817e-45;
 
 impl Metric {
-    /// Every metric, `lp` with an integer `p` (which the server computes by
-    /// multiplying) and one it raises to by logarithms.
-    pub const ALL: [Metric; 10] = [
+    /// Every metric; `lp` with an integer `p` and a half-integer one (which
+    /// the server raises to by multiplying and square roots) and one it
+    /// raises to by logarithms.
+    pub const ALL: [Metric; 11] = [
         Metric::Cosine,
         Metric::L2,
         Metric::Ip,
         Metric::L1,
         Metric::Linf,
         Metric::Lp(3.0),
-        Metric::Lp(0.75),
+        Metric::Lp(0.7),
+        Metric::Lp(2.5),
         Metric::Canberra,
         Metric::Bc,
         Metric::Js,
