@@ -818,12 +818,8 @@ impl FilterReader<'_, '_> {
                 Node::String(s) => Ok(Box::<str>::from(s)),
                 _ => Err(ApiError::bad_body(format_args!("{here}: expected a string"))),
             };
-            let number = || match nodes[value] {
-                Node::Static(StaticNode::F64(x)) => Ok(x),
-                Node::Static(StaticNode::I64(n)) => Ok(n as f64),
-                Node::Static(StaticNode::U64(n)) => Ok(n as f64),
-                _ => Err(ApiError::bad_body(format_args!("{here}: expected a number"))),
-            };
+            let number =
+                || number(nodes, value).ok_or_else(|| ApiError::bad_body(format_args!("{here}: expected a number")));
             let key = || Box::<str>::from(key);
             let condition = match operator {
                 "$eq" => Filter::Eq(key(), string()?),

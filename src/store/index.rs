@@ -126,7 +126,7 @@ impl Metric {
             Metric::Ip => 2,
             Metric::L1 => 3,
             Metric::Linf => 4,
-            Metric::Lp(_) => 5,
+            Metric::Lp(_) => LP_CODE,
             Metric::Canberra => 6,
             Metric::BrayCurtis => 7,
             Metric::JensenShannon => 8,
@@ -135,7 +135,7 @@ impl Metric {
 
     /// Whether the metric of `code` has a `p` written beside it.
     pub fn code_has_power(code: u8) -> bool {
-        code == 5
+        code == LP_CODE
     }
 
     /// The metric of a code read from a file (`code`), with the `p` read
@@ -147,7 +147,7 @@ impl Metric {
             2 => Metric::Ip,
             3 => Metric::L1,
             4 => Metric::Linf,
-            5 => Metric::Lp(Power::new(f64::from(p))?),
+            LP_CODE => Metric::Lp(Power::new(f64::from(p))?),
             6 => Metric::Canberra,
             7 => Metric::BrayCurtis,
             8 => Metric::JensenShannon,
@@ -155,6 +155,9 @@ impl Metric {
         })
     }
 }
+
+/// `lp`'s code in files: the one metric with a `p` beside it.
+const LP_CODE: u8 = 5;
 
 /// Why `Metric::parse` refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -293,13 +296,14 @@ impl Index {
         if vector.len() != self.dims {
             return Err(VectorError::WrongDimensions { expected: self.dims, got: vector.len() });
         }
-        if let Some(position) = vector.iter().position(|x| !x.is_finite()) {
-            return Err(VectorError::NotFinite { position });
-        }
-        if self.metric == Metric::JensenShannon {
-            if let Some(position) = vector.iter().position(|&x| x < 0.0) {
-                return Err(VectorError::Negative { position });
-            }
+        // One pass for both: js also refuses values below zero.
+        let js = self.metric == Metric::JensenShannon;
+        if let Some(position) = vector.iter().position(|&x| !x.is_finite() || (js && x < 0.0)) {
+            return Err(if vector[position].is_finite() {
+                VectorError::Negative { position }
+            } else {
+                VectorError::NotFinite { position }
+            });
         }
         // Zero only for the zero vector: the square of any other f32 is a
         // normal f64.

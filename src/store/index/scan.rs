@@ -373,26 +373,29 @@ impl Index {
             Metric::L2 => {
                 self.scan_tile_with::<kernels::L2Squared, Q, R>(queries, rows, tops, prefetch, |score, _, _| score)
             }
-            Metric::L1 => self.scan_pairs(queries, rows, tops, distances::l1),
-            Metric::Linf => self.scan_pairs(queries, rows, tops, distances::linf),
-            Metric::Lp(p) => self.scan_pairs(queries, rows, tops, |q, r| distances::lp(q, r, p.get())),
-            Metric::Canberra => self.scan_pairs(queries, rows, tops, distances::canberra),
-            Metric::BrayCurtis => self.scan_pairs(queries, rows, tops, distances::bray_curtis),
-            Metric::JensenShannon => self.scan_pairs(queries, rows, tops, distances::jensen_shannon),
+            Metric::L1 => self.scan_pairs(queries, rows, tops, prefetch, distances::l1),
+            Metric::Linf => self.scan_pairs(queries, rows, tops, prefetch, distances::linf),
+            Metric::Lp(p) => self.scan_pairs(queries, rows, tops, prefetch, |q, r| distances::lp(q, r, p.get())),
+            Metric::Canberra => self.scan_pairs(queries, rows, tops, prefetch, distances::canberra),
+            Metric::BrayCurtis => self.scan_pairs(queries, rows, tops, prefetch, distances::bray_curtis),
+            Metric::JensenShannon => self.scan_pairs(queries, rows, tops, prefetch, distances::jensen_shannon),
         }
     }
 
     /// `scan_tile` for the distances of `kernels::distances`, which score
     /// one pair at a time: a row is read from memory once, for the first
-    /// query, and from L1 for the others.
+    /// query, and from L1 for the others; `prefetch` is asked for first,
+    /// as `scan_tile_with` does.
     #[inline(always)]
     fn scan_pairs(
         &self,
         queries: &[&[f32]],
         rows: Range<usize>,
         tops: &mut [TopK],
+        prefetch: &[f32],
         distance: impl Fn(&[f32], &[f32]) -> f32,
     ) {
+        kernels::prefetch(prefetch);
         for row in rows {
             let vector = self.vector_of_row(row as u32);
             for (query, top) in queries.iter().zip(tops.iter_mut()) {

@@ -128,8 +128,7 @@ const QUARTERS_MAX: u32 = 32;
 /// below the rounding of `lp`'s sum, whose largest term is 1.
 #[inline(always)]
 fn quarter_power<T: Value, const QUARTERS: u32>(r: T) -> T {
-    let quarters = QUARTERS;
-    let (mut power, mut square, mut whole) = (T::splat(1.0), r, quarters >> 2);
+    let (mut power, mut square, mut whole) = (T::splat(1.0), r, QUARTERS >> 2);
     while whole > 0 {
         if whole & 1 == 1 {
             power = power * square;
@@ -137,10 +136,10 @@ fn quarter_power<T: Value, const QUARTERS: u32>(r: T) -> T {
         square = square * square;
         whole >>= 1;
     }
-    if quarters & 2 != 0 {
+    if QUARTERS & 2 != 0 {
         power = power * r.sqrt();
     }
-    if quarters & 1 != 0 {
+    if QUARTERS & 1 != 0 {
         power = power * r.sqrt().sqrt();
     }
     power
