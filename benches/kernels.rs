@@ -122,5 +122,33 @@ fn bench_many(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_kernels, bench_distances, bench_topk, bench_many);
+/// A lone search of 100,000 x 768 random rows on one thread, through the
+/// int8 first pass and with every row scored in f32.
+fn bench_lone(c: &mut Criterion) {
+    const ROWS: usize = 100_000;
+    const DIMS: usize = 768;
+    let values = floats(5, ROWS * DIMS);
+    let query = floats(6, DIMS);
+    let mut group = c.benchmark_group("lone");
+    group.sample_size(20);
+    for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
+        let mut index = Index::new(DIMS, metric);
+        for (id, vector) in values.chunks_exact(DIMS).enumerate() {
+            index.upsert(id as i64, vector, b"");
+        }
+        let mut query = query.clone();
+        index.prepare_query(&mut query).unwrap();
+        let mut top = TopK::new();
+        let name = format!("{}/100000x768", metric.name());
+        group.bench_function(BenchmarkId::new("int8_pass", &name), |bench| {
+            bench.iter(|| index.search(black_box(&query), 10, &mut top))
+        });
+        group.bench_function(BenchmarkId::new("f32_only", &name), |bench| {
+            bench.iter(|| index.search_f32(black_box(&query), 10, &mut top))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_kernels, bench_distances, bench_topk, bench_many, bench_lone);
 criterion_main!(benches);

@@ -136,6 +136,16 @@ pub struct Config {
     #[arg(long)]
     pub metrics_public: bool,
 
+    /// Which SIMD instructions the f32 kernels use: auto picks the widest this CPU has
+    /// (the log says which). The others are for measurements and tests.
+    #[arg(long, value_enum, default_value_t = crate::store::cpu::Simd::Auto)]
+    pub simd: crate::store::cpu::Simd,
+
+    /// Score every row of a lone search in f32, without the int8 first pass (for
+    /// measurements and tests: the answers are the same).
+    #[arg(long)]
+    pub no_int8_pass: bool,
+
     /// How much to log.
     #[arg(long, value_enum, default_value_t = crate::log::Level::Info)]
     pub log_level: crate::log::Level,

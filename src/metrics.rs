@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::endpoint::Endpoint;
-use crate::store::Store;
+use crate::store::{FirstPass, Store};
 
 /// Requests are counted by endpoint, and in one more slot for those refused
 /// before they had one.
@@ -110,6 +110,7 @@ pub struct Metrics {
     requests: [[u64; STATUS_SLOTS + 1]; ROUTES],
     latency: [Histogram; ROUTES],
     search_bytes_scanned: u64,
+    first_pass: FirstPass,
     searches_batched: u64,
     search_batches: u64,
     search_gathers: u64,
@@ -128,6 +129,7 @@ impl Default for Metrics {
             requests: [[0; STATUS_SLOTS + 1]; ROUTES],
             latency: [Histogram::default(); ROUTES],
             search_bytes_scanned: 0,
+            first_pass: FirstPass::default(),
             searches_batched: 0,
             search_batches: 0,
             search_gathers: 0,
@@ -152,6 +154,11 @@ impl Metrics {
 
     pub fn add_search_bytes(&mut self, bytes: u64) {
         self.search_bytes_scanned += bytes;
+    }
+
+    /// What the int8 first pass of lone searches did.
+    pub fn add_first_pass(&mut self, pass: FirstPass) {
+        self.first_pass += pass;
     }
 
     /// A batch: `searches` that ran together on the same index in one turn.
@@ -211,6 +218,20 @@ impl Metrics {
             "counter",
             "Bytes of vectors read by searches.",
             self.search_bytes_scanned as f64,
+        );
+        single(
+            out,
+            "quiver_search_first_pass_rows_total",
+            "counter",
+            "Rows whose int8 codes a lone search read before deciding which to score exactly.",
+            self.first_pass.rows as f64,
+        );
+        single(
+            out,
+            "quiver_search_rescored_rows_total",
+            "counter",
+            "Rows of quiver_search_first_pass_rows_total that the int8 bound could not rule out, scored exactly in f32.",
+            self.first_pass.rescored as f64,
         );
         single(
             out,

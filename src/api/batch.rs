@@ -215,6 +215,7 @@ impl Batches {
                 self.parked[s].answer(index, reply_bytes_max);
             }
         }
+        metrics.add_first_pass(self.scanner.take_first_pass());
         self.last_run = (to_run, started.elapsed());
         self.runs += 1;
     }

@@ -271,6 +271,7 @@ impl App {
                 let searches = self.scratch.searches.len();
                 self.metrics.add_search_bytes((searches * index.len() * index.dims() * 4) as u64);
             }
+            self.metrics.add_first_pass(self.batches.scanner().take_first_pass());
         }
         let status = result.unwrap_or_else(|error| error.write(out, keep_alive));
         if self.db.uncommitted() > uncommitted_before {

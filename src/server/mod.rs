@@ -26,6 +26,7 @@ use crate::db::{self, Database};
 use crate::http::FramingLimits;
 use crate::limits::{SHUTDOWN_DRAIN_MS, TIMEOUT_SWEEP_INTERVAL_MS};
 use crate::log;
+use crate::store::cpu;
 use clients::{Clients, ConnectionLimits, FIRST_CONNECTION};
 
 const LISTENER: Token = Token(0);
@@ -39,6 +40,9 @@ pub fn run(config: Config) -> io::Result<()> {
     // directory), then the key file: a second process, on the same port or
     // the same directory, stops before it writes anything to disk. Clients
     // that connect during recovery wait in the listen backlog.
+    // The scan paths before recovery, which builds the indexes' codes.
+    let paths = cpu::Paths::choose(config.simd, !config.no_int8_pass).map_err(io::Error::other)?;
+    cpu::set(paths).map_err(io::Error::other)?;
     let address = resolve(&config.host, config.port)?;
     let listener =
         TcpListener::bind(address).map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
@@ -51,6 +55,7 @@ pub fn run(config: Config) -> io::Result<()> {
     if config.unsafe_no_sync {
         log::warn(format_args!("--unsafe-no-sync: answered writes are not synced and can be lost on power failure"));
     }
+    log::info(format_args!("scanning with {}", paths.describe()));
     let database = Database::open(&options).map_err(io::Error::other)?;
     let (api_key, key_source) = auth::load_or_create(&config.data_dir, config.api_key.as_deref())?;
     raise_descriptor_limit(config.connections_max);

@@ -13,11 +13,12 @@ use std::fmt;
 use ahash::AHashMap;
 use roaring::RoaringBitmap;
 
+use super::codes::Codes;
 use super::filter::Filter;
 use super::kernels;
 use super::screen;
 use crate::limits::{COSINE_SQUARED_NORM_MIN, SQUARED_NORM_MAX};
-pub use scan::Scanner;
+pub use scan::{FirstPass, Scanner};
 
 /// How nearness is measured: EigenDB's nine metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -227,8 +228,11 @@ pub struct Index {
     vectors: Vec<f32>,
     /// Cosine only: 1/|v| per row, so the stored vector stays exactly as given.
     inverse_norms: Vec<f32>,
-    /// An upper bound on |v| per row, for the bfloat16 pass's error bound.
+    /// An upper bound on |v| per row, for the first passes' error bounds.
     norms: Vec<f32>,
+    /// Cosine, ip and l2, where the CPU has an int8 kernel: each row's code
+    /// for the first pass of a lone search (`codes`).
+    codes: Option<Codes>,
     ids: Vec<i64>,
     /// Each row's metadata as a JSON object text, ready to copy into a reply;
     /// empty for `{}`.
@@ -258,6 +262,7 @@ impl Index {
             vectors: Vec::new(),
             inverse_norms: Vec::new(),
             norms: Vec::new(),
+            codes: Index::keeps_codes(dims, metric).then(|| Codes::new(dims)).flatten(),
             ids: Vec::new(),
             metadata: Vec::new(),
             rows: AHashMap::new(),
@@ -267,6 +272,19 @@ impl Index {
 
     pub fn dims(&self) -> usize {
         self.dims
+    }
+
+    /// Whether an index keeps int8 codes of its rows: those whose scores
+    /// the first pass bounds, where this process runs the pass.
+    fn keeps_codes(dims: usize, metric: Metric) -> bool {
+        matches!(metric, Metric::Cosine | Metric::Ip | Metric::L2)
+            && dims <= super::codes::DIMS_MAX
+            && super::cpu::paths().int8.is_some()
+    }
+
+    /// Bytes of int8 codes kept per row (0 without codes).
+    pub fn code_bytes_per_row(&self) -> usize {
+        self.codes.as_ref().map_or(0, Codes::bytes_per_row)
     }
 
     pub fn metric(&self) -> Metric {
@@ -367,6 +385,9 @@ impl Index {
                 let row = row as usize;
                 self.vectors[row * self.dims..(row + 1) * self.dims].copy_from_slice(vector);
                 self.norms[row] = norm;
+                if let Some(codes) = &mut self.codes {
+                    codes.set(row, vector);
+                }
                 if self.metric == Metric::Cosine {
                     self.inverse_norms[row] = inverse_norm;
                 }
@@ -380,6 +401,9 @@ impl Index {
                 let row = u32::try_from(self.ids.len()).expect("an index holds at most 2^32 rows");
                 self.vectors.extend_from_slice(vector);
                 self.norms.push(norm);
+                if let Some(codes) = &mut self.codes {
+                    codes.push(vector);
+                }
                 if self.metric == Metric::Cosine {
                     self.inverse_norms.push(inverse_norm);
                 }
@@ -424,6 +448,9 @@ impl Index {
         self.vectors.truncate(last * self.dims);
         self.ids.swap_remove(row);
         self.norms.swap_remove(row);
+        if let Some(codes) = &mut self.codes {
+            codes.swap_remove(row);
+        }
         if self.metric == Metric::Cosine {
             self.inverse_norms.swap_remove(row);
         }
@@ -459,11 +486,12 @@ impl Index {
             _ => Vec::new(),
         };
         let norms = squared_norms.into_iter().map(screen::norm_bound_of).collect();
+        let codes = Index::keeps_codes(dims, metric).then(|| Codes::of(dims, &vectors)).flatten();
         let mut meta = meta::MetaIndex::default();
         for (row, text) in metadata.iter().enumerate() {
             meta.add(row as u32, text);
         }
-        Ok(Index { dims, metric, vectors, inverse_norms, norms, ids, metadata, rows, meta })
+        Ok(Index { dims, metric, vectors, inverse_norms, norms, codes, ids, metadata, rows, meta })
     }
 
     /// The rows, for writing a snapshot: ids, vectors (row after row), metadata texts.

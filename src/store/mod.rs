@@ -5,6 +5,8 @@
 //! write-ahead log can record exactly what is applied, in the order applied.
 //! This module knows nothing of HTTP, JSON or sockets.
 
+pub mod codes;
+pub mod cpu;
 pub mod filter;
 pub mod index;
 pub mod kernels;
@@ -14,7 +16,7 @@ pub mod topk;
 use std::collections::BTreeMap;
 
 pub use filter::Filter;
-pub use index::{Index, Metric, MetricError, Power, Scanner, VectorError};
+pub use index::{FirstPass, Index, Metric, MetricError, Power, Scanner, VectorError};
 
 /// Decoded embeddings of one request, in flat reusable buffers.
 ///

@@ -43,6 +43,8 @@ mod operations;
 mod readme;
 /// A reply's size is bounded; the error says how to page.
 mod replies;
+/// Every SIMD path, with and without the int8 first pass, against the oracle.
+mod scan_paths;
 /// search-batch: each search answered as alone; a bad one fails the batch.
 mod search_batch;
 /// Search results checked against a brute-force oracle.

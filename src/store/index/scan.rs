@@ -4,11 +4,13 @@
 //! scratch tops); callers say what to search and get the nearest rows.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use roaring::RoaringBitmap;
 
 use super::{Index, Metric};
+use crate::store::codes::{self, QueryCode};
+use crate::store::cpu;
 use crate::store::kernels::{self, distances};
 use crate::store::screen::{self, Screen};
 use crate::store::topk::{Candidate, TopK};
@@ -21,6 +23,9 @@ const PARALLEL_SCAN_FLOATS_MIN: usize = 4 << 20;
 /// rows from memory, in tiles: far enough that they arrive in time, near
 /// enough that they are still in cache when their turn comes.
 const PREFETCH_TILES: usize = 4;
+
+/// How far ahead of the rows being decided the int8 pass asks for codes.
+const CODES_PREFETCH_ROWS: usize = 16;
 
 /// Rows a thread of a split scan takes at a time, in floats: 4 MiB, a few
 /// hundred microseconds of scanning for one query, so that the threads
@@ -60,6 +65,31 @@ const SCAN_THREADS_MAX: usize = 8;
 pub struct Scanner {
     /// Per extra thread, a `TopK` per search of a batch.
     partials: Vec<Vec<TopK>>,
+    /// What the int8 first pass did since `take_first_pass`.
+    first_pass: FirstPass,
+}
+
+/// Rows the int8 first pass read the codes of, and rows of those it scored
+/// exactly.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FirstPass {
+    pub rows: u64,
+    pub rescored: u64,
+}
+
+impl std::ops::AddAssign for FirstPass {
+    fn add_assign(&mut self, other: FirstPass) {
+        self.rows += other.rows;
+        self.rescored += other.rescored;
+    }
+}
+
+/// A lone search's int8 first pass (`codes`): its query's code, bound and
+/// the kernel that computes the integer products.
+struct Coded {
+    code: QueryCode,
+    bound: codes::Bound,
+    kernel: codes::Kernel,
 }
 
 impl Default for Scanner {
@@ -72,7 +102,12 @@ impl Default for Scanner {
 impl Scanner {
     /// A scanner that splits a large scan across at most `threads` threads.
     pub fn with_threads(threads: usize) -> Scanner {
-        Scanner { partials: (1..threads.max(1)).map(|_| Vec::new()).collect() }
+        Scanner { partials: (1..threads.max(1)).map(|_| Vec::new()).collect(), first_pass: FirstPass::default() }
+    }
+
+    /// What the int8 first pass did since the last call.
+    pub fn take_first_pass(&mut self) -> FirstPass {
+        std::mem::take(&mut self.first_pass)
     }
 
     /// Searches `index` for each of `queries` at once (`Index::search_many`):
@@ -92,7 +127,7 @@ impl Scanner {
                 partial.resize_with(queries.len(), TopK::new);
             }
         }
-        index.search_many(queries, ks, tops, &mut self.partials, mask);
+        self.first_pass += index.search_many(queries, ks, tops, &mut self.partials, mask);
     }
 }
 
@@ -107,6 +142,14 @@ impl Index {
     /// passed `prepare_query`.
     pub fn search(&self, query: &[f32], k: usize, top: &mut TopK) {
         self.search_many_split(&[query], &[k], std::slice::from_mut(top), &mut []);
+    }
+
+    /// `search` without the int8 first pass: every row scored in f32. The
+    /// answer is the same; for measurements and tests.
+    pub fn search_f32(&self, query: &[f32], k: usize, top: &mut TopK) {
+        top.reset(k.min(self.len()));
+        let scale = self.query_scale(|| kernels::squared_norm(query));
+        self.scan_exact(&[query], &[scale], None, 0..self.len(), std::slice::from_mut(top));
     }
 
     /// Several searches of this index at once: the rows are read once, a
@@ -125,12 +168,12 @@ impl Index {
         tops: &mut [TopK],
         partials: &mut [Vec<TopK>],
         mask: Option<&RoaringBitmap>,
-    ) {
+    ) -> FirstPass {
         let rows = mask.map_or(self.len(), |mask| mask.len() as usize);
         let by_size = rows * self.dims / PARALLEL_SCAN_FLOATS_MIN;
         let threads = (partials.len() + 1).min(by_size.max(1));
         let chunk = self.chunk_rows();
-        self.search_in_chunks(queries, ks, tops, &mut partials[..threads - 1], chunk, mask);
+        self.search_in_chunks(queries, ks, tops, &mut partials[..threads - 1], chunk, mask)
     }
 
     /// Rows a thread of a split scan takes at a time (`SCAN_CHUNK_FLOATS`).
@@ -148,6 +191,22 @@ impl Index {
         self.search_in_chunks(queries, ks, tops, partials, self.chunk_rows(), None);
     }
 
+    /// The int8 first pass of a lone search for `query` (with its
+    /// `squared_norm` and `scale`), where the index keeps codes and the
+    /// process runs the pass.
+    fn coded(&self, query: &[f32], squared_norm: f64, scale: f32) -> Option<Coded> {
+        let (_, kernel) = (self.codes.as_ref()?, cpu::paths().int8?);
+        let shape = match self.metric {
+            Metric::Cosine => codes::Shape::Cosine,
+            Metric::Ip => codes::Shape::Ip,
+            Metric::L2 => codes::Shape::L2,
+            _ => return None,
+        };
+        let code = QueryCode::new(query);
+        let bound = codes::Bound::new(shape, &code, squared_norm, scale);
+        Some(Coded { code, bound, kernel })
+    }
+
     /// `search_many_split`, the threads taking `chunk` rows at a time, of
     /// which only those in `mask` (if any) are scored.
     fn search_in_chunks(
@@ -158,17 +217,20 @@ impl Index {
         partials: &mut [Vec<TopK>],
         chunk: usize,
         mask: Option<&RoaringBitmap>,
-    ) {
+    ) -> FirstPass {
         assert!(queries.len() == ks.len() && ks.len() == tops.len() && chunk > 0);
         let rows = self.len();
         let matching = mask.map_or(rows, |mask| mask.len() as usize);
-        // A lone search keeps its scale on the stack: it allocates nothing.
-        // A batch sums each query's squares once, for its scale and for the
-        // bfloat16 pass's bound.
+        // A lone search keeps its scale on the stack, and codes its query
+        // for the int8 pass. A batch sums each query's squares once, for its
+        // scale and for the bfloat16 pass's bound.
         let (one, squared_norms, many): ([f32; 1], Vec<f64>, Vec<f32>);
+        let mut coded = None;
         let scales: &[f32] = if let [query] = queries {
             squared_norms = Vec::new();
-            one = [self.query_scale(|| kernels::squared_norm(query))];
+            let squared = kernels::squared_norm(query);
+            one = [self.query_scale(|| squared)];
+            coded = self.coded(query, squared, one[0]);
             &one
         } else {
             squared_norms = queries.iter().map(|query| kernels::squared_norm(query)).collect();
@@ -189,13 +251,21 @@ impl Index {
             None
         };
         let screen = screen.as_ref();
+        let (coded, passed, rescored) = (coded.as_ref(), AtomicU64::new(0), AtomicU64::new(0));
         // The exact scan of some rows: those of the mask among them, if any.
-        let scan_rows = |range: Range<usize>, tops: &mut [TopK]| match mask {
-            Some(mask) => self.scan_masked(queries, scales, mask, range, tops),
-            None => self.scan_exact(queries, scales, range, tops),
+        let scan_rows = |range: Range<usize>, tops: &mut [TopK]| {
+            let pass = match mask {
+                Some(mask) => self.scan_masked(queries, scales, coded, mask, range, tops),
+                None => self.scan_exact(queries, scales, coded, range, tops),
+            };
+            passed.fetch_add(pass.rows, Ordering::Relaxed);
+            rescored.fetch_add(pass.rescored, Ordering::Relaxed);
         };
+        let first_pass =
+            || FirstPass { rows: passed.load(Ordering::Relaxed), rescored: rescored.load(Ordering::Relaxed) };
         if partials.is_empty() && screen.is_none() {
-            return scan_rows(0..rows, tops);
+            scan_rows(0..rows, tops);
+            return first_pass();
         }
         let taken = AtomicUsize::new(0);
         let scan = |tops: &mut [TopK]| {
@@ -242,6 +312,7 @@ impl Index {
                 }
             }
         }
+        first_pass()
     }
 
     /// `scan_exact` over the rows of `mask` within `rows`: each run of
@@ -253,10 +324,11 @@ impl Index {
         &self,
         queries: &[&[f32]],
         scales: &[f32],
+        coded: Option<&Coded>,
         mask: &RoaringBitmap,
         rows: Range<usize>,
         tops: &mut [TopK],
-    ) {
+    ) -> FirstPass {
         let mut runs = mask.iter();
         runs.advance_to(rows.start as u32);
         let end = rows.end;
@@ -266,13 +338,15 @@ impl Index {
             (start < end).then(|| start..(*run.end() as usize + 1).min(end))
         };
         let mut next = next_run();
+        let mut pass = FirstPass::default();
         while let Some(run) = next {
             next = next_run();
             if let Some(ahead) = &next {
                 kernels::prefetch(self.vector_of_row(ahead.start as u32));
             }
-            self.scan_exact(queries, scales, run, tops);
+            pass += self.scan_exact(queries, scales, coded, run, tops);
         }
+        pass
     }
 
     /// `scan_screened`, which a `Screen` makes safe to call. Returns how
@@ -296,14 +370,26 @@ impl Index {
     }
 
     /// Offers every row of `rows` to the tops of the queries: a tile of rows
-    /// at a time, each scored against the queries a tile of them at a time.
-    fn scan_exact(&self, queries: &[&[f32]], scales: &[f32], rows: Range<usize>, tops: &mut [TopK]) {
+    /// at a time, each scored against the queries a tile of them at a time;
+    /// a lone query with `coded` goes through the int8 pass (`scan_coded`).
+    fn scan_exact(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        coded: Option<&Coded>,
+        rows: Range<usize>,
+        tops: &mut [TopK],
+    ) -> FirstPass {
         if let ([query], [scale], [top]) = (queries, scales, &mut *tops) {
+            if let Some(coded) = coded {
+                return self.scan_coded(query, *scale, coded, rows, top);
+            }
             // A lone query reads the rows from memory one at a time: one
             // stream of rows is read faster than several interleaved (the
             // `kernels` bench: 8 rows at a time took 1.7 times as long).
             let top = std::slice::from_mut(top);
-            return self.scan_tile::<1, 1>(&[query], &[*scale], rows, top, &[]);
+            self.scan_tile::<1, 1>(&[query], &[*scale], rows, top, &[]);
+            return FirstPass::default();
         }
         // Each tile of rows is scored against every tile of queries before
         // the next is read, so the rows are read from memory once, in order,
@@ -325,6 +411,42 @@ impl Index {
             }
             start = tile.end;
         }
+        FirstPass::default()
+    }
+
+    /// A lone search of `rows` through the int8 pass (`codes`): the codes
+    /// of `ROWS` rows at a time give each an interval holding its exact
+    /// score, and only a row whose interval can still beat the farthest
+    /// the top keeps is scored exactly, as the f32 scan scores it
+    /// (`scan_tile`), so the answer is the f32 scan's, bit for bit.
+    fn scan_coded(&self, query: &[f32], scale: f32, coded: &Coded, rows: Range<usize>, top: &mut TopK) -> FirstPass {
+        let codes = self.codes.as_ref().expect("a coded scan is of an index with codes");
+        let cosine = self.metric == Metric::Cosine;
+        let mut rescored = 0;
+        let mut decide = |row: usize, dot: i32, top: &mut TopK| {
+            if let Some(threshold) = top.threshold() {
+                let row_scale = if cosine { self.inverse_norms[row] } else { 1.0 };
+                if coded.bound.rules_out(codes, row, dot, self.norms[row], row_scale, threshold) {
+                    return;
+                }
+            }
+            rescored += 1;
+            self.scan_tile::<1, 1>(&[query], &[scale], row..row + 1, std::slice::from_mut(top), &[]);
+        };
+        let mut row = rows.start;
+        while row + codes::ROWS <= rows.end {
+            codes.prefetch(row + CODES_PREFETCH_ROWS, codes::ROWS);
+            let dots = coded.kernel.dots::<{ codes::ROWS }>(&coded.code, codes, row);
+            for (r, dot) in dots.into_iter().enumerate() {
+                decide(row + r, dot, top);
+            }
+            row += codes::ROWS;
+        }
+        for row in row..rows.end {
+            let [dot] = coded.kernel.dots::<1>(&coded.code, codes, row);
+            decide(row, dot, top);
+        }
+        FirstPass { rows: rows.len() as u64, rescored }
     }
 
     /// The rows of the tile `PREFETCH_TILES` ahead of the one of `tile_rows`
@@ -447,7 +569,7 @@ impl Index {
             row += R;
         }
         // The last rows, fewer than a tile: exactly.
-        self.scan_exact(queries, scales, row..rows.end, tops);
+        self.scan_exact(queries, scales, None, row..rows.end, tops);
         rescored
     }
 
@@ -625,6 +747,7 @@ pub(crate) mod tests {
                             index.scan_exact(
                                 &[query],
                                 &[index.query_scale(|| kernels::squared_norm(query))],
+                                None,
                                 row as usize..row as usize + 1,
                                 std::slice::from_mut(&mut want),
                             );
@@ -887,6 +1010,160 @@ pub(crate) mod tests {
                 if metric != Metric::L2 {
                     let what = format!("{metric:?}, {dims} dims, extreme magnitudes");
                     let _ = assert_screened_finds_what_each_finds_alone(&index, &queries, &what);
+                }
+            }
+        }
+    }
+
+    /// Rows that make the int8 codes lose the most, for `metric`'s index of
+    /// `dims`: random, a crowd around one point (where only the exact score
+    /// tells rows apart), values all of one magnitude (every code ±127), one
+    /// spike among small values (most codes 0), mixed magnitudes, and tiny
+    /// values down to subnormals (where the index takes them).
+    #[cfg(target_arch = "x86_64")]
+    fn hard_for_codes(seed: u64, dims: usize, metric: Metric) -> Vec<Vec<f32>> {
+        let random = random_vectors(seed, dims, 40);
+        let center = &random[0];
+        let mut rows: Vec<Vec<f32>> = random.clone();
+        rows.extend(
+            random_vectors(seed + 1, dims, 40)
+                .iter()
+                .map(|n| center.iter().zip(n).map(|(c, n)| c + 1e-3 * n).collect::<Vec<f32>>()),
+        );
+        rows.extend(random.iter().take(8).map(|v| v.iter().map(|x| if *x < 0.0 { -3.0 } else { 3.0 }).collect()));
+        rows.extend(random.iter().take(8).enumerate().map(|(n, v)| {
+            let mut v: Vec<f32> = v.iter().map(|x| x * 1e-4).collect();
+            v[n % dims] = 7.0;
+            v
+        }));
+        rows.extend(extreme_vectors(seed + 2, dims, 12, metric));
+        rows.extend(random.iter().take(4).map(|v| v.iter().map(|x| x * 1e-38).collect()));
+        rows.extend(random.iter().take(4).map(|v| v.iter().map(|x| x * 1e-44).collect()));
+        let index = Index::new(dims, metric);
+        rows.retain(|v| index.check_vector(v).is_ok());
+        rows
+    }
+
+    /// The int8 pass of `index` for `query` with `kernel`.
+    #[cfg(target_arch = "x86_64")]
+    fn coded_with(index: &Index, query: &[f32], kernel: codes::Kernel) -> (Coded, f32) {
+        let squared = kernels::squared_norm(query);
+        let scale = index.query_scale(|| squared);
+        let mut coded = index.coded(query, squared, scale).expect("an index with codes");
+        coded.kernel = kernel;
+        (coded, scale)
+    }
+
+    /// The kernels this CPU has; a skip, recorded, for each it has not.
+    #[cfg(target_arch = "x86_64")]
+    fn int8_kernels(what: &str) -> Vec<codes::Kernel> {
+        codes::Kernel::ALL
+            .into_iter()
+            .filter(|kernel| {
+                kernel.available() || {
+                    crate::testing::skip(&format!("{what}, {}", kernel.name()), "this CPU lacks its instructions");
+                    false
+                }
+            })
+            .collect()
+    }
+
+    /// Every kernel's integer products against the scalar reference, and the
+    /// bound against each pair's own exact distance: with the threshold at
+    /// that distance, no row may be ruled out.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_int8_pass_never_rules_out_a_row_at_its_own_distance() {
+        let kernels = int8_kernels("the int8 bound");
+        for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
+            for dims in (1..=64).chain([65, 127, 768, 1536]) {
+                let rows = hard_for_codes(dims as u64, dims, metric);
+                let index = twins_of(&rows, metric);
+                let Some(codes) = index.codes.as_ref() else {
+                    return crate::testing::skip("the int8 bound", "this CPU has no int8 kernel");
+                };
+                for (q, mut query) in
+                    hard_for_codes(1000 + dims as u64, dims, metric).into_iter().step_by(3).enumerate()
+                {
+                    index.prepare_query(&mut query).unwrap();
+                    let code = QueryCode::new(&query);
+                    for &kernel in &kernels {
+                        let (coded, scale) = coded_with(&index, &query, kernel);
+                        for row in 0..index.len() {
+                            let mut top = TopK::new();
+                            top.reset(1);
+                            index.scan_exact(&[&query], &[scale], None, row..row + 1, std::slice::from_mut(&mut top));
+                            let exact = top.sorted()[0].distance;
+                            let [dot] = kernel.dots::<1>(&coded.code, codes, row);
+                            let want = codes::dot_scalar(code.signs(), codes.row(row));
+                            assert_eq!(dot, want, "{metric:?}, {dims} dims, {}", kernel.name());
+                            let row_scale = if metric == Metric::Cosine { index.inverse_norms[row] } else { 1.0 };
+                            assert!(
+                                !coded.bound.rules_out(codes, row, dot, index.norms[row], row_scale, exact),
+                                "{metric:?}, {dims} dims, query {q}, row {row} ruled out at its own distance {exact}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Searches through the int8 pass, with every kernel this CPU has,
+    /// find exactly what the f32 scan finds: same ids, order and distances,
+    /// whole and masked. On random rows the pass must rule most rows out.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_int8_pass_finds_exactly_what_the_f32_scan_finds() {
+        let kernels = int8_kernels("the int8 pass");
+        for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
+            for dims in [1, 3, 17, 64, 100, 768] {
+                let mut rows = hard_for_codes(dims as u64, dims, metric);
+                rows.extend(random_vectors(7, dims, 2000));
+                let index = twins_of(&rows, metric);
+                if index.codes.is_none() {
+                    return crate::testing::skip("the int8 pass", "this CPU has no int8 kernel");
+                }
+                let mask: RoaringBitmap = (0..index.len() as u32).filter(|r| r % 3 != 0).collect();
+                let mut queries = hard_for_codes(500 + dims as u64, dims, metric);
+                queries.truncate(30);
+                for query in &mut queries {
+                    index.prepare_query(query).unwrap();
+                }
+                let (mut passed, mut rescored) = (0, 0);
+                for (q, query) in queries.iter().enumerate() {
+                    for k in [1, 10, 100] {
+                        for mask in [None, Some(&mask)] {
+                            let scale = index.query_scale(|| kernels::squared_norm(query));
+                            let scan = |coded: Option<&Coded>, top: &mut TopK| {
+                                top.reset(k);
+                                let top = std::slice::from_mut(top);
+                                match mask {
+                                    Some(mask) => {
+                                        index.scan_masked(&[query], &[scale], coded, mask, 0..index.len(), top)
+                                    }
+                                    None => index.scan_exact(&[query], &[scale], coded, 0..index.len(), top),
+                                }
+                            };
+                            let mut want = TopK::new();
+                            scan(None, &mut want);
+                            for &kernel in &kernels {
+                                let (coded, _) = coded_with(&index, query, kernel);
+                                let mut got = TopK::new();
+                                let pass = scan(Some(&coded), &mut got);
+                                let what = format!("{metric:?}, {dims} dims, query {q}, k {k}, {}", kernel.name());
+                                assert_eq!(got.sorted(), want.sorted(), "{what}, masked {}", mask.is_some());
+                                if (8..28).contains(&q) && k == 10 && mask.is_none() {
+                                    (passed, rescored) = (passed + pass.rows, rescored + pass.rescored);
+                                }
+                            }
+                        }
+                    }
+                }
+                // The random queries against mostly random rows: most rows
+                // ruled out (one or two dimensions cannot tell rows apart).
+                if dims >= 64 {
+                    assert!(rescored * 10 < passed, "{metric:?}, {dims} dims: {rescored} of {passed} rows rescored");
                 }
             }
         }

@@ -1,0 +1,510 @@
+//! int8 codes of the rows, and a first pass over them that rules rows out
+//! before their exact score.
+//!
+//! A lone search reads every f32 of the index, and memory cannot deliver
+//! them faster. Each row of a cosine, inner-product or l2 index therefore
+//! also keeps a code a quarter its size: one signed byte per value and a
+//! scale. A search first reads the codes, computes for every row an interval
+//! that provably holds the row's exact f32 score, and scores exactly (with
+//! the f32 kernel every other search uses, so the answer is the same bit for
+//! bit) only the rows whose interval can still beat the k-th nearest kept.
+//! The codes are derived state: never logged, rebuilt from the rows.
+//!
+//! # The codes
+//! For a vector `v` of `n` values with largest magnitude `m > 0`, the scale
+//! `a` is the least f32 not below `m / 127` (at least f32's smallest
+//! positive value), and the code `c_i` is `v_i / a` rounded to the nearest
+//! integer, clamped to [-127, 127]. The residual `e = v - a c` is computed
+//! exactly in f64 (a value minus a product of 24 and 8 significant bits,
+//! both within 2^9 of each other's exponent, fits in f64's 53), and `r`, an
+//! upper bound on its Euclidean norm, is kept rounded up. A zero vector has
+//! scale 0, codes 0 and `r = 0`.
+//!
+//! # Why a ruled-out row cannot belong in the answer
+//! Let `q` be the query with scale `b`, code `d` and residual `f = q - b d`
+//! (norm at most `r_q`), and `x` a row with `a`, `c`, `e` (norm at most
+//! `r_x`). `C = sum c_i d_i` is computed exactly, in integers (at most
+//! 255 x 127 x 65,536 < 2^31: indexes of more dimensions keep no codes).
+//! Exactly, in real numbers,
+//!
+//! `s = q . x = a b C + b (d . e) + f . x`,
+//!
+//! and by Cauchy-Schwarz, with `|b d| <= |q| + |f|`,
+//! `|s - a b C| <= (|q| + r_q) r_x + |x| r_q =: E`, where `|q|`, `|x|` are
+//! the norms' upper bounds the bfloat16 pass also uses (infinite above
+//! 2^60, which makes every bound infinite and rules nothing out).
+//!
+//! The f32 kernel's score `s_f` is within `g sum|q_i x_i| + A`, at most
+//! `g |q||x| + A`, of `s`, where `g = m 2^-24 / (1 - m 2^-24)` for
+//! `m = n / 4 + 64` roundings (lanes of at least 8, two roundings per
+//! product where there is no fused multiply-add, a reduction tree and a
+//! tail), and `A = (2n + 64) 2^-149` covers results that fall among f32's
+//! subnormals. For l2 the kernel sums `(q_i - x_i)^2`, non-negative terms
+//! each off by at most `3 x 2^-24` of itself, so that
+//! `d_f >= d (1 - g - 2^-20) - A` with `d = |q|^2 + |x|^2 - 2 s`.
+//!
+//! The bounds are evaluated in f64, where nothing overflows or underflows
+//! for f32 inputs, each off by at most a few 2^-53 of the magnitudes summed;
+//! a surplus of `2^-40` of those magnitudes covers it. So:
+//! - cosine and ip: `s_f <= S = a b C + E + g |q||x| + A` (plus the
+//!   surplus); `S` is rounded up to f32 and mapped to a distance exactly as
+//!   `s_f` is (`screen::distance`, or a negation): the map is monotone, so
+//!   the result is no farther than the row's exact distance;
+//! - l2: `d_f >= (|q|^2 + |x|^2 - 2 (a b C + E)) (1 - g - 2^-20) - A`, less
+//!   the surplus, with the squared norms rounded down.
+//!
+//! A row is ruled out only when that nearest possible distance is strictly
+//! farther than the farthest its search keeps: its exact distance is at
+//! least as far, so it could not have entered (a tie could, being broken by
+//! id). Every other row is scored exactly. A NaN anywhere rules nothing out.
+//!
+//! For random data of 768 dimensions `E` is about 0.008 of `|q||x|`, against
+//! cosines spread over about 0.036: only rows near the k-th nearest are
+//! scored twice.
+
+use super::screen;
+
+/// Indexes of more dimensions keep no codes: a sum of `255 x 127` per
+/// dimension must fit an i32 (see the module doc).
+pub const DIMS_MAX: usize = 65_536;
+
+/// Bytes kept after the last code, so that a kernel may read whole blocks
+/// past the end of a row: the query's code is zero there, which makes the
+/// extra bytes count for nothing.
+const SLACK: usize = 64;
+
+/// Rows a kernel scores at a time: each load of the query feeds four rows.
+pub const ROWS: usize = 4;
+
+/// Which instructions compute `C` (`Kernel::dots`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// AVX-512 VNNI's `vpdpbusd` on 64 bytes at a time.
+    Vnni512,
+    /// AVX-VNNI's `vpdpbusd` on 32 bytes at a time.
+    Vnni256,
+    /// AVX2's `vpmaddubsw` and `vpmaddwd` on 32 bytes at a time.
+    Avx2,
+}
+
+impl Kernel {
+    /// Every kernel, widest first.
+    pub const ALL: [Kernel; 3] = [Kernel::Vnni512, Kernel::Vnni256, Kernel::Avx2];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Vnni512 => "AVX-512 VNNI",
+            Kernel::Vnni256 => "AVX-VNNI",
+            Kernel::Avx2 => "AVX2",
+        }
+    }
+
+    /// Whether this CPU can run the kernel.
+    pub fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            match self {
+                Kernel::Vnni512 => has!("avx512f") && has!("avx512bw") && has!("avx512vnni"),
+                Kernel::Vnni256 => has!("avx2") && has!("avxvnni"),
+                Kernel::Avx2 => has!("avx2"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// `C` of the query `code` with each of the `R` consecutive rows of
+    /// `codes` from `row`.
+    #[inline(always)]
+    pub fn dots<const R: usize>(self, code: &QueryCode, codes: &Codes, row: usize) -> [i32; R] {
+        let dims = codes.dims;
+        // The rows and the slack after them, which every row has.
+        let bytes = &codes.bytes[row * dims..(row + R) * dims + SLACK];
+        assert!(code.dims == dims && code.offset.len() == dims.next_multiple_of(SLACK));
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a `Kernel` is only used where `available` found its
+        // features (`cpu::paths`, and the tests ask first); the loads stay
+        // inside `bytes` and the query's padded buffers (asserted).
+        unsafe {
+            let raw: [i32; R] = match self {
+                Kernel::Vnni512 => x86::dots_vnni512(&code.offset, bytes, dims),
+                Kernel::Vnni256 => x86::dots_vnni256(&code.offset, bytes, dims),
+                Kernel::Avx2 => return x86::dots_avx2(&code.magnitude, &code.signs, bytes, dims),
+            };
+            // The offset of 128 on the query's bytes added 128 sum(c).
+            std::array::from_fn(|r| raw[r] - 128 * codes.sums[row + r])
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("no kernel is available off x86-64")
+    }
+}
+
+/// A vector's code: scale, sum of the codes, residual bound (`bytes` holds
+/// the codes themselves).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Encoded {
+    scale: f32,
+    sum: i32,
+    residual: f32,
+}
+
+/// Writes `v`'s codes into `out` (as long as `v`) and returns the rest.
+fn encode(v: &[f32], out: &mut [i8]) -> Encoded {
+    let largest = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    if largest == 0.0 {
+        out.fill(0);
+        return Encoded { scale: 0.0, sum: 0, residual: 0.0 };
+    }
+    let scale = f32_at_least(f64::from(largest) / 127.0).max(f32::from_bits(1));
+    let (mut sum, mut squares) = (0, 0.0f64);
+    for (&x, out) in v.iter().zip(out.iter_mut()) {
+        let code = (f64::from(x) / f64::from(scale)).round().clamp(-127.0, 127.0);
+        let residual = f64::from(x) - f64::from(scale) * code;
+        squares += residual * residual;
+        *out = code as i8;
+        sum += i32::from(*out);
+    }
+    // The sum of squares is off by at most n 2^-53 of itself.
+    Encoded { scale, sum, residual: f32_at_least(squares.sqrt() * (1.0 + 2f64.powi(-30))) }
+}
+
+/// The least f32 not below `x`; infinite above f32's range.
+fn f32_at_least(x: f64) -> f32 {
+    let y = x as f32;
+    if f64::from(y) < x {
+        y.next_up()
+    } else {
+        y
+    }
+}
+
+/// The codes of an index's rows, row `r` at `bytes[r * dims..]`, with its
+/// scale, code sum and residual bound.
+#[derive(Debug)]
+pub struct Codes {
+    dims: usize,
+    bytes: Vec<i8>,
+    scales: Vec<f32>,
+    sums: Vec<i32>,
+    residuals: Vec<f32>,
+}
+
+impl Codes {
+    /// Codes for rows of `dims` values, if an index of that many keeps them.
+    pub fn new(dims: usize) -> Option<Codes> {
+        (dims <= DIMS_MAX).then(|| Codes {
+            dims,
+            bytes: vec![0; SLACK],
+            scales: Vec::new(),
+            sums: Vec::new(),
+            residuals: Vec::new(),
+        })
+    }
+
+    /// The codes of `vectors` (row after row).
+    pub fn of(dims: usize, vectors: &[f32]) -> Option<Codes> {
+        let mut codes = Codes::new(dims)?;
+        let rows = vectors.len() / dims;
+        codes.bytes = vec![0; rows * dims + SLACK];
+        codes.scales.reserve_exact(rows);
+        codes.sums.reserve_exact(rows);
+        codes.residuals.reserve_exact(rows);
+        for (v, out) in vectors.chunks_exact(dims).zip(codes.bytes.chunks_exact_mut(dims)) {
+            let Encoded { scale, sum, residual } = encode(v, out);
+            codes.scales.push(scale);
+            codes.sums.push(sum);
+            codes.residuals.push(residual);
+        }
+        Some(codes)
+    }
+
+    pub fn len(&self) -> usize {
+        self.scales.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.scales.is_empty()
+    }
+
+    /// Adds a row's code at the end.
+    pub fn push(&mut self, v: &[f32]) {
+        let start = self.len() * self.dims;
+        self.bytes.resize(start + self.dims + SLACK, 0);
+        let Encoded { scale, sum, residual } = encode(v, &mut self.bytes[start..start + self.dims]);
+        self.scales.push(scale);
+        self.sums.push(sum);
+        self.residuals.push(residual);
+    }
+
+    /// Replaces row `row`'s code.
+    pub fn set(&mut self, row: usize, v: &[f32]) {
+        let start = row * self.dims;
+        let encoded = encode(v, &mut self.bytes[start..start + self.dims]);
+        self.scales[row] = encoded.scale;
+        self.sums[row] = encoded.sum;
+        self.residuals[row] = encoded.residual;
+    }
+
+    /// Moves the last row's code into `row` and drops the last.
+    pub fn swap_remove(&mut self, row: usize) {
+        let (dims, last) = (self.dims, self.len() - 1);
+        self.bytes.copy_within(last * dims..(last + 1) * dims, row * dims);
+        self.bytes.truncate(last * dims);
+        self.bytes.resize(last * dims + SLACK, 0);
+        self.scales.swap_remove(row);
+        self.sums.swap_remove(row);
+        self.residuals.swap_remove(row);
+    }
+
+    /// Asks for the codes of `rows` rows from `row` (those there are) to
+    /// be brought into cache, without waiting for them.
+    #[inline(always)]
+    pub fn prefetch(&self, row: usize, rows: usize) {
+        let start = (row * self.dims).min(self.bytes.len());
+        let end = ((row + rows) * self.dims).min(self.bytes.len());
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        for line in self.bytes[start..end].iter().step_by(64) {
+            safe_arch::prefetch_t0(line);
+        }
+        #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+        let _ = (start, end);
+    }
+
+    /// Row `row`'s codes.
+    pub fn row(&self, row: usize) -> &[i8] {
+        &self.bytes[row * self.dims..(row + 1) * self.dims]
+    }
+
+    /// Bytes held per row, for the memory formula.
+    pub fn bytes_per_row(&self) -> usize {
+        self.dims + 12
+    }
+
+    /// The kernel this process computes `C` with, if the CPU has one.
+    pub fn kernel() -> Option<Kernel> {
+        super::cpu::paths().int8
+    }
+}
+
+/// A query's code: its bytes as each kernel wants them (zero after the
+/// last, to a whole block), its scale and its residual bound.
+#[derive(Debug, Default)]
+pub struct QueryCode {
+    dims: usize,
+    /// `d_i + 128`, for `vpdpbusd`'s unsigned operand.
+    offset: Vec<u8>,
+    /// `|d_i|` and `d_i`, for AVX2's `vpsignb` and `vpmaddubsw`.
+    magnitude: Vec<u8>,
+    signs: Vec<i8>,
+    scale: f32,
+    residual: f32,
+}
+
+impl QueryCode {
+    /// The code of `query`.
+    pub fn new(query: &[f32]) -> QueryCode {
+        let padded = query.len().next_multiple_of(SLACK);
+        let mut signs = vec![0i8; padded];
+        let Encoded { scale, residual, .. } = encode(query, &mut signs[..query.len()]);
+        let offset =
+            signs.iter().enumerate().map(|(i, &d)| if i < query.len() { (d as u8) ^ 0x80 } else { 0 }).collect();
+        let magnitude = signs.iter().map(|&d| d.unsigned_abs()).collect();
+        QueryCode { dims: query.len(), offset, magnitude, signs, scale, residual }
+    }
+}
+
+impl QueryCode {
+    /// The query's codes.
+    pub fn signs(&self) -> &[i8] {
+        &self.signs[..self.dims]
+    }
+}
+
+/// How the bound treats a metric's score (the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// `-((s x row_scale) x query_scale)` (`screen::distance`).
+    Cosine,
+    /// `-s`.
+    Ip,
+    /// `sum (q_i - x_i)^2`.
+    L2,
+}
+
+/// One query's side of the bound, and the metric's shape.
+#[derive(Clone, Copy, Debug)]
+pub struct Bound {
+    shape: Shape,
+    /// `b`, as f64.
+    scale: f64,
+    /// `|q| + r_q`, `r_q`, `|q|` (upper bounds).
+    query_plus: f64,
+    query_residual: f64,
+    query_norm: f64,
+    /// `|q|^2`, rounded down (l2).
+    query_squared: f64,
+    /// The query's scale in cosine's distance.
+    query_scale: f32,
+    /// `g`, and `A`.
+    relative: f64,
+    absolute: f64,
+}
+
+/// The surplus that covers evaluating the bound in f64.
+const SURPLUS: f64 = 1.0 / (1u64 << 40) as f64;
+
+impl Bound {
+    /// For `query` (`code` of it, `squared_norm` its `kernels::squared_norm`,
+    /// `query_scale` its scale in cosine's distance).
+    pub fn new(shape: Shape, code: &QueryCode, squared_norm: f64, query_scale: f32) -> Bound {
+        let dims = code.dims;
+        let m = (dims / 4 + 64) as f64 * 2f64.powi(-24);
+        let norm = f64::from(screen::norm_bound_of(squared_norm));
+        let residual = f64::from(code.residual);
+        Bound {
+            shape,
+            scale: f64::from(code.scale),
+            query_plus: norm + residual,
+            query_residual: residual,
+            query_norm: norm,
+            query_squared: squared_norm * (1.0 - SURPLUS),
+            query_scale,
+            relative: m / (1.0 - m),
+            absolute: (2 * dims + 64) as f64 * 2f64.powi(-149),
+        }
+    }
+
+    /// Whether row `row` of `codes`, with integer product `dot` (`C`), norm
+    /// bound `norm` and (cosine) scale `row_scale`, is strictly farther than
+    /// `threshold` whatever its exact score: then it cannot enter.
+    #[inline(always)]
+    pub fn rules_out(&self, codes: &Codes, row: usize, dot: i32, norm: f32, row_scale: f32, threshold: f32) -> bool {
+        let estimate = f64::from(codes.scales[row]) * self.scale * f64::from(dot);
+        let norm = f64::from(norm);
+        let off = self.query_plus * f64::from(codes.residuals[row]) + norm * self.query_residual;
+        match self.shape {
+            Shape::Cosine | Shape::Ip => {
+                let ceiling = estimate + off + self.relative * self.query_norm * norm + self.absolute;
+                let ceiling = ceiling + SURPLUS * (estimate.abs() + ceiling.abs());
+                let ceiling = f32_at_least(ceiling);
+                let nearest = match self.shape {
+                    Shape::Cosine => screen::distance(ceiling, row_scale, self.query_scale),
+                    _ => -ceiling,
+                };
+                nearest > threshold
+            }
+            Shape::L2 => {
+                let row_squared = norm * norm * (1.0 - 2f64.powi(-20));
+                let sum = self.query_squared + row_squared - 2.0 * (estimate + off);
+                let sum = sum - SURPLUS * (self.query_squared + row_squared + 2.0 * (estimate.abs() + off));
+                let nearest = sum * (1.0 - self.relative - 2f64.powi(-20)) - self.absolute;
+                nearest > f64::from(threshold)
+            }
+        }
+    }
+}
+
+/// The integer product of two codes, one value at a time: the reference the
+/// kernels must agree with.
+pub fn dot_scalar(query: &[i8], row: &[i8]) -> i32 {
+    query.iter().zip(row).map(|(&d, &c)| i32::from(d) * i32::from(c)).sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Sums `vpdpbusd(query, row)` over whole 64-byte blocks of each of `R`
+    /// rows (the query is zero past its end, so the bytes read past a row
+    /// count for nothing).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F, BW and VNNI; `query` must hold `dims`
+    /// rounded up to 64 bytes, `rows` the `R` rows and 64 bytes more.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn dots_vnni512<const R: usize>(query: &[u8], rows: &[i8], dims: usize) -> [i32; R] {
+        let mut sums = [_mm512_setzero_si512(); R];
+        for at in (0..dims).step_by(64) {
+            // SAFETY: in bounds, as the caller promises.
+            let q = unsafe { _mm512_loadu_si512(query.as_ptr().add(at).cast()) };
+            for (r, sum) in sums.iter_mut().enumerate() {
+                // SAFETY: in bounds, as the caller promises.
+                let x = unsafe { _mm512_loadu_si512(rows.as_ptr().add(r * dims + at).cast()) };
+                *sum = _mm512_dpbusd_epi32(*sum, q, x);
+            }
+        }
+        let mut out = [0; R];
+        for (out, sum) in out.iter_mut().zip(sums) {
+            *out = _mm512_reduce_add_epi32(sum);
+        }
+        out
+    }
+
+    /// `dots_vnni512` on 32-byte blocks with AVX-VNNI.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and AVX-VNNI; bounds as `dots_vnni512`.
+    #[target_feature(enable = "avx2,avxvnni")]
+    pub unsafe fn dots_vnni256<const R: usize>(query: &[u8], rows: &[i8], dims: usize) -> [i32; R] {
+        let mut sums = [_mm256_setzero_si256(); R];
+        for at in (0..dims).step_by(32) {
+            // SAFETY: in bounds, as the caller promises.
+            let q = unsafe { _mm256_loadu_si256(query.as_ptr().add(at).cast()) };
+            for (r, sum) in sums.iter_mut().enumerate() {
+                // SAFETY: in bounds, as the caller promises.
+                let x = unsafe { _mm256_loadu_si256(rows.as_ptr().add(r * dims + at).cast()) };
+                *sum = _mm256_dpbusd_avx_epi32(*sum, q, x);
+            }
+        }
+        let mut out = [0; R];
+        for (out, sum) in out.iter_mut().zip(sums) {
+            *out = sum256(sum);
+        }
+        out
+    }
+
+    /// The integer products of the signed query code (as `magnitude` and
+    /// `signs`) with each of `R` rows: `vpsignb` moves the query's sign onto
+    /// the row's byte, so that `vpmaddubsw` multiplies `|d|` (at most 127)
+    /// by `±c` (at most 127 in magnitude: codes never hold -128), two
+    /// products per i16 (at most 32,258, short of saturating), widened by
+    /// `vpmaddwd`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; bounds as `dots_vnni512`.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn dots_avx2<const R: usize>(magnitude: &[u8], signs: &[i8], rows: &[i8], dims: usize) -> [i32; R] {
+        let ones = _mm256_set1_epi16(1);
+        let mut sums = [_mm256_setzero_si256(); R];
+        for at in (0..dims).step_by(32) {
+            // SAFETY: in bounds, as the caller promises.
+            let (m, s) = unsafe {
+                (
+                    _mm256_loadu_si256(magnitude.as_ptr().add(at).cast()),
+                    _mm256_loadu_si256(signs.as_ptr().add(at).cast()),
+                )
+            };
+            for (r, sum) in sums.iter_mut().enumerate() {
+                // SAFETY: in bounds, as the caller promises.
+                let x = unsafe { _mm256_loadu_si256(rows.as_ptr().add(r * dims + at).cast()) };
+                let pairs = _mm256_maddubs_epi16(m, _mm256_sign_epi8(x, s));
+                *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, ones));
+            }
+        }
+        let mut out = [0; R];
+        for (out, sum) in out.iter_mut().zip(sums) {
+            *out = sum256(sum);
+        }
+        out
+    }
+
+    /// The sum of a vector's eight i32 lanes.
+    #[target_feature(enable = "avx2")]
+    fn sum256(v: __m256i) -> i32 {
+        let v = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
+        let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b10_11_00_01>(v));
+        _mm_cvtsi128_si32(v)
+    }
+}

@@ -1,0 +1,138 @@
+//! Which instructions this process scans with, chosen once, at start.
+//!
+//! One binary runs fast on every x86-64: the kernels are compiled for each
+//! instruction set, and the widest this CPU has is picked here, not when
+//! the binary was built. Every search of the process then takes the same
+//! path, so lone, batched and filtered searches score every pair alike;
+//! between paths only rounding may differ (a fused multiply-add or not).
+
+use std::sync::OnceLock;
+
+use super::codes;
+
+/// The f32 kernels' instructions, as asked for on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Simd {
+    /// The widest this CPU has.
+    Auto,
+    /// AVX-512F: 16 lanes, fused multiply-adds.
+    Avx512,
+    /// AVX2 and FMA: 8 lanes, fused multiply-adds.
+    Avx2,
+    /// What every x86-64 has (SSE2), or the target's baseline elsewhere.
+    Baseline,
+}
+
+/// The f32 kernels a process runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum F32 {
+    Avx512,
+    Avx2,
+    Baseline,
+}
+
+impl F32 {
+    pub fn name(self) -> &'static str {
+        match self {
+            F32::Avx512 => "AVX-512",
+            F32::Avx2 => "AVX2+FMA",
+            F32::Baseline => "baseline (SSE2 on x86-64)",
+        }
+    }
+
+    /// Whether this CPU can run them.
+    pub fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            match self {
+                F32::Avx512 => has!("avx512f"),
+                F32::Avx2 => has!("avx2") && has!("fma"),
+                F32::Baseline => true,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == F32::Baseline
+        }
+    }
+}
+
+/// The paths this process scans with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Paths {
+    pub f32: F32,
+    /// The int8 first pass's kernel (`codes`), if it runs.
+    pub int8: Option<codes::Kernel>,
+}
+
+impl Paths {
+    /// The widest paths this CPU has within `simd`, the int8 pass only if
+    /// `int8`; an error if the CPU lacks what `simd` names.
+    pub fn choose(simd: Simd, int8: bool) -> Result<Paths, String> {
+        let f32 = match simd {
+            Simd::Auto => [F32::Avx512, F32::Avx2, F32::Baseline].into_iter().find(|f| f.available()),
+            Simd::Avx512 => Some(F32::Avx512).filter(|f| f.available()),
+            Simd::Avx2 => Some(F32::Avx2).filter(|f| f.available()),
+            Simd::Baseline => Some(F32::Baseline),
+        };
+        let Some(f32) = f32 else {
+            return Err(format!("--simd {simd:?}: this CPU lacks its instructions").to_lowercase());
+        };
+        // The int8 kernels that fit within the f32 path's instructions.
+        let allowed: &[codes::Kernel] = match f32 {
+            F32::Avx512 => &codes::Kernel::ALL,
+            F32::Avx2 => &[codes::Kernel::Vnni256, codes::Kernel::Avx2],
+            F32::Baseline => &[],
+        };
+        let int8 = if int8 { allowed.iter().copied().find(|k| k.available()) } else { None };
+        Ok(Paths { f32, int8 })
+    }
+
+    /// How the log names them.
+    pub fn describe(&self) -> String {
+        let int8 = self.int8.map_or("off".to_string(), |k| k.name().to_string());
+        format!("f32 kernels {}, int8 first pass {int8}", self.f32.name())
+    }
+}
+
+static PATHS: OnceLock<Paths> = OnceLock::new();
+
+/// Fixes the paths for this process; an error if they were already fixed
+/// (by an earlier call or a search) to others.
+pub fn set(paths: Paths) -> Result<(), String> {
+    let fixed = *PATHS.get_or_init(|| paths);
+    if fixed == paths {
+        Ok(())
+    } else {
+        Err(format!("the scan paths were already fixed: {}", fixed.describe()))
+    }
+}
+
+/// The paths this process scans with: those `set`, else the widest this
+/// CPU has.
+#[inline]
+pub fn paths() -> Paths {
+    *PATHS.get_or_init(|| Paths::choose(Simd::Auto, true).expect("the widest paths this CPU has"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_path_chosen_is_one_this_cpu_has() {
+        for simd in [Simd::Auto, Simd::Avx512, Simd::Avx2, Simd::Baseline] {
+            for int8 in [true, false] {
+                match Paths::choose(simd, int8) {
+                    Ok(paths) => {
+                        assert!(paths.f32.available());
+                        assert!(paths.int8.is_none_or(|k| k.available()) && (int8 || paths.int8.is_none()));
+                    }
+                    Err(_) => assert!(matches!(simd, Simd::Avx512 | Simd::Avx2)),
+                }
+            }
+        }
+        assert_eq!(Paths::choose(Simd::Baseline, true).unwrap().int8, None);
+    }
+}

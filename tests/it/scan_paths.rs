@@ -1,0 +1,130 @@
+//! The scan paths: every SIMD path this CPU has, with the int8 first pass
+//! and without, answers as the f64 oracle does; and with the pass each path
+//! answers byte for byte as it does without it, scores included.
+
+use std::io::Write;
+
+use quiver::store::cpu::{Paths, Simd, F32};
+use serde_json::Value;
+
+use crate::harness::{Client, Rng, Server};
+use crate::search_oracle::{check_search, write_batch, Metric, Model};
+
+/// Records, as the unit tests' `testing::skip` does, that `test` did not
+/// run here because of `why`; `make test` lists such lines at its end.
+fn skip(test: &str, why: &str) {
+    let line = format!("skipped: {test} ({why})\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
+    if let Some(path) = std::env::var_os("QUIVER_SKIPPED_TESTS") {
+        if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = file.write_all(line.as_bytes());
+        }
+    }
+}
+
+/// Rows that make the int8 codes lose the most: random, a crowd around one
+/// point, values all of one magnitude (every code ±127), a spike among small
+/// values, and magnitudes from 2^-40 to 2^40.
+fn hard_rows(rng: &mut Rng, dims: usize, count: usize) -> Vec<Vec<f32>> {
+    let center: Vec<f32> = (0..dims).map(|_| rng.float()).collect();
+    (0..count)
+        .map(|n| {
+            let noise: Vec<f32> = (0..dims).map(|_| rng.float()).collect();
+            match n % 5 {
+                0 => noise,
+                1 => center.iter().zip(&noise).map(|(c, x)| c + 1e-3 * x).collect(),
+                2 => noise.iter().map(|x| if *x < 0.0 { -3.0 } else { 3.0 }).collect(),
+                3 => {
+                    let mut v: Vec<f32> = noise.iter().map(|x| x * 1e-4).collect();
+                    v[n % dims] = 7.0;
+                    v
+                }
+                _ => noise.iter().map(|x| x * 2f32.powi((n as i32 % 81) - 40)).collect(),
+            }
+        })
+        .map(|v| if v.iter().all(|x| *x == 0.0) { vec![1.0; dims] } else { v })
+        .collect()
+}
+
+/// Loads the same rows into an index of each metric and dimension on
+/// `server`; returns the models.
+fn load(server: &Server, seed: u64) -> Vec<(String, Metric, Model)> {
+    let mut client = server.connect();
+    let mut loaded = Vec::new();
+    for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
+        for (dims, count) in [(5, 300), (64, 500), (768, 600)] {
+            let index = format!("{}-{dims}", metric.label());
+            metric.create(server, &index, dims);
+            let mut rng = Rng(seed + dims as u64);
+            let items: Vec<(i64, Vec<f32>, String)> = hard_rows(&mut rng, dims, count)
+                .into_iter()
+                .enumerate()
+                .map(|(id, v)| (id as i64, v, String::new()))
+                .collect();
+            for chunk in items.chunks(100) {
+                write_batch(&mut client, &index, "insert", chunk);
+            }
+            let model = items.into_iter().map(|(id, v, tag)| (id, (v, tag))).collect();
+            loaded.push((index, metric, model));
+        }
+    }
+    loaded
+}
+
+/// The queries: stored rows and new hard rows.
+fn queries(model: &Model, seed: u64, dims: usize) -> Vec<Vec<f32>> {
+    let mut rng = Rng(seed);
+    let mut queries = hard_rows(&mut rng, dims, 10);
+    queries.extend(model.values().step_by(97).map(|(v, _)| v.clone()));
+    queries
+}
+
+fn search(client: &mut Client, index: &str, query: &[f32], k: usize) -> Value {
+    let body = serde_json::json!({"queryVector": query, "k": k, "include": ["score"]}).to_string();
+    let r = client.call("POST", &format!("/api/v1/embeddings/{index}/search"), Some(&body));
+    assert_eq!(r.status, 200, "{r:?}");
+    r.body
+}
+
+#[test]
+fn every_scan_path_answers_as_the_oracle_with_the_int8_pass_and_without() {
+    let paths = [
+        (Simd::Avx512, "avx512", F32::Avx512),
+        (Simd::Avx2, "avx2", F32::Avx2),
+        (Simd::Baseline, "baseline", F32::Baseline),
+    ];
+    for (simd, flag, f32) in paths {
+        if !f32.available() {
+            skip(&format!("the {flag} scan path"), "this CPU lacks its instructions");
+            continue;
+        }
+        let chosen = Paths::choose(simd, true).expect("a path the CPU has");
+        let with = Server::start_with(&["--simd", flag]);
+        let without = Server::start_with(&["--simd", flag, "--no-int8-pass"]);
+        assert!(with.log().contains(&format!("scanning with {}", chosen.describe())), "{}", with.log());
+        assert!(without.log().contains("int8 first pass off"), "{}", without.log());
+        let loaded = load(&with, 7);
+        load(&without, 7);
+        let (mut a, mut b) = (with.connect(), without.connect());
+        for (index, metric, model) in &loaded {
+            let dims = model.values().next().unwrap().0.len();
+            for (q, query) in queries(model, 99, dims).iter().enumerate() {
+                for k in [1, 10, 50] {
+                    check_search(&mut a, index, *metric, model, query, k);
+                    let (got, want) = (search(&mut a, index, query, k), search(&mut b, index, query, k));
+                    assert_eq!(got, want, "{flag}: {index}, query {q}, k {k}: the int8 pass changed the answer");
+                }
+            }
+        }
+        // The pass ran where the path has an int8 kernel, and ruled most
+        // rows out; without it, it never ran.
+        let (rows, rescored) =
+            (with.metric("quiver_search_first_pass_rows_total"), with.metric("quiver_search_rescored_rows_total"));
+        if chosen.int8.is_some() {
+            assert!(rows > 0.0 && rescored < rows / 2.0, "{flag}: {rescored} of {rows} rows rescored");
+        } else {
+            assert_eq!(rows, 0.0, "{flag}");
+        }
+        assert_eq!(without.metric("quiver_search_first_pass_rows_total"), 0.0, "{flag}");
+    }
+}
