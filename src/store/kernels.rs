@@ -1,5 +1,5 @@
-//! Distance kernels: `wide` SIMD versions and the scalar reference they are
-//! tested against.
+//! Distance kernels: SIMD versions for each instruction set, and the scalar
+//! reference they are tested against.
 //!
 //! Everything is built on one register-tiled kernel, `tile`, which scores
 //! `Q` queries against `R` rows at once: each block of lanes of a row is
@@ -10,22 +10,84 @@
 //! tail added), so a search batched with others finds exactly the scores it
 //! would find alone.
 //!
-//! The lanes are 16 wide where the CPU has AVX-512 and 8 wide otherwise.
+//! `tile` is written once over [`Lanes`], a vector of one instruction set:
+//! AVX-512's 16 lanes, AVX2's 8 with fused multiply-adds, or `wide`'s 8 as
+//! the build's baseline compiles them (SSE2 on any x86-64). Which one runs
+//! is chosen once per process, at start (`cpu`), not when the binary was
+//! built, and the entry points here (`dot`, `l2_squared`, and the scans of
+//! `index::scan`) call the kernels compiled for it.
 
 pub mod distances;
 
-#[cfg(target_feature = "avx512f")]
-pub type Lanes = wide::f32x16;
-#[cfg(not(target_feature = "avx512f"))]
-pub type Lanes = wide::f32x8;
+use super::cpu::{self, F32};
 
-/// Floats in one `Lanes`.
-pub const LANES: usize = std::mem::size_of::<Lanes>() / 4;
+/// A vector of `N` f32 lanes of one instruction set.
+///
+/// # Safety
+/// Every method may use the instruction set's instructions: call them only
+/// where the CPU has them (`cpu::paths` says which path the process takes,
+/// and only that path's lanes are used).
+pub unsafe trait Lanes<const N: usize>: Copy {
+    /// # Safety
+    /// The CPU must have this type's instructions.
+    unsafe fn zero() -> Self;
+    /// # Safety
+    /// The CPU must have this type's instructions.
+    unsafe fn load(values: &[f32; N]) -> Self;
+    /// `self * b + c`, fused where the instruction set has it.
+    ///
+    /// # Safety
+    /// The CPU must have this type's instructions.
+    unsafe fn mul_add(self, b: Self, c: Self) -> Self;
+    /// # Safety
+    /// The CPU must have this type's instructions.
+    unsafe fn sub(self, b: Self) -> Self;
+    /// The lanes of each of the `Q` x `R` accumulators summed, each in one
+    /// order whatever `Q` and `R`: what makes a batched score bit-identical
+    /// to the lone one.
+    ///
+    /// # Safety
+    /// The CPU must have this type's instructions.
+    unsafe fn reduce<const Q: usize, const R: usize>(sums: [[Self; R]; Q]) -> [[f32; R]; Q];
+}
+
+/// `wide`'s 8 lanes, as the build's target compiles them: the path every
+/// CPU of the target can take.
+pub type Baseline = wide::f32x8;
+
+// SAFETY: `wide` uses only what the build's target guarantees.
+unsafe impl Lanes<8> for Baseline {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        Baseline::ZERO
+    }
+    #[inline(always)]
+    unsafe fn load(values: &[f32; 8]) -> Self {
+        Baseline::new(*values)
+    }
+    #[inline(always)]
+    unsafe fn mul_add(self, b: Self, c: Self) -> Self {
+        wide::f32x8::mul_add(self, b, c)
+    }
+    #[inline(always)]
+    unsafe fn sub(self, b: Self) -> Self {
+        self - b
+    }
+    #[inline(always)]
+    unsafe fn reduce<const Q: usize, const R: usize>(sums: [[Self; R]; Q]) -> [[f32; R]; Q] {
+        sums.map(|sums| sums.map(Baseline::reduce_add))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use x86::{Avx2, Avx512};
 
 /// How a (query, row) pair is scored: a per-lane step and its scalar form for
-/// the tail shorter than `LANES`.
+/// the tail shorter than the lanes.
 pub trait Measure {
-    fn step(query: Lanes, row: Lanes, sum: Lanes) -> Lanes;
+    /// # Safety
+    /// The CPU must have `L`'s instructions.
+    unsafe fn step<L: Lanes<N>, const N: usize>(query: L, row: L, sum: L) -> L;
     fn tail(query: &[f32], row: &[f32]) -> f32;
 }
 
@@ -37,8 +99,9 @@ pub struct L2Squared;
 
 impl Measure for Dot {
     #[inline(always)]
-    fn step(query: Lanes, row: Lanes, sum: Lanes) -> Lanes {
-        query.mul_add(row, sum)
+    unsafe fn step<L: Lanes<N>, const N: usize>(query: L, row: L, sum: L) -> L {
+        // SAFETY: the caller's promise.
+        unsafe { query.mul_add(row, sum) }
     }
 
     #[inline(always)]
@@ -49,9 +112,12 @@ impl Measure for Dot {
 
 impl Measure for L2Squared {
     #[inline(always)]
-    fn step(query: Lanes, row: Lanes, sum: Lanes) -> Lanes {
-        let d = query - row;
-        d.mul_add(d, sum)
+    unsafe fn step<L: Lanes<N>, const N: usize>(query: L, row: L, sum: L) -> L {
+        // SAFETY: the caller's promise.
+        unsafe {
+            let d = query.sub(row);
+            d.mul_add(d, sum)
+        }
     }
 
     #[inline(always)]
@@ -61,26 +127,37 @@ impl Measure for L2Squared {
 }
 
 /// Scores each of `Q` queries against each of `R` consecutive rows of
-/// `rows` (which holds exactly `R` rows of the queries' length):
-/// `scores[q][r]`.
+/// `rows` (which holds exactly `R` rows of the queries' length) with the
+/// lanes `L`: `scores[q][r]`.
+///
+/// # Safety
+/// The CPU must have `L`'s instructions.
 #[inline(always)]
-pub fn tile<M: Measure, const Q: usize, const R: usize>(queries: &[&[f32]; Q], rows: &[f32]) -> [[f32; R]; Q] {
+pub unsafe fn tile<L: Lanes<N>, const N: usize, M: Measure, const Q: usize, const R: usize>(
+    queries: &[&[f32]; Q],
+    rows: &[f32],
+) -> [[f32; R]; Q] {
     let dims = rows.len() / R;
     assert!(rows.len() == R * dims && queries.iter().all(|q| q.len() == dims));
-    let whole = dims / LANES * LANES;
-    let query_blocks: [&[[f32; LANES]]; Q] = std::array::from_fn(|q| queries[q][..whole].as_chunks().0);
-    let row_blocks: [&[[f32; LANES]]; R] = std::array::from_fn(|r| rows[r * dims..r * dims + whole].as_chunks().0);
-    let mut sums = [[Lanes::ZERO; R]; Q];
-    for block in 0..whole / LANES {
-        let row_lanes: [Lanes; R] = std::array::from_fn(|r| Lanes::new(row_blocks[r][block]));
+    let whole = dims / N * N;
+    let query_blocks: [&[[f32; N]]; Q] = std::array::from_fn(|q| queries[q][..whole].as_chunks().0);
+    let row_blocks: [&[[f32; N]]; R] = std::array::from_fn(|r| rows[r * dims..r * dims + whole].as_chunks().0);
+    // SAFETY: the caller's promise, for every use of `L` below.
+    let mut sums = [[unsafe { L::zero() }; R]; Q];
+    for block in 0..whole / N {
+        // SAFETY: as above.
+        let row_lanes: [L; R] = std::array::from_fn(|r| unsafe { L::load(&row_blocks[r][block]) });
         for (sums, query) in sums.iter_mut().zip(&query_blocks) {
-            let query_lanes = Lanes::new(query[block]);
+            // SAFETY: as above.
+            let query_lanes = unsafe { L::load(&query[block]) };
             for (sum, &row_lanes) in sums.iter_mut().zip(&row_lanes) {
-                *sum = M::step(query_lanes, row_lanes, *sum);
+                // SAFETY: as above.
+                *sum = unsafe { M::step(query_lanes, row_lanes, *sum) };
             }
         }
     }
-    let mut scores = reduce(sums);
+    // SAFETY: as above.
+    let mut scores = unsafe { L::reduce(sums) };
     if whole < dims {
         for (q, scores) in scores.iter_mut().enumerate() {
             for (r, score) in scores.iter_mut().enumerate() {
@@ -91,30 +168,146 @@ pub fn tile<M: Measure, const Q: usize, const R: usize>(queries: &[&[f32]; Q], r
     scores
 }
 
-/// Sums the lanes of each of the `Q` x `R` accumulators. Every accumulator
-/// is summed in one order whatever the tile: what makes a batched score
-/// bit-identical to the lone one.
-#[cfg(not(target_feature = "avx512f"))]
-#[inline(always)]
-fn reduce<const Q: usize, const R: usize>(sums: [[Lanes; R]; Q]) -> [[f32; R]; Q] {
-    sums.map(|sums| sums.map(Lanes::reduce_add))
+/// `tile` with the lanes of the process's path (`cpu::paths`): what every
+/// search of the process scores with.
+#[inline]
+pub fn tile_here<M: Measure, const Q: usize, const R: usize>(queries: &[&[f32]; Q], rows: &[f32]) -> [[f32; R]; Q] {
+    // SAFETY: `cpu` takes a path only where the CPU has it.
+    unsafe { tile_on::<M, Q, R>(cpu::paths().f32, queries, rows) }
 }
 
-/// Sums the lanes of each of the `Q` x `R` accumulators (at most 16) in
-/// one tree (`reduce16`). Every accumulator is summed in one order whatever
-/// the tile: what makes a batched score bit-identical to the lone one.
-#[cfg(target_feature = "avx512f")]
-#[inline(always)]
-fn reduce<const Q: usize, const R: usize>(sums: [[Lanes; R]; Q]) -> [[f32; R]; Q] {
-    let mut v = [bytemuck::cast::<Lanes, safe_arch::m512>(Lanes::ZERO).0; 16];
-    for (v, sum) in v.iter_mut().zip(sums.iter().flatten()) {
-        *v = bytemuck::cast::<Lanes, safe_arch::m512>(*sum).0;
+/// `tile` with the lanes of `path`.
+///
+/// # Safety
+/// The CPU must have `path`'s instructions (`F32::available`).
+#[inline]
+pub unsafe fn tile_on<M: Measure, const Q: usize, const R: usize>(
+    path: F32,
+    queries: &[&[f32]; Q],
+    rows: &[f32],
+) -> [[f32; R]; Q] {
+    match path {
+        // SAFETY: the caller's promise.
+        #[cfg(target_arch = "x86_64")]
+        F32::Avx512 => unsafe { x86::tile_avx512::<M, Q, R>(queries, rows) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        F32::Avx2 => unsafe { x86::tile_avx2::<M, Q, R>(queries, rows) },
+        // SAFETY: the baseline is the build's own target.
+        _ => unsafe { tile::<Baseline, 8, M, Q, R>(queries, rows) },
     }
-    // SAFETY: compiled only where the build enables avx512f (`cfg` above),
-    // so the CPU that runs it has it.
-    let last = unsafe { reduce16(v) };
-    let lanes = bytemuck::cast::<safe_arch::m512, Lanes>(safe_arch::m512(last)).to_array();
-    unpack16(lanes)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{tile, Lanes, Measure};
+
+    /// AVX-512F's 16 lanes.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Avx512(__m512);
+
+    /// AVX2's 8 lanes, with FMA's fused multiply-adds.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Avx2(__m256);
+
+    // SAFETY: every method is used only where the CPU has AVX-512F (the
+    // trait's contract).
+    unsafe impl Lanes<16> for Avx512 {
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            Avx512(_mm512_setzero_ps())
+        }
+        #[inline(always)]
+        unsafe fn load(values: &[f32; 16]) -> Self {
+            // SAFETY: 16 floats are there to read.
+            Avx512(unsafe { _mm512_loadu_ps(values.as_ptr()) })
+        }
+        #[inline(always)]
+        unsafe fn mul_add(self, b: Self, c: Self) -> Self {
+            Avx512(_mm512_fmadd_ps(self.0, b.0, c.0))
+        }
+        #[inline(always)]
+        unsafe fn sub(self, b: Self) -> Self {
+            Avx512(_mm512_sub_ps(self.0, b.0))
+        }
+        /// All `Q` x `R` accumulators (at most 16) in one tree (`reduce16`).
+        #[inline(always)]
+        unsafe fn reduce<const Q: usize, const R: usize>(sums: [[Self; R]; Q]) -> [[f32; R]; Q] {
+            let mut v = [_mm512_setzero_ps(); 16];
+            for (v, sum) in v.iter_mut().zip(sums.iter().flatten()) {
+                *v = sum.0;
+            }
+            // SAFETY: the trait's contract: the CPU has AVX-512F.
+            let last = unsafe { super::reduce16(v) };
+            // SAFETY: a vector of 16 f32 is 16 f32.
+            let lanes = unsafe { std::mem::transmute::<__m512, [f32; 16]>(last) };
+            super::unpack16(lanes)
+        }
+    }
+
+    // SAFETY: every method is used only where the CPU has AVX2 and FMA (the
+    // trait's contract).
+    unsafe impl Lanes<8> for Avx2 {
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            Avx2(_mm256_setzero_ps())
+        }
+        #[inline(always)]
+        unsafe fn load(values: &[f32; 8]) -> Self {
+            // SAFETY: 8 floats are there to read.
+            Avx2(unsafe { _mm256_loadu_ps(values.as_ptr()) })
+        }
+        #[inline(always)]
+        unsafe fn mul_add(self, b: Self, c: Self) -> Self {
+            Avx2(_mm256_fmadd_ps(self.0, b.0, c.0))
+        }
+        #[inline(always)]
+        unsafe fn sub(self, b: Self) -> Self {
+            Avx2(_mm256_sub_ps(self.0, b.0))
+        }
+        /// Each accumulator alone: lane `i` with `i + 4`, then with `i + 2`,
+        /// then 0 with 1.
+        #[inline(always)]
+        unsafe fn reduce<const Q: usize, const R: usize>(sums: [[Self; R]; Q]) -> [[f32; R]; Q] {
+            let mut out = [[0.0; R]; Q];
+            for (out, sums) in out.iter_mut().zip(sums) {
+                for (out, sum) in out.iter_mut().zip(sums) {
+                    let v = _mm_add_ps(_mm256_castps256_ps128(sum.0), _mm256_extractf128_ps::<1>(sum.0));
+                    let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+                    *out = _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps::<0b01>(v, v)));
+                }
+            }
+            out
+        }
+    }
+
+    /// `tile` in AVX-512's lanes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile_avx512<M: Measure, const Q: usize, const R: usize>(
+        queries: &[&[f32]; Q],
+        rows: &[f32],
+    ) -> [[f32; R]; Q] {
+        // SAFETY: the caller's promise.
+        unsafe { tile::<Avx512, 16, M, Q, R>(queries, rows) }
+    }
+
+    /// `tile` in AVX2's lanes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn tile_avx2<M: Measure, const Q: usize, const R: usize>(
+        queries: &[&[f32]; Q],
+        rows: &[f32],
+    ) -> [[f32; R]; Q] {
+        // SAFETY: the caller's promise.
+        unsafe { tile::<Avx2, 8, M, Q, R>(queries, rows) }
+    }
 }
 
 /// Sums the lanes of each of 16 accumulators, all in one tree, as a 16 x 16
@@ -160,7 +353,7 @@ pub const fn transposed(i: usize) -> usize {
 
 /// The `Q` x `R` sums that `reduce16` leaves in its lanes, accumulator
 /// `q * R + r` as `[q][r]`.
-#[cfg(target_feature = "avx512f")]
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn unpack16<const Q: usize, const R: usize>(lanes: [f32; 16]) -> [[f32; R]; Q] {
     const { assert!(Q * R <= 16, "a tile of at most 16 accumulators") };
@@ -182,18 +375,20 @@ pub fn prefetch(floats: &[f32]) {
     let _ = floats;
 }
 
-/// Inner product of two equally long vectors.
+/// Inner product of two equally long vectors, as the process's path
+/// computes it.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    tile::<Dot, 1, 1>(&[a], b)[0][0]
+    tile_here::<Dot, 1, 1>(&[a], b)[0][0]
 }
 
-/// Squared Euclidean distance of two equally long vectors.
+/// Squared Euclidean distance of two equally long vectors, as the process's
+/// path computes it.
 #[inline]
 pub fn l2_squared(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    tile::<L2Squared, 1, 1>(&[a], b)[0][0]
+    tile_here::<L2Squared, 1, 1>(&[a], b)[0][0]
 }
 
 /// The sum of a vector's squares, in f64: each square is exact, the sum
@@ -273,56 +468,74 @@ pub(crate) mod tests {
         (simd - reference).abs() <= 1e-5 * magnitude.max(1.0)
     }
 
-    #[test]
-    fn simd_matches_scalar_for_every_length_up_to_300() {
-        for n in 0..300 {
-            let a = floats(n as u64, n);
-            let b = floats(1000 + n as u64, n);
-            let magnitude = a.iter().zip(&b).map(|(x, y)| (x * y).abs()).sum::<f32>();
-            assert!(close(dot(&a, &b), scalar::dot(&a, &b), magnitude), "dot n={n}");
-            let magnitude = a.iter().zip(&b).map(|(x, y)| (x - y) * (x - y)).sum::<f32>();
-            assert!(close(l2_squared(&a, &b), scalar::l2_squared(&a, &b), magnitude), "l2 n={n}");
-        }
+    /// The paths this CPU has; a skip, recorded, for each it has not.
+    pub(crate) fn paths_here(what: &str) -> Vec<F32> {
+        [F32::Avx512, F32::Avx2, F32::Baseline]
+            .into_iter()
+            .filter(|path| {
+                path.available() || {
+                    crate::testing::skip(&format!("{what}, {}", path.name()), "this CPU lacks its instructions");
+                    false
+                }
+            })
+            .collect()
     }
 
-    #[test]
-    fn simd_matches_scalar_for_large_dims() {
-        for n in [768, 1536, 4099] {
-            let a = floats(7, n);
-            let b = floats(8, n);
-            let magnitude = n as f32;
-            assert!(close(dot(&a, &b), scalar::dot(&a, &b), magnitude));
-            assert!(close(l2_squared(&a, &b), scalar::l2_squared(&a, &b), magnitude));
-        }
-    }
-
-    /// Scores every pair of `queries` x `rows` through a `Q` x `R` tile and
-    /// checks each against the same pair scored alone, bit for bit.
-    fn tile_matches_pairs<const Q: usize, const R: usize>(queries: &[Vec<f32>], rows: &[f32]) {
+    /// Scores every pair of `queries` x `rows` through a `Q` x `R` tile on
+    /// `path` and checks each against the same pair scored alone, bit for
+    /// bit, and against the scalar reference.
+    fn tile_matches_pairs<const Q: usize, const R: usize>(path: F32, queries: &[Vec<f32>], rows: &[f32]) {
         let dims = queries[0].len();
         let queries: [&[f32]; Q] = std::array::from_fn(|q| queries[q].as_slice());
-        let dots = tile::<Dot, Q, R>(&queries, rows);
-        let l2s = tile::<L2Squared, Q, R>(&queries, rows);
+        // SAFETY: `paths_here` gives only paths this CPU has.
+        let (dots, l2s) =
+            unsafe { (tile_on::<Dot, Q, R>(path, &queries, rows), tile_on::<L2Squared, Q, R>(path, &queries, rows)) };
         for q in 0..Q {
             for r in 0..R {
                 let row = &rows[r * dims..(r + 1) * dims];
-                assert_eq!(dots[q][r].to_bits(), dot(queries[q], row).to_bits(), "dot {Q}x{R} dims {dims}");
-                assert_eq!(l2s[q][r].to_bits(), l2_squared(queries[q], row).to_bits(), "l2 {Q}x{R} dims {dims}");
+                // SAFETY: as above.
+                let (dot, l2) = unsafe {
+                    let dot = tile_on::<Dot, 1, 1>(path, &[queries[q]], row)[0][0];
+                    (dot, tile_on::<L2Squared, 1, 1>(path, &[queries[q]], row)[0][0])
+                };
+                let what = format!("{} {Q}x{R} dims {dims}", path.name());
+                assert_eq!(dots[q][r].to_bits(), dot.to_bits(), "dot {what}");
+                assert_eq!(l2s[q][r].to_bits(), l2.to_bits(), "l2 {what}");
+                let magnitude = queries[q].iter().zip(row).map(|(x, y)| (x * y).abs()).sum::<f32>();
+                assert!(close(dot, scalar::dot(queries[q], row), magnitude), "dot {what}");
+                let magnitude = scalar::l2_squared(queries[q], row);
+                assert!(close(l2, magnitude, magnitude), "l2 {what}");
             }
         }
     }
 
     #[test]
-    fn every_tile_shape_scores_exactly_as_pairs_do() {
-        for dims in [1, 7, 8, 15, 16, 17, 33, 128, 300, 768] {
-            let queries: Vec<Vec<f32>> = (0..4).map(|q| floats(50 + q, dims)).collect();
-            let rows = floats(99, 8 * dims);
-            tile_matches_pairs::<1, 1>(&queries, &rows[..dims]);
-            tile_matches_pairs::<1, 8>(&queries, &rows);
-            tile_matches_pairs::<2, 3>(&queries, &rows[..3 * dims]);
-            tile_matches_pairs::<3, 3>(&queries, &rows[..3 * dims]);
-            tile_matches_pairs::<4, 3>(&queries, &rows[..3 * dims]);
-            tile_matches_pairs::<4, 1>(&queries, &rows[..dims]);
+    fn every_tile_shape_scores_exactly_as_pairs_do_on_every_path() {
+        for path in paths_here("tiles against pairs") {
+            for dims in [1, 7, 8, 15, 16, 17, 33, 128, 300, 768] {
+                let queries: Vec<Vec<f32>> = (0..4).map(|q| floats(50 + q, dims)).collect();
+                let rows = floats(99, 8 * dims);
+                tile_matches_pairs::<1, 1>(path, &queries, &rows[..dims]);
+                tile_matches_pairs::<1, 8>(path, &queries, &rows);
+                tile_matches_pairs::<2, 3>(path, &queries, &rows[..3 * dims]);
+                tile_matches_pairs::<3, 3>(path, &queries, &rows[..3 * dims]);
+                tile_matches_pairs::<4, 3>(path, &queries, &rows[..3 * dims]);
+                tile_matches_pairs::<4, 4>(path, &queries, &rows[..4 * dims]);
+                tile_matches_pairs::<4, 1>(path, &queries, &rows[..dims]);
+            }
+        }
+    }
+
+    #[test]
+    fn every_path_matches_the_scalar_reference_for_every_length_up_to_300_and_large_dims() {
+        for path in paths_here("the scalar reference") {
+            for n in (0..300).chain([768, 1536, 4099]) {
+                let queries = vec![floats(n as u64, n)];
+                let rows = floats(1000 + n as u64, n);
+                if n > 0 {
+                    tile_matches_pairs::<1, 1>(path, &queries, &rows);
+                }
+            }
         }
     }
 

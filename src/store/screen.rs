@@ -59,6 +59,7 @@ use std::arch::x86_64::{
     _CMP_NLT_UQ,
 };
 
+use super::cpu;
 use super::kernels;
 
 /// Values in one block: one 512-bit vector of bfloat16.
@@ -171,7 +172,9 @@ impl Screen {
     #[cfg(target_arch = "x86_64")]
     pub fn new(queries: &[&[f32]], squared_norms: &[f64], scales: &[f32], dims: usize) -> Option<Screen> {
         assert!(queries.len() == squared_norms.len() && queries.len() == scales.len());
-        if !available() {
+        // The exact pass that follows must score as every other search of
+        // the process does: in AVX-512's lanes.
+        if !available() || cpu::paths().f32 != cpu::F32::Avx512 {
             return None;
         }
         let blocks = blocks_for(dims);

@@ -10,7 +10,7 @@ use roaring::RoaringBitmap;
 
 use super::{Index, Metric};
 use crate::store::codes::{self, QueryCode};
-use crate::store::cpu;
+use crate::store::cpu::{self, F32};
 use crate::store::kernels::{self, distances};
 use crate::store::screen::{self, Screen};
 use crate::store::topk::{Candidate, TopK};
@@ -33,15 +33,23 @@ const CODES_PREFETCH_ROWS: usize = 16;
 const SCAN_CHUNK_FLOATS: usize = 1 << 20;
 
 /// Queries scored together by one tile of `search_many`, and rows per tile
-/// with them: each load then feeds 4 multiply-adds instead of one. With
-/// AVX-512's 32 registers the 4 x 4 sums stay in registers; with 16, 4 x 3
-/// do. (Chosen with the `kernels` bench: 4 x 2 up to 6 x 4 and 12 x 1 were
-/// tried; the wider tiles gained nothing more, the narrower lost.)
+/// with them (`row_tile`): each load then feeds 4 multiply-adds instead of
+/// one. With AVX-512's 32 registers the 4 x 4 sums stay in registers; with
+/// 16, 4 x 3 do. (Chosen with the `kernels` bench: 4 x 2 up to 6 x 4 and
+/// 12 x 1 were tried; the wider tiles gained nothing more, the narrower
+/// lost.)
 const QUERY_TILE: usize = 4;
-#[cfg(target_feature = "avx512f")]
-const ROW_TILE: usize = 4;
-#[cfg(not(target_feature = "avx512f"))]
-const ROW_TILE: usize = 3;
+const ROW_TILE_WIDE: usize = 4;
+const ROW_TILE_NARROW: usize = 3;
+
+/// Rows per tile of `search_many` on the process's path.
+fn row_tile() -> usize {
+    if cpu::paths().f32 == F32::Avx512 {
+        ROW_TILE_WIDE
+    } else {
+        ROW_TILE_NARROW
+    }
+}
 
 /// Batches of at least this many searches (of a cosine or inner-product
 /// index) take a first pass in bfloat16 where the CPU has it (`screen`).
@@ -178,7 +186,7 @@ impl Index {
 
     /// Rows a thread of a split scan takes at a time (`SCAN_CHUNK_FLOATS`).
     fn chunk_rows(&self) -> usize {
-        (SCAN_CHUNK_FLOATS / self.dims).max(1).next_multiple_of(ROW_TILE)
+        (SCAN_CHUNK_FLOATS / self.dims).max(1).next_multiple_of(row_tile())
     }
 
     /// `search_many` on `partials.len() + 1` threads, their nearest merged
@@ -391,27 +399,35 @@ impl Index {
             self.scan_tile::<1, 1>(&[query], &[*scale], rows, top, &[]);
             return FirstPass::default();
         }
+        match row_tile() {
+            ROW_TILE_WIDE => self.scan_tiles::<ROW_TILE_WIDE>(queries, scales, rows, tops),
+            _ => self.scan_tiles::<ROW_TILE_NARROW>(queries, scales, rows, tops),
+        }
+        FirstPass::default()
+    }
+
+    /// `scan_exact` of several queries, `R` rows at a time.
+    fn scan_tiles<const R: usize>(&self, queries: &[&[f32]], scales: &[f32], rows: Range<usize>, tops: &mut [TopK]) {
         // Each tile of rows is scored against every tile of queries before
         // the next is read, so the rows are read from memory once, in order,
         // and stay in L1 meanwhile; the queries (a few KiB each) come from
         // L2. The query tiles share out the prefetching of a tile ahead.
         let mut start = rows.start;
         while start < rows.end {
-            let tile = start..(start + ROW_TILE).min(rows.end);
-            let mut prefetches = self.prefetch_shares(tile.start, ROW_TILE, rows.end, queries.len());
+            let tile = start..(start + R).min(rows.end);
+            let mut prefetches = self.prefetch_shares(tile.start, R, rows.end, queries.len());
             let tiles = queries.chunks(QUERY_TILE).zip(scales.chunks(QUERY_TILE)).zip(tops.chunks_mut(QUERY_TILE));
             for ((queries, scales), tops) in tiles {
                 let (rows, prefetch) = (tile.clone(), prefetches.next().unwrap_or_default());
                 match queries.len() {
-                    QUERY_TILE => self.scan_tile::<QUERY_TILE, ROW_TILE>(queries, scales, rows, tops, prefetch),
-                    3 => self.scan_tile::<3, ROW_TILE>(queries, scales, rows, tops, prefetch),
-                    2 => self.scan_tile::<2, ROW_TILE>(queries, scales, rows, tops, prefetch),
-                    _ => self.scan_tile::<1, ROW_TILE>(queries, scales, rows, tops, prefetch),
+                    QUERY_TILE => self.scan_tile::<QUERY_TILE, R>(queries, scales, rows, tops, prefetch),
+                    3 => self.scan_tile::<3, R>(queries, scales, rows, tops, prefetch),
+                    2 => self.scan_tile::<2, R>(queries, scales, rows, tops, prefetch),
+                    _ => self.scan_tile::<1, R>(queries, scales, rows, tops, prefetch),
                 }
             }
             start = tile.end;
         }
-        FirstPass::default()
     }
 
     /// A lone search of `rows` through the int8 pass (`codes`): the codes
@@ -589,7 +605,14 @@ impl Index {
         let rescored = undecided.count_ones() as usize;
         if rescored > SCREEN_WHOLE_TILE_PAIRS {
             let tile_queries = queries[first..first + Q].try_into().expect("Q queries");
-            let exact = kernels::tile::<kernels::Dot, Q, R>(tile_queries, &self.vectors[row * dims..(row + R) * dims]);
+            // SAFETY: a `Screen` is only made where the process scans with
+            // AVX-512 (and this function's features include it).
+            let exact = unsafe {
+                kernels::tile::<kernels::Avx512, 16, kernels::Dot, Q, R>(
+                    tile_queries,
+                    &self.vectors[row * dims..(row + R) * dims],
+                )
+            };
             for (q, (top, exact)) in tops.iter_mut().zip(exact).enumerate() {
                 for (r, exact) in exact.into_iter().enumerate() {
                     let distance = screen::distance(exact, row_scales[r], screen.scale(first + q));
@@ -610,7 +633,8 @@ impl Index {
     }
 
     /// `scan_tile` for one measure; `distance(score, row, q)` turns a score
-    /// into the distance the tops order by (smaller is nearer).
+    /// into the distance the tops order by (smaller is nearer). Runs the
+    /// kernels of the process's path (`cpu`).
     #[inline(always)]
     fn scan_tile_with<M: kernels::Measure, const Q: usize, const R: usize>(
         &self,
@@ -620,11 +644,74 @@ impl Index {
         prefetch: &[f32],
         distance: impl Fn(f32, usize, usize) -> f32,
     ) {
+        let tile = Tile { queries, rows, tops, prefetch };
+        match cpu::paths().f32 {
+            // SAFETY: `cpu` takes a path only where the CPU has it.
+            #[cfg(target_arch = "x86_64")]
+            F32::Avx512 => unsafe { self.scan_tile_avx512::<M, Q, R>(tile, &distance) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            F32::Avx2 => unsafe { self.scan_tile_avx2::<M, Q, R>(tile, &distance) },
+            // SAFETY: the baseline is the build's own target.
+            _ => unsafe { self.scan_tile_in::<kernels::Baseline, 8, M, Q, R>(tile, &distance) },
+        }
+    }
+
+    /// `scan_tile_in` compiled for AVX-512.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn scan_tile_avx512<M: kernels::Measure, const Q: usize, const R: usize>(
+        &self,
+        tile: Tile<'_, Q>,
+        distance: &impl Fn(f32, usize, usize) -> f32,
+    ) {
+        // SAFETY: the caller's promise.
+        unsafe { self.scan_tile_in::<kernels::Avx512, 16, M, Q, R>(tile, distance) }
+    }
+
+    /// `scan_tile_in` compiled for AVX2 and FMA.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn scan_tile_avx2<M: kernels::Measure, const Q: usize, const R: usize>(
+        &self,
+        tile: Tile<'_, Q>,
+        distance: &impl Fn(f32, usize, usize) -> f32,
+    ) {
+        // SAFETY: the caller's promise.
+        unsafe { self.scan_tile_in::<kernels::Avx2, 8, M, Q, R>(tile, distance) }
+    }
+
+    /// Scores the tile's queries against its rows, `R` at a time, in the
+    /// lanes `L`, and offers each row to each query's top.
+    ///
+    /// # Safety
+    /// The CPU must have `L`'s instructions.
+    #[inline(always)]
+    unsafe fn scan_tile_in<
+        L: kernels::Lanes<N>,
+        const N: usize,
+        M: kernels::Measure,
+        const Q: usize,
+        const R: usize,
+    >(
+        &self,
+        tile: Tile<'_, Q>,
+        distance: &impl Fn(f32, usize, usize) -> f32,
+    ) {
+        let Tile { queries, rows, tops, prefetch } = tile;
         let dims = self.dims;
         kernels::prefetch(prefetch);
         let mut row = rows.start;
         while row + R <= rows.end {
-            let scores = kernels::tile::<M, Q, R>(queries, &self.vectors[row * dims..(row + R) * dims]);
+            // SAFETY: the caller's promise.
+            let scores =
+                unsafe { kernels::tile::<L, N, M, Q, R>(queries, &self.vectors[row * dims..(row + R) * dims]) };
             // One test for the whole tile, without branches: whether every
             // row is strictly farther than the farthest each query keeps, so
             // that none can enter (a NaN is not farther; a top not yet full
@@ -649,12 +736,23 @@ impl Index {
         }
         // The last rows, fewer than a tile: one at a time (`offer` tests each).
         for row in row..rows.end {
-            let scores = kernels::tile::<M, Q, 1>(queries, &self.vectors[row * dims..(row + 1) * dims]);
+            // SAFETY: the caller's promise.
+            let scores =
+                unsafe { kernels::tile::<L, N, M, Q, 1>(queries, &self.vectors[row * dims..(row + 1) * dims]) };
             for (q, (scores, top)) in scores.iter().zip(tops.iter_mut()).enumerate() {
                 offer(top, distance(scores[0], row, q), self.ids[row], row);
             }
         }
     }
+}
+
+/// What `scan_tile_in` scores: `Q` queries against `rows`, into `tops`,
+/// asking for `prefetch` first.
+struct Tile<'a, const Q: usize> {
+    queries: &'a [&'a [f32]; Q],
+    rows: Range<usize>,
+    tops: &'a mut [TopK],
+    prefetch: &'a [f32],
 }
 
 /// What `screen_tile` scores: queries `first..` against the `R` rows from
@@ -820,7 +918,7 @@ pub(crate) mod tests {
                 // One query, then three at once; chunks of one row, of a few
                 // tiles and a bit, and of more than the index holds.
                 for (k, count) in [1, 10, 500, 5000].into_iter().flat_map(|k| [(k, 1), (k, 3)]) {
-                    for chunk in [1, 4 * ROW_TILE + 1, 1 << 20] {
+                    for chunk in [1, 4 * row_tile() + 1, 1 << 20] {
                         assert_split_finds_what_each_finds_alone(&index, &queries[..count], k, &mut partials, chunk);
                     }
                 }

@@ -31,7 +31,15 @@
 //!   sum is then within a few roundings of its own value, and all are ≥ 0,
 //!   so the sum is too.
 
-use super::{Lanes, LANES};
+/// `wide`'s lanes as the build compiles them: these kernels are not chosen
+/// at run time (`cpu`); each is exact to its own bound on every CPU.
+#[cfg(target_feature = "avx512f")]
+type Lanes = wide::f32x16;
+#[cfg(not(target_feature = "avx512f"))]
+type Lanes = wide::f32x8;
+
+/// Floats in one `Lanes`.
+const LANES: usize = std::mem::size_of::<Lanes>() / 4;
 
 /// Walks a (query, row) pair a block of lanes at a time, folding each block
 /// into `acc`; returns it and the tails shorter than a block.
