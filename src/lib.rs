@@ -34,7 +34,8 @@
 //! - [`wal`]: the write-ahead log's records, segments, group commit and replay.
 //! - [`snapshot`]: per-index snapshot files and the manifest.
 //! - [`auth`]: the API key; [`files`]: files written whole, directories synced.
-//! - [`metrics`]: Prometheus counters and histograms; [`log`]: operator logs.
+//! - [`metrics`]: Prometheus counters and histograms; [`log`]: operator logs;
+//!   [`memory`]: freed memory given back to the system.
 //! - [`limits`]: every limit, with why; [`config`]: the command line.
 //!
 //! Modules depend one way: `server` -> `connection` -> `api` -> `db` ->
@@ -53,6 +54,7 @@ pub mod files;
 pub mod http;
 pub mod limits;
 pub mod log;
+pub mod memory;
 pub mod metrics;
 pub mod server;
 pub mod snapshot;

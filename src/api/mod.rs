@@ -90,6 +90,9 @@ pub struct App {
     scratch: Scratch,
     health: health::Health,
     metrics: Metrics,
+    /// Whether a request since the last `release_memory` had a body larger
+    /// than the buffers keep.
+    large_request: bool,
 }
 
 impl App {
@@ -102,6 +105,19 @@ impl App {
             scratch: Scratch::default(),
             health: health::Health::new(),
             metrics: Metrics::default(),
+            large_request: false,
+        }
+    }
+
+    /// After large requests, gives back what decoding them grew: the
+    /// scratch buffers are dropped (the next request grows what it needs)
+    /// and the allocator returns its free pages to the system. Without
+    /// this, an ingest leaves its largest body's worth of buffers, and
+    /// the heap's free space, resident for good. Cheap to call often.
+    pub fn release_memory(&mut self) {
+        if std::mem::take(&mut self.large_request) {
+            self.scratch = Scratch::default();
+            crate::memory::give_back();
         }
     }
 
@@ -215,6 +231,7 @@ impl App {
     ) -> Handled {
         let name = &head.path[target.name.clone()];
         let keep_alive = head.keep_alive;
+        self.large_request |= body.len() > crate::limits::BUF_KEEP_BYTES_MAX;
         if target.endpoint == Endpoint::Search {
             return match self.park_search(name, body, seat, Reply { out, keep_alive }) {
                 None => Handled::Parked,

@@ -173,6 +173,7 @@ impl Server {
             self.own_events(now);
             if now >= next_sweep {
                 self.clients.sweep(now, idle, request);
+                self.clients.app().release_memory();
                 next_sweep = now + sweep_interval;
             }
             if let Some(deadline) = self.shutdown_deadline {

@@ -23,8 +23,9 @@
 //! # Why a ruled-out row cannot belong in the answer
 //! Let `q` be the query with scale `b`, code `d` and residual `f = q - b d`
 //! (norm at most `r_q`), and `x` a row with `a`, `c`, `e` (norm at most
-//! `r_x`). `C = sum c_i d_i` is computed exactly, in integers (at most
-//! 255 x 127 x 65,536 < 2^31: indexes of more dimensions keep no codes).
+//! `r_x`). `C = sum c_i d_i` is computed exactly, in integers (the kernels
+//! sum `(c_i + 128) d_i`, at most 255 x 127 x 65,536 < 2^31 in magnitude:
+//! indexes of more dimensions keep no codes).
 //! Exactly, in real numbers,
 //!
 //! `s = q . x = a b C + b (d . e) + f . x`,
@@ -121,27 +122,27 @@ impl Kernel {
         let dims = codes.dims;
         // The rows and the slack after them, which every row has.
         let bytes = &codes.bytes[row * dims..(row + R) * dims + SLACK];
-        assert!(code.dims == dims && code.offset.len() == dims.next_multiple_of(SLACK));
+        assert!(code.dims == dims && code.signs.len() == dims.next_multiple_of(SLACK));
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a `Kernel` is only used where `available` found its
         // features (`cpu::paths`, and the tests ask first); the loads stay
         // inside `bytes` and the query's padded buffers (asserted).
         unsafe {
             let raw: [i32; R] = match self {
-                Kernel::Vnni512 => x86::dots_vnni512(&code.offset, bytes, dims),
-                Kernel::Vnni256 => x86::dots_vnni256(&code.offset, bytes, dims),
-                Kernel::Avx2 => return x86::dots_avx2(&code.magnitude, &code.signs, bytes, dims),
+                Kernel::Vnni512 => x86::dots_vnni512(bytes, &code.signs, dims),
+                Kernel::Vnni256 => x86::dots_vnni256(bytes, &code.signs, dims),
+                Kernel::Avx2 => return x86::dots_avx2(bytes, &code.magnitude, &code.signs, dims),
             };
-            // The offset of 128 on the query's bytes added 128 sum(c).
-            std::array::from_fn(|r| raw[r] - 128 * codes.sums[row + r])
+            // The rows' offset of 128 added 128 sum(d).
+            raw.map(|raw| raw - 128 * code.sum)
         }
         #[cfg(not(target_arch = "x86_64"))]
         unreachable!("no kernel is available off x86-64")
     }
 }
 
-/// A vector's code: scale, sum of the codes, residual bound (`bytes` holds
-/// the codes themselves).
+/// A vector's code: scale, sum of the codes, residual bound (the codes
+/// themselves go where `encode` puts them).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Encoded {
     scale: f32,
@@ -149,24 +150,30 @@ struct Encoded {
     residual: f32,
 }
 
-/// Writes `v`'s codes into `out` (as long as `v`) and returns the rest.
-fn encode(v: &[f32], out: &mut [i8]) -> Encoded {
+/// Codes `v`, handing each value's code to `put` with its position.
+fn encode(v: &[f32], mut put: impl FnMut(usize, i8)) -> Encoded {
     let largest = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     if largest == 0.0 {
-        out.fill(0);
+        (0..v.len()).for_each(|i| put(i, 0));
         return Encoded { scale: 0.0, sum: 0, residual: 0.0 };
     }
     let scale = f32_at_least(f64::from(largest) / 127.0).max(f32::from_bits(1));
     let (mut sum, mut squares) = (0, 0.0f64);
-    for (&x, out) in v.iter().zip(out.iter_mut()) {
+    for (i, &x) in v.iter().enumerate() {
         let code = (f64::from(x) / f64::from(scale)).round().clamp(-127.0, 127.0);
         let residual = f64::from(x) - f64::from(scale) * code;
         squares += residual * residual;
-        *out = code as i8;
-        sum += i32::from(*out);
+        put(i, code as i8);
+        sum += code as i32;
     }
     // The sum of squares is off by at most n 2^-53 of itself.
     Encoded { scale, sum, residual: f32_at_least(squares.sqrt() * (1.0 + 2f64.powi(-30))) }
+}
+
+/// A row's code as stored: offset by 128, so that `vpdpbusd` can take it as
+/// its unsigned operand.
+fn stored(code: i8) -> u8 {
+    (code as u8) ^ 0x80
 }
 
 /// The least f32 not below `x`; infinite above f32's range.
@@ -179,27 +186,20 @@ fn f32_at_least(x: f64) -> f32 {
     }
 }
 
-/// The codes of an index's rows, row `r` at `bytes[r * dims..]`, with its
-/// scale, code sum and residual bound.
+/// The codes of an index's rows, row `r` at `bytes[r * dims..]` (each
+/// offset by 128, `stored`), with its scale and residual bound.
 #[derive(Debug)]
 pub struct Codes {
     dims: usize,
-    bytes: Vec<i8>,
+    bytes: Vec<u8>,
     scales: Vec<f32>,
-    sums: Vec<i32>,
     residuals: Vec<f32>,
 }
 
 impl Codes {
     /// Codes for rows of `dims` values, if an index of that many keeps them.
     pub fn new(dims: usize) -> Option<Codes> {
-        (dims <= DIMS_MAX).then(|| Codes {
-            dims,
-            bytes: vec![0; SLACK],
-            scales: Vec::new(),
-            sums: Vec::new(),
-            residuals: Vec::new(),
-        })
+        (dims <= DIMS_MAX).then(|| Codes { dims, bytes: vec![0; SLACK], scales: Vec::new(), residuals: Vec::new() })
     }
 
     /// The codes of `vectors` (row after row).
@@ -208,12 +208,10 @@ impl Codes {
         let rows = vectors.len() / dims;
         codes.bytes = vec![0; rows * dims + SLACK];
         codes.scales.reserve_exact(rows);
-        codes.sums.reserve_exact(rows);
         codes.residuals.reserve_exact(rows);
         for (v, out) in vectors.chunks_exact(dims).zip(codes.bytes.chunks_exact_mut(dims)) {
-            let Encoded { scale, sum, residual } = encode(v, out);
+            let Encoded { scale, residual, .. } = encode(v, |i, code| out[i] = stored(code));
             codes.scales.push(scale);
-            codes.sums.push(sum);
             codes.residuals.push(residual);
         }
         Some(codes)
@@ -231,18 +229,17 @@ impl Codes {
     pub fn push(&mut self, v: &[f32]) {
         let start = self.len() * self.dims;
         self.bytes.resize(start + self.dims + SLACK, 0);
-        let Encoded { scale, sum, residual } = encode(v, &mut self.bytes[start..start + self.dims]);
+        let out = &mut self.bytes[start..start + self.dims];
+        let Encoded { scale, residual, .. } = encode(v, |i, code| out[i] = stored(code));
         self.scales.push(scale);
-        self.sums.push(sum);
         self.residuals.push(residual);
     }
 
     /// Replaces row `row`'s code.
     pub fn set(&mut self, row: usize, v: &[f32]) {
-        let start = row * self.dims;
-        let encoded = encode(v, &mut self.bytes[start..start + self.dims]);
+        let out = &mut self.bytes[row * self.dims..(row + 1) * self.dims];
+        let encoded = encode(v, |i, code| out[i] = stored(code));
         self.scales[row] = encoded.scale;
-        self.sums[row] = encoded.sum;
         self.residuals[row] = encoded.residual;
     }
 
@@ -253,7 +250,6 @@ impl Codes {
         self.bytes.truncate(last * dims);
         self.bytes.resize(last * dims + SLACK, 0);
         self.scales.swap_remove(row);
-        self.sums.swap_remove(row);
         self.residuals.swap_remove(row);
     }
 
@@ -272,13 +268,13 @@ impl Codes {
     }
 
     /// Row `row`'s codes.
-    pub fn row(&self, row: usize) -> &[i8] {
-        &self.bytes[row * self.dims..(row + 1) * self.dims]
+    pub fn row(&self, row: usize) -> impl Iterator<Item = i8> + '_ {
+        self.bytes[row * self.dims..(row + 1) * self.dims].iter().map(|&b| (b ^ 0x80) as i8)
     }
 
     /// Bytes held per row, for the memory formula.
     pub fn bytes_per_row(&self) -> usize {
-        self.dims + 12
+        self.dims + 8
     }
 
     /// The kernel this process computes `C` with, if the CPU has one.
@@ -287,16 +283,17 @@ impl Codes {
     }
 }
 
-/// A query's code: its bytes as each kernel wants them (zero after the
-/// last, to a whole block), its scale and its residual bound.
+/// A query's code: its codes `d` as the kernels want them (zero after the
+/// last, to a whole block), their sum, its scale and its residual bound.
+/// Its buffers are kept from search to search.
 #[derive(Debug, Default)]
 pub struct QueryCode {
     dims: usize,
-    /// `d_i + 128`, for `vpdpbusd`'s unsigned operand.
-    offset: Vec<u8>,
-    /// `|d_i|` and `d_i`, for AVX2's `vpsignb` and `vpmaddubsw`.
-    magnitude: Vec<u8>,
+    /// `d_i`: `vpdpbusd`'s signed operand, and AVX2's `vpsignb`'s.
     signs: Vec<i8>,
+    /// `|d_i|`, for AVX2's `vpmaddubsw`.
+    magnitude: Vec<u8>,
+    sum: i32,
     scale: f32,
     residual: f32,
 }
@@ -304,17 +301,23 @@ pub struct QueryCode {
 impl QueryCode {
     /// The code of `query`.
     pub fn new(query: &[f32]) -> QueryCode {
-        let padded = query.len().next_multiple_of(SLACK);
-        let mut signs = vec![0i8; padded];
-        let Encoded { scale, residual, .. } = encode(query, &mut signs[..query.len()]);
-        let offset =
-            signs.iter().enumerate().map(|(i, &d)| if i < query.len() { (d as u8) ^ 0x80 } else { 0 }).collect();
-        let magnitude = signs.iter().map(|&d| d.unsigned_abs()).collect();
-        QueryCode { dims: query.len(), offset, magnitude, signs, scale, residual }
+        let mut code = QueryCode::default();
+        code.encode(query);
+        code
     }
-}
 
-impl QueryCode {
+    /// Makes this the code of `query`, in the buffers it has.
+    pub fn encode(&mut self, query: &[f32]) {
+        let padded = query.len().next_multiple_of(SLACK);
+        self.signs.clear();
+        self.signs.resize(padded, 0);
+        let signs = &mut self.signs;
+        let Encoded { scale, sum, residual } = encode(query, |i, d| signs[i] = d);
+        self.magnitude.clear();
+        self.magnitude.extend(self.signs.iter().map(|d| d.unsigned_abs()));
+        (self.dims, self.sum, self.scale, self.residual) = (query.len(), sum, scale, residual);
+    }
+
     /// The query's codes.
     pub fn signs(&self) -> &[i8] {
         &self.signs[..self.dims]
@@ -407,23 +410,23 @@ impl Bound {
 
 /// The integer product of two codes, one value at a time: the reference the
 /// kernels must agree with.
-pub fn dot_scalar(query: &[i8], row: &[i8]) -> i32 {
-    query.iter().zip(row).map(|(&d, &c)| i32::from(d) * i32::from(c)).sum()
+pub fn dot_scalar(query: &[i8], row: impl Iterator<Item = i8>) -> i32 {
+    query.iter().zip(row).map(|(&d, c)| i32::from(d) * i32::from(c)).sum()
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// Sums `vpdpbusd(query, row)` over whole 64-byte blocks of each of `R`
-    /// rows (the query is zero past its end, so the bytes read past a row
-    /// count for nothing).
+    /// Sums `vpdpbusd(row, query)` over whole 64-byte blocks of each of `R`
+    /// rows (stored codes, offset by 128; the query is zero past its end, so
+    /// the bytes read past a row count for nothing): `sum (c_i + 128) d_i`.
     ///
     /// # Safety
     /// The CPU must have AVX-512F, BW and VNNI; `query` must hold `dims`
-    /// rounded up to 64 bytes, `rows` the `R` rows and 64 bytes more.
+    /// rounded up to 64 values, `rows` the `R` rows and 64 bytes more.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn dots_vnni512<const R: usize>(query: &[u8], rows: &[i8], dims: usize) -> [i32; R] {
+    pub unsafe fn dots_vnni512<const R: usize>(rows: &[u8], query: &[i8], dims: usize) -> [i32; R] {
         let mut sums = [_mm512_setzero_si512(); R];
         for at in (0..dims).step_by(64) {
             // SAFETY: in bounds, as the caller promises.
@@ -431,7 +434,7 @@ mod x86 {
             for (r, sum) in sums.iter_mut().enumerate() {
                 // SAFETY: in bounds, as the caller promises.
                 let x = unsafe { _mm512_loadu_si512(rows.as_ptr().add(r * dims + at).cast()) };
-                *sum = _mm512_dpbusd_epi32(*sum, q, x);
+                *sum = _mm512_dpbusd_epi32(*sum, x, q);
             }
         }
         let mut out = [0; R];
@@ -446,7 +449,7 @@ mod x86 {
     /// # Safety
     /// The CPU must have AVX2 and AVX-VNNI; bounds as `dots_vnni512`.
     #[target_feature(enable = "avx2,avxvnni")]
-    pub unsafe fn dots_vnni256<const R: usize>(query: &[u8], rows: &[i8], dims: usize) -> [i32; R] {
+    pub unsafe fn dots_vnni256<const R: usize>(rows: &[u8], query: &[i8], dims: usize) -> [i32; R] {
         let mut sums = [_mm256_setzero_si256(); R];
         for at in (0..dims).step_by(32) {
             // SAFETY: in bounds, as the caller promises.
@@ -454,7 +457,7 @@ mod x86 {
             for (r, sum) in sums.iter_mut().enumerate() {
                 // SAFETY: in bounds, as the caller promises.
                 let x = unsafe { _mm256_loadu_si256(rows.as_ptr().add(r * dims + at).cast()) };
-                *sum = _mm256_dpbusd_avx_epi32(*sum, q, x);
+                *sum = _mm256_dpbusd_avx_epi32(*sum, x, q);
             }
         }
         let mut out = [0; R];
@@ -464,18 +467,16 @@ mod x86 {
         out
     }
 
-    /// The integer products of the signed query code (as `magnitude` and
-    /// `signs`) with each of `R` rows: `vpsignb` moves the query's sign onto
-    /// the row's byte, so that `vpmaddubsw` multiplies `|d|` (at most 127)
-    /// by `±c` (at most 127 in magnitude: codes never hold -128), two
-    /// products per i16 (at most 32,258, short of saturating), widened by
-    /// `vpmaddwd`.
+    /// `C = sum c_i d_i` without VNNI: each row byte loses its offset
+    /// (`c_i`, never -128), `vpsignb` moves the query's sign onto it, and
+    /// `vpmaddubsw` multiplies `|d_i|` (at most 127) by `±c_i`, two products
+    /// per i16 (at most 32,258, short of saturating), widened by `vpmaddwd`.
     ///
     /// # Safety
     /// The CPU must have AVX2; bounds as `dots_vnni512`.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn dots_avx2<const R: usize>(magnitude: &[u8], signs: &[i8], rows: &[i8], dims: usize) -> [i32; R] {
-        let ones = _mm256_set1_epi16(1);
+    pub unsafe fn dots_avx2<const R: usize>(rows: &[u8], magnitude: &[u8], signs: &[i8], dims: usize) -> [i32; R] {
+        let (ones, offset) = (_mm256_set1_epi16(1), _mm256_set1_epi8(i8::MIN));
         let mut sums = [_mm256_setzero_si256(); R];
         for at in (0..dims).step_by(32) {
             // SAFETY: in bounds, as the caller promises.
@@ -488,7 +489,8 @@ mod x86 {
             for (r, sum) in sums.iter_mut().enumerate() {
                 // SAFETY: in bounds, as the caller promises.
                 let x = unsafe { _mm256_loadu_si256(rows.as_ptr().add(r * dims + at).cast()) };
-                let pairs = _mm256_maddubs_epi16(m, _mm256_sign_epi8(x, s));
+                let code = _mm256_xor_si256(x, offset);
+                let pairs = _mm256_maddubs_epi16(m, _mm256_sign_epi8(code, s));
                 *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, ones));
             }
         }

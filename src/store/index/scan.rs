@@ -75,6 +75,8 @@ pub struct Scanner {
     partials: Vec<Vec<TopK>>,
     /// What the int8 first pass did since `take_first_pass`.
     first_pass: FirstPass,
+    /// A lone search's query code, its buffers kept.
+    code: QueryCode,
 }
 
 /// Rows the int8 first pass read the codes of, and rows of those it scored
@@ -94,8 +96,8 @@ impl std::ops::AddAssign for FirstPass {
 
 /// A lone search's int8 first pass (`codes`): its query's code, bound and
 /// the kernel that computes the integer products.
-struct Coded {
-    code: QueryCode,
+struct Coded<'a> {
+    code: &'a QueryCode,
     bound: codes::Bound,
     kernel: codes::Kernel,
 }
@@ -110,7 +112,11 @@ impl Default for Scanner {
 impl Scanner {
     /// A scanner that splits a large scan across at most `threads` threads.
     pub fn with_threads(threads: usize) -> Scanner {
-        Scanner { partials: (1..threads.max(1)).map(|_| Vec::new()).collect(), first_pass: FirstPass::default() }
+        Scanner {
+            partials: (1..threads.max(1)).map(|_| Vec::new()).collect(),
+            first_pass: FirstPass::default(),
+            code: QueryCode::default(),
+        }
     }
 
     /// What the int8 first pass did since the last call.
@@ -135,7 +141,7 @@ impl Scanner {
                 partial.resize_with(queries.len(), TopK::new);
             }
         }
-        self.first_pass += index.search_many(queries, ks, tops, &mut self.partials, mask);
+        self.first_pass += index.search_many(queries, ks, tops, &mut self.partials, mask, &mut self.code);
     }
 }
 
@@ -176,12 +182,13 @@ impl Index {
         tops: &mut [TopK],
         partials: &mut [Vec<TopK>],
         mask: Option<&RoaringBitmap>,
+        code: &mut QueryCode,
     ) -> FirstPass {
         let rows = mask.map_or(self.len(), |mask| mask.len() as usize);
         let by_size = rows * self.dims / PARALLEL_SCAN_FLOATS_MIN;
         let threads = (partials.len() + 1).min(by_size.max(1));
         let chunk = self.chunk_rows();
-        self.search_in_chunks(queries, ks, tops, &mut partials[..threads - 1], chunk, mask)
+        self.search_in_chunks(queries, ks, tops, (&mut partials[..threads - 1], chunk), mask, code)
     }
 
     /// Rows a thread of a split scan takes at a time (`SCAN_CHUNK_FLOATS`).
@@ -196,13 +203,13 @@ impl Index {
     /// of holding up the others. Exact: each of the k nearest rows is among
     /// the k nearest of the rows its thread scanned.
     pub fn search_many_split(&self, queries: &[&[f32]], ks: &[usize], tops: &mut [TopK], partials: &mut [Vec<TopK>]) {
-        self.search_in_chunks(queries, ks, tops, partials, self.chunk_rows(), None);
+        self.search_in_chunks(queries, ks, tops, (partials, self.chunk_rows()), None, &mut QueryCode::default());
     }
 
     /// The int8 first pass of a lone search for `query` (with its
     /// `squared_norm` and `scale`), where the index keeps codes and the
     /// process runs the pass.
-    fn coded(&self, query: &[f32], squared_norm: f64, scale: f32) -> Option<Coded> {
+    fn coded<'a>(&self, query: &[f32], squared_norm: f64, scale: f32, code: &'a mut QueryCode) -> Option<Coded<'a>> {
         let (_, kernel) = (self.codes.as_ref()?, cpu::paths().int8?);
         let shape = match self.metric {
             Metric::Cosine => codes::Shape::Cosine,
@@ -210,21 +217,22 @@ impl Index {
             Metric::L2 => codes::Shape::L2,
             _ => return None,
         };
-        let code = QueryCode::new(query);
-        let bound = codes::Bound::new(shape, &code, squared_norm, scale);
+        code.encode(query);
+        let bound = codes::Bound::new(shape, code, squared_norm, scale);
         Some(Coded { code, bound, kernel })
     }
 
     /// `search_many_split`, the threads taking `chunk` rows at a time, of
-    /// which only those in `mask` (if any) are scored.
+    /// which only those in `mask` (if any) are scored; a lone query's code
+    /// goes in `code`'s buffers.
     fn search_in_chunks(
         &self,
         queries: &[&[f32]],
         ks: &[usize],
         tops: &mut [TopK],
-        partials: &mut [Vec<TopK>],
-        chunk: usize,
+        (partials, chunk): (&mut [Vec<TopK>], usize),
         mask: Option<&RoaringBitmap>,
+        code: &mut QueryCode,
     ) -> FirstPass {
         assert!(queries.len() == ks.len() && ks.len() == tops.len() && chunk > 0);
         let rows = self.len();
@@ -238,7 +246,7 @@ impl Index {
             squared_norms = Vec::new();
             let squared = kernels::squared_norm(query);
             one = [self.query_scale(|| squared)];
-            coded = self.coded(query, squared, one[0]);
+            coded = self.coded(query, squared, one[0], code);
             &one
         } else {
             squared_norms = queries.iter().map(|query| kernels::squared_norm(query)).collect();
@@ -452,14 +460,14 @@ impl Index {
         let mut row = rows.start;
         while row + codes::ROWS <= rows.end {
             codes.prefetch(row + CODES_PREFETCH_ROWS, codes::ROWS);
-            let dots = coded.kernel.dots::<{ codes::ROWS }>(&coded.code, codes, row);
+            let dots = coded.kernel.dots::<{ codes::ROWS }>(coded.code, codes, row);
             for (r, dot) in dots.into_iter().enumerate() {
                 decide(row + r, dot, top);
             }
             row += codes::ROWS;
         }
         for row in row..rows.end {
-            let [dot] = coded.kernel.dots::<1>(&coded.code, codes, row);
+            let [dot] = coded.kernel.dots::<1>(coded.code, codes, row);
             decide(row, dot, top);
         }
         FirstPass { rows: rows.len() as u64, rescored }
@@ -868,7 +876,14 @@ pub(crate) mod tests {
                         let mut tops: Vec<TopK> = refs.iter().map(|_| TopK::new()).collect();
                         let mut partials: Vec<Vec<TopK>> =
                             (1..threads).map(|_| refs.iter().map(|_| TopK::new()).collect()).collect();
-                        index.search_in_chunks(&refs, &ks, &mut tops, &mut partials, chunk, Some(&mask));
+                        index.search_in_chunks(
+                            &refs,
+                            &ks,
+                            &mut tops,
+                            (&mut partials, chunk),
+                            Some(&mask),
+                            &mut QueryCode::default(),
+                        );
                         for (top, want) in tops.iter_mut().zip(&alone) {
                             assert_eq!(top.sorted(), &want[..], "{metric:?}, k {k}, {threads} threads, chunk {chunk}");
                         }
@@ -897,7 +912,7 @@ pub(crate) mod tests {
     ) {
         let ks = vec![k; queries.len()];
         let mut split: Vec<TopK> = queries.iter().map(|_| TopK::new()).collect();
-        index.search_in_chunks(queries, &ks, &mut split, partials, chunk, None);
+        index.search_in_chunks(queries, &ks, &mut split, (partials, chunk), None, &mut QueryCode::default());
         let mut alone = TopK::new();
         for (query, split) in queries.iter().zip(&mut split) {
             index.search(query, k, &mut alone);
@@ -1039,7 +1054,14 @@ pub(crate) mod tests {
             for chunk in [8, 100] {
                 let mut partials: Vec<Vec<TopK>> =
                     (1..threads).map(|_| queries.iter().map(|_| TopK::new()).collect()).collect();
-                index.search_in_chunks(&queries, &ks, &mut tops, &mut partials, chunk, None);
+                index.search_in_chunks(
+                    &queries,
+                    &ks,
+                    &mut tops,
+                    (&mut partials, chunk),
+                    None,
+                    &mut QueryCode::default(),
+                );
                 for (q, top) in tops.iter_mut().enumerate() {
                     index.search(queries[q], ks[q], &mut alone);
                     assert_eq!(top.sorted(), alone.sorted(), "{what}, query {q}, {threads} threads, chunk {chunk}");
@@ -1144,10 +1166,15 @@ pub(crate) mod tests {
 
     /// The int8 pass of `index` for `query` with `kernel`.
     #[cfg(target_arch = "x86_64")]
-    fn coded_with(index: &Index, query: &[f32], kernel: codes::Kernel) -> (Coded, f32) {
+    fn coded_with<'a>(
+        index: &Index,
+        query: &[f32],
+        kernel: codes::Kernel,
+        code: &'a mut QueryCode,
+    ) -> (Coded<'a>, f32) {
         let squared = kernels::squared_norm(query);
         let scale = index.query_scale(|| squared);
-        let mut coded = index.coded(query, squared, scale).expect("an index with codes");
+        let mut coded = index.coded(query, squared, scale, code).expect("an index with codes");
         coded.kernel = kernel;
         (coded, scale)
     }
@@ -1186,13 +1213,14 @@ pub(crate) mod tests {
                     index.prepare_query(&mut query).unwrap();
                     let code = QueryCode::new(&query);
                     for &kernel in &kernels {
-                        let (coded, scale) = coded_with(&index, &query, kernel);
+                        let mut buffers = QueryCode::default();
+                        let (coded, scale) = coded_with(&index, &query, kernel, &mut buffers);
                         for row in 0..index.len() {
                             let mut top = TopK::new();
                             top.reset(1);
                             index.scan_exact(&[&query], &[scale], None, row..row + 1, std::slice::from_mut(&mut top));
                             let exact = top.sorted()[0].distance;
-                            let [dot] = kernel.dots::<1>(&coded.code, codes, row);
+                            let [dot] = kernel.dots::<1>(coded.code, codes, row);
                             let want = codes::dot_scalar(code.signs(), codes.row(row));
                             assert_eq!(dot, want, "{metric:?}, {dims} dims, {}", kernel.name());
                             let row_scale = if metric == Metric::Cosine { index.inverse_norms[row] } else { 1.0 };
@@ -1246,7 +1274,8 @@ pub(crate) mod tests {
                             let mut want = TopK::new();
                             scan(None, &mut want);
                             for &kernel in &kernels {
-                                let (coded, _) = coded_with(&index, query, kernel);
+                                let mut buffers = QueryCode::default();
+                                let (coded, _) = coded_with(&index, query, kernel, &mut buffers);
                                 let mut got = TopK::new();
                                 let pass = scan(Some(&coded), &mut got);
                                 let what = format!("{metric:?}, {dims} dims, query {q}, k {k}, {}", kernel.name());
