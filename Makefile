@@ -58,8 +58,17 @@ lint: cargo-tools
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --locked --no-deps --document-private-items
 
-bench: cargo-tools
+# The `exact` bench compares with FAISS, installed here from PyPI; it runs
+# twice, built for this CPU and as plain `cargo build` builds it.
+BENCHENV    = target/benchenv
+bench: cargo-tools python-tools $(BENCHENV)/.installed
 	$(NATIVE) $(CARGO) bench --locked
+	$(CARGO) bench --locked --bench exact
+
+$(BENCHENV)/.installed: benches/requirements-bench.txt
+	$(PYTHON) -m venv $(BENCHENV)
+	$(BENCHENV)/bin/pip install --quiet -r benches/requirements-bench.txt
+	touch $@
 
 # Every fuzz target for FUZZ_SECONDS each. `-s none` (no sanitizer) is what
 # lets cargo-fuzz build with the stable toolchain; the targets assert

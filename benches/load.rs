@@ -519,24 +519,26 @@ fn wrk(url: &str, script: Option<&Path>, pin: bool) -> f64 {
         .unwrap_or_else(|| panic!("no Requests/sec from wrk:\n{text}"))
 }
 
-/// Target 5: resident memory of a 1,000,000 x 128 cosine index with short
-/// metadata, loaded over HTTP, against 1.15 x the raw vector bytes + 64 MiB.
+/// Target 5: resident memory after ingest, int8 codes included, against
+/// 1.25 x the raw vector bytes + 64 MiB: 100,000 x 768 and 1,000,000 x 128
+/// cosine with short metadata, loaded over HTTP.
 fn memory(table: &mut Table) {
-    const ROWS: usize = 1_000_000;
-    const DIMS: usize = 128;
-    let server = Server::start();
-    create_index(&server, "mem", DIMS, "cosine");
-    load(&server, "mem", DIMS, ROWS, &mut Rng(13));
-    let rss_kib = server.status_kib("VmRSS") as f64;
     let mib = |bytes: f64| bytes / (1 << 20) as f64;
-    let raw = (ROWS * DIMS * 4) as f64;
-    let budget = 1.15 * raw + (64 << 20) as f64;
-    let rss = rss_kib * 1024.0;
-    table.add(
-        "5. resident memory, 1,000,000 x 128 cosine, metadata {\"n\":\"<id>\"}",
-        format!("{:.0} MiB", mib(rss)),
-        format!("1.15 x {:.0} MiB raw + 64 MiB = {:.0} MiB", mib(raw), mib(budget)),
-        Some(rss / budget),
-        "<= 1",
-    );
+    for (rows, dims) in [(100_000, 768), (1_000_000, 128)] {
+        let server = Server::start();
+        create_index(&server, "mem", dims, "cosine");
+        load(&server, "mem", dims, rows, &mut Rng(13));
+        // The sweep that gives back the request buffers runs every 250 ms.
+        std::thread::sleep(Duration::from_millis(600));
+        let rss = server.status_kib("VmRSS") as f64 * 1024.0;
+        let raw = (rows * dims * 4) as f64;
+        let budget = 1.25 * raw + (64 << 20) as f64;
+        table.add(
+            &format!("5. resident memory after ingest, {rows} x {dims} cosine, metadata {{\"n\":\"<id>\"}}"),
+            format!("{:.0} MiB", mib(rss)),
+            format!("1.25 x {:.0} MiB raw + 64 MiB = {:.0} MiB", mib(raw), mib(budget)),
+            Some(rss / budget),
+            "<= 1",
+        );
+    }
 }

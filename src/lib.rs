@@ -29,8 +29,10 @@
 //! - [`db`]: the durable store: apply, log, commit or undo, recovery; snapshots
 //!   in `db::snapshots`.
 //! - [`store`]: indexes (rows in `index`, scans and their threads in
-//!   `index::scan`), distance kernels (`wide` SIMD and a scalar reference),
-//!   the bfloat16 first pass of batched searches, top-k.
+//!   `index::scan`), distance kernels (SIMD for each instruction set and a
+//!   scalar reference), the paths chosen for this CPU at start (`cpu`), the
+//!   int8 codes and first pass of lone searches (`codes`), the bfloat16
+//!   first pass of batched searches (`screen`), top-k.
 //! - [`wal`]: the write-ahead log's records, segments, group commit and replay.
 //! - [`snapshot`]: per-index snapshot files and the manifest.
 //! - [`auth`]: the API key; [`files`]: files written whole, directories synced.

@@ -186,6 +186,15 @@ fn f32_at_least(x: f64) -> f32 {
     }
 }
 
+/// An f32 not below `x`, without a branch: `x` nudged up by 2^-23 of
+/// itself and 2^-148, then rounded to nearest (off by at most 2^-24 of
+/// itself, or 2^-150 among the subnormals), so never below `x`; infinite
+/// above f32's range.
+#[inline(always)]
+fn f32_above(x: f64) -> f32 {
+    (x + x.abs() * 2f64.powi(-23) + 2f64.powi(-148)) as f32
+}
+
 /// The codes of an index's rows, row `r` at `bytes[r * dims..]` (each
 /// offset by 128, `stored`), with its scale and residual bound.
 #[derive(Debug)]
@@ -390,7 +399,7 @@ impl Bound {
             Shape::Cosine | Shape::Ip => {
                 let ceiling = estimate + off + self.relative * self.query_norm * norm + self.absolute;
                 let ceiling = ceiling + SURPLUS * (estimate.abs() + ceiling.abs());
-                let ceiling = f32_at_least(ceiling);
+                let ceiling = f32_above(ceiling);
                 let nearest = match self.shape {
                     Shape::Cosine => screen::distance(ceiling, row_scale, self.query_scale),
                     _ => -ceiling,
