@@ -94,8 +94,7 @@ fn main() {
     let chosen: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     // No argument: every case; `small`: 100,000 x 768; `<rows>x<dims>`: that one.
     let wanted = |rows: usize, dims: usize| {
-        chosen.is_empty()
-            || chosen.iter().any(|c| *c == format!("{rows}x{dims}") || (c == "small" && rows == 100_000))
+        chosen.is_empty() || chosen.iter().any(|c| *c == format!("{rows}x{dims}") || (c == "small" && rows == 100_000))
     };
     let build = if cfg!(target_feature = "avx2") { "native" } else { "portable" };
     let paths = cpu::paths();

@@ -301,6 +301,11 @@ impl Metrics {
             let bytes = (index.len() * index.dims() * 4) as f64;
             line(out, "quiver_index_vector_bytes", "", &format!("index=\"{name}\""), None, bytes);
         }
+        header(out, "quiver_index_code_bytes", "gauge", "Bytes of int8 codes kept for the first pass, by index.");
+        for (name, index) in store.indexes() {
+            let bytes = (index.len() * index.code_bytes_per_row()) as f64;
+            line(out, "quiver_index_code_bytes", "", &format!("index=\"{name}\""), None, bytes);
+        }
     }
 }
 
@@ -341,6 +346,9 @@ mod tests {
         ] {
             assert!(text.contains(expected), "missing {expected:?} in\n{text}");
         }
+        // 4 code bytes and 8 of scale and bound, where the CPU runs the pass.
+        let codes = if crate::store::cpu::paths().int8.is_some() { 12 } else { 0 };
+        assert!(text.contains(&format!("quiver_index_code_bytes{{index=\"docs\"}} {codes}\n")), "{text}");
     }
 
     #[test]

@@ -27,3 +27,22 @@ pub fn skip(test: &str, why: &str) {
         }
     }
 }
+
+/// Those of `all` this CPU `has`; a skip, recorded, for each other one
+/// (`name` names it in the line, after `what`).
+pub fn on_this_cpu<T: Copy>(
+    all: &[T],
+    what: &str,
+    name: impl Fn(T) -> &'static str,
+    has: impl Fn(T) -> bool,
+) -> Vec<T> {
+    all.iter()
+        .copied()
+        .filter(|&item| {
+            has(item) || {
+                skip(&format!("{what}, {}", name(item)), "this CPU lacks its instructions");
+                false
+            }
+        })
+        .collect()
+}

@@ -285,11 +285,6 @@ impl Codes {
     pub fn bytes_per_row(&self) -> usize {
         self.dims + 8
     }
-
-    /// The kernel this process computes `C` with, if the CPU has one.
-    pub fn kernel() -> Option<Kernel> {
-        super::cpu::paths().int8
-    }
 }
 
 /// A query's code: its codes `d` as the kernels want them (zero after the

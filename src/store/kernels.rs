@@ -470,15 +470,7 @@ pub(crate) mod tests {
 
     /// The paths this CPU has; a skip, recorded, for each it has not.
     pub(crate) fn paths_here(what: &str) -> Vec<F32> {
-        [F32::Avx512, F32::Avx2, F32::Baseline]
-            .into_iter()
-            .filter(|path| {
-                path.available() || {
-                    crate::testing::skip(&format!("{what}, {}", path.name()), "this CPU lacks its instructions");
-                    false
-                }
-            })
-            .collect()
+        crate::testing::on_this_cpu(&[F32::Avx512, F32::Avx2, F32::Baseline], what, F32::name, F32::available)
     }
 
     /// Scores every pair of `queries` x `rows` through a `Q` x `R` tile on

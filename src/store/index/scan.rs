@@ -1182,15 +1182,7 @@ pub(crate) mod tests {
     /// The kernels this CPU has; a skip, recorded, for each it has not.
     #[cfg(target_arch = "x86_64")]
     fn int8_kernels(what: &str) -> Vec<codes::Kernel> {
-        codes::Kernel::ALL
-            .into_iter()
-            .filter(|kernel| {
-                kernel.available() || {
-                    crate::testing::skip(&format!("{what}, {}", kernel.name()), "this CPU lacks its instructions");
-                    false
-                }
-            })
-            .collect()
+        crate::testing::on_this_cpu(&codes::Kernel::ALL, what, codes::Kernel::name, codes::Kernel::available)
     }
 
     /// Every kernel's integer products against the scalar reference, and the
