@@ -226,12 +226,8 @@ impl Codes {
         Some(codes)
     }
 
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.scales.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.scales.is_empty()
     }
 
     /// Adds a row's code at the end.
@@ -277,6 +273,7 @@ impl Codes {
     }
 
     /// Row `row`'s codes.
+    #[cfg(test)]
     pub fn row(&self, row: usize) -> impl Iterator<Item = i8> + '_ {
         self.bytes[row * self.dims..(row + 1) * self.dims].iter().map(|&b| (b ^ 0x80) as i8)
     }
@@ -304,6 +301,7 @@ pub struct QueryCode {
 
 impl QueryCode {
     /// The code of `query`.
+    #[cfg(test)]
     pub fn new(query: &[f32]) -> QueryCode {
         let mut code = QueryCode::default();
         code.encode(query);
@@ -323,6 +321,7 @@ impl QueryCode {
     }
 
     /// The query's codes.
+    #[cfg(test)]
     pub fn signs(&self) -> &[i8] {
         &self.signs[..self.dims]
     }
@@ -414,6 +413,7 @@ impl Bound {
 
 /// The integer product of two codes, one value at a time: the reference the
 /// kernels must agree with.
+#[cfg(test)]
 pub fn dot_scalar(query: &[i8], row: impl Iterator<Item = i8>) -> i32 {
     query.iter().zip(row).map(|(&d, c)| i32::from(d) * i32::from(c)).sum()
 }

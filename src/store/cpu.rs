@@ -77,7 +77,8 @@ impl Paths {
             Simd::Baseline => Some(F32::Baseline),
         };
         let Some(f32) = f32 else {
-            return Err(format!("--simd {simd:?}: this CPU lacks its instructions").to_lowercase());
+            let name = clap::ValueEnum::to_possible_value(&simd).map_or_else(String::new, |v| v.get_name().to_owned());
+            return Err(format!("--simd {name}: this CPU lacks its instructions"));
         };
         // The int8 kernels that fit within the f32 path's instructions.
         let allowed: &[codes::Kernel] = match f32 {

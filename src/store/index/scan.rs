@@ -209,7 +209,13 @@ impl Index {
     /// The int8 first pass of a lone search for `query` (with its
     /// `squared_norm` and `scale`), where the index keeps codes and the
     /// process runs the pass.
-    fn coded<'a>(&self, query: &[f32], squared_norm: f64, scale: f32, code: &'a mut QueryCode) -> Option<Coded<'a>> {
+    fn coded<'a>(
+        &self,
+        query: &[f32],
+        squared_norm: impl FnOnce() -> f64,
+        scale: f32,
+        code: &'a mut QueryCode,
+    ) -> Option<Coded<'a>> {
         let (_, kernel) = (self.codes.as_ref()?, cpu::paths().int8?);
         let shape = match self.metric {
             Metric::Cosine => codes::Shape::Cosine,
@@ -218,7 +224,7 @@ impl Index {
             _ => return None,
         };
         code.encode(query);
-        let bound = codes::Bound::new(shape, code, squared_norm, scale);
+        let bound = codes::Bound::new(shape, code, squared_norm(), scale);
         Some(Coded { code, bound, kernel })
     }
 
@@ -244,9 +250,12 @@ impl Index {
         let mut coded = None;
         let scales: &[f32] = if let [query] = queries {
             squared_norms = Vec::new();
-            let squared = kernels::squared_norm(query);
-            one = [self.query_scale(|| squared)];
-            coded = self.coded(query, squared, one[0], code);
+            // The squares are summed only where something needs them: the
+            // int8 pass's bound, or cosine's scale.
+            let squared = std::cell::OnceCell::new();
+            let squared_norm = || *squared.get_or_init(|| kernels::squared_norm(query));
+            one = [self.query_scale(squared_norm)];
+            coded = self.coded(query, squared_norm, one[0], code);
             &one
         } else {
             squared_norms = queries.iter().map(|query| kernels::squared_norm(query)).collect();
@@ -1174,7 +1183,7 @@ pub(crate) mod tests {
     ) -> (Coded<'a>, f32) {
         let squared = kernels::squared_norm(query);
         let scale = index.query_scale(|| squared);
-        let mut coded = index.coded(query, squared, scale, code).expect("an index with codes");
+        let mut coded = index.coded(query, || squared, scale, code).expect("an index with codes");
         coded.kernel = kernel;
         (coded, scale)
     }
@@ -1285,6 +1294,34 @@ pub(crate) mod tests {
                     assert!(rescored * 10 < passed, "{metric:?}, {dims} dims: {rescored} of {passed} rows rescored");
                 }
             }
+        }
+    }
+
+    /// The most dimensions that keep codes: there the integer products of
+    /// saturated codes (every value ±127, offset 255) reach 2,122,383,360,
+    /// just inside an i32, and every kernel still sums them exactly; one
+    /// dimension more keeps none.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn codes_hold_exactly_up_to_their_dimension_limit() {
+        let kernels = int8_kernels("the int8 dimension limit");
+        let dims = codes::DIMS_MAX;
+        let rows: Vec<f32> = [1.0, -1.0].iter().flat_map(|&x| vec![x; dims]).collect();
+        let codes = codes::Codes::of(dims, &rows).expect("codes at the limit");
+        assert!(codes::Codes::of(dims + 1, &[0.5; codes::DIMS_MAX + 1]).is_none());
+        for query in [vec![1.0f32; dims], vec![-1.0; dims]] {
+            let code = QueryCode::new(&query);
+            for &kernel in &kernels {
+                for row in 0..2 {
+                    let [dot] = kernel.dots::<1>(&code, &codes, row);
+                    assert_eq!(dot, codes::dot_scalar(code.signs(), codes.row(row)), "{}", kernel.name());
+                    assert_eq!(dot.unsigned_abs(), 127 * 127 * dims as u32, "{}", kernel.name());
+                }
+            }
+        }
+        if cpu::paths().int8.is_some() {
+            assert!(Index::new(dims, Metric::Cosine).codes.is_some());
+            assert!(Index::new(dims + 1, Metric::Cosine).codes.is_none());
         }
     }
 }
