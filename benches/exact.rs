@@ -129,7 +129,7 @@ fn main() {
         let (vectors, queries) = data.split_at(rows * dims);
         for (&metric, &theirs) in metrics.iter().zip(&reference) {
             let ids: Vec<i64> = (0..rows as i64).collect();
-            let index = Index::from_parts(dims, metric, ids, vectors.to_vec(), vec![Box::default(); rows])
+            let index = Index::from_parts(dims, metric, ids, vectors.to_vec(), vec![Default::default(); rows])
                 .expect("an index from the rows");
             let queries: Vec<Vec<f32>> = queries
                 .chunks_exact(dims)

@@ -22,6 +22,7 @@ use std::io::{self, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::files::{self, sync_dir};
+use crate::store::index::Text;
 use crate::store::{Index, Metric, Store};
 
 const SNAPSHOT_MAGIC: &[u8; 8] = b"QUIVSNP1";
@@ -187,9 +188,9 @@ pub fn load_index(path: &Path, progress: &mut crate::log::Progress) -> Result<In
             if len as u64 > length {
                 return Err(io::Error::other("metadata longer than the file"));
             }
-            let mut text = vec![0u8; len];
+            let mut text = Text::from_elem(0, len);
             input.fill(&mut text)?;
-            metadata.push(text.into_boxed_slice());
+            metadata.push(text);
         }
         let computed = input.crc;
         let stored = u32::from_le_bytes(input.array()?);

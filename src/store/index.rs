@@ -6,18 +6,20 @@
 //! tombstones. How the rows are scanned is in `scan`.
 
 mod meta;
+mod rows;
 mod scan;
 
 use std::fmt;
 
-use ahash::AHashMap;
 use roaring::RoaringBitmap;
+use smallvec::SmallVec;
 
 use super::codes::Codes;
 use super::filter::Filter;
 use super::kernels;
 use super::screen;
 use crate::limits::{COSINE_SQUARED_NORM_MIN, SQUARED_NORM_MAX};
+use rows::RowMap;
 pub use scan::{FirstPass, Scanner};
 
 /// How nearness is measured: EigenDB's nine metrics.
@@ -216,11 +218,16 @@ impl fmt::Display for VectorError {
     }
 }
 
+/// One row's metadata text, kept in place when it is 16 bytes or shorter
+/// (`{"n":"123456"}`): 24 bytes a row then, where a boxed text takes 16
+/// and a heap block of at least 32.
+pub type Text = SmallVec<[u8; 16]>;
+
 /// One row taken out of an index: its vector and metadata text.
 pub type Row = (Vec<f32>, Box<[u8]>);
 
 /// An index's rows in order: ids, vectors (row after row), metadata texts.
-pub type Parts<'a> = (&'a [i64], &'a [f32], &'a [Box<[u8]>]);
+pub type Parts<'a> = (&'a [i64], &'a [f32], &'a [Text]);
 
 pub struct Index {
     dims: usize,
@@ -236,8 +243,8 @@ pub struct Index {
     ids: Vec<i64>,
     /// Each row's metadata as a JSON object text, ready to copy into a reply;
     /// empty for `{}`.
-    metadata: Vec<Box<[u8]>>,
-    rows: AHashMap<i64, u32>,
+    metadata: Vec<Text>,
+    rows: RowMap,
     /// Which rows hold which metadata values, for filters.
     meta: meta::MetaIndex,
 }
@@ -265,7 +272,7 @@ impl Index {
             codes: Index::keeps_codes(dims, metric).then(|| Codes::new(dims)).flatten(),
             ids: Vec::new(),
             metadata: Vec::new(),
-            rows: AHashMap::new(),
+            rows: RowMap::new(),
             meta: meta::MetaIndex::default(),
         }
     }
@@ -300,7 +307,7 @@ impl Index {
     }
 
     pub fn contains(&self, id: i64) -> bool {
-        self.rows.contains_key(&id)
+        self.rows.get(&self.ids, id).is_some()
     }
 
     /// Checks a vector against this index: length, finiteness, (cosine) a
@@ -380,8 +387,8 @@ impl Index {
             _ => 0.0,
         };
         let norm = screen::norm_bound_of(squared_norm);
-        match self.rows.get(&id) {
-            Some(&row) => {
+        match self.rows.get(&self.ids, id) {
+            Some(row) => {
                 let row = row as usize;
                 self.vectors[row * self.dims..(row + 1) * self.dims].copy_from_slice(vector);
                 self.norms[row] = norm;
@@ -394,7 +401,7 @@ impl Index {
                 if *self.metadata[row] != *metadata {
                     self.meta.remove(row as u32, &self.metadata[row]);
                     self.meta.add(row as u32, metadata);
-                    self.metadata[row] = metadata.into();
+                    self.metadata[row] = Text::from_slice(metadata);
                 }
             }
             None => {
@@ -408,9 +415,9 @@ impl Index {
                     self.inverse_norms.push(inverse_norm);
                 }
                 self.ids.push(id);
-                self.metadata.push(metadata.into());
+                self.metadata.push(Text::from_slice(metadata));
                 self.meta.add(row, metadata);
-                self.rows.insert(id, row);
+                self.rows.insert(&self.ids, row);
             }
         }
     }
@@ -429,7 +436,7 @@ impl Index {
 
     /// Swaps the last row into `id`'s row, handing the removed row to `take` first.
     fn remove_row(&mut self, id: i64, take: impl FnOnce(&[f32], Box<[u8]>)) -> bool {
-        let Some(row) = self.rows.remove(&id) else {
+        let Some(row) = self.rows.remove(&self.ids, id) else {
             return false;
         };
         let row = row as usize;
@@ -439,11 +446,11 @@ impl Index {
         if row != last {
             self.meta.moved(last as u32, row as u32, &self.metadata[row]);
         }
-        take(&self.vectors[row * self.dims..(row + 1) * self.dims], metadata);
+        take(&self.vectors[row * self.dims..(row + 1) * self.dims], metadata.into_vec().into_boxed_slice());
         if row != last {
             let (dims, moved_id) = (self.dims, self.ids[last]);
             self.vectors.copy_within(last * dims..(last + 1) * dims, row * dims);
-            self.rows.insert(moved_id, row as u32);
+            self.rows.moved(moved_id, last as u32, row as u32);
         }
         self.vectors.truncate(last * self.dims);
         self.ids.swap_remove(row);
@@ -464,7 +471,7 @@ impl Index {
         metric: Metric,
         ids: Vec<i64>,
         vectors: Vec<f32>,
-        metadata: Vec<Box<[u8]>>,
+        metadata: Vec<Text>,
     ) -> Result<Index, String> {
         if dims == 0 || vectors.len() != ids.len() * dims || metadata.len() != ids.len() {
             return Err(format!(
@@ -474,12 +481,7 @@ impl Index {
                 metadata.len()
             ));
         }
-        let mut rows = AHashMap::with_capacity(ids.len());
-        for (row, &id) in ids.iter().enumerate() {
-            if rows.insert(id, row as u32).is_some() {
-                return Err(format!("id {id} appears twice"));
-            }
-        }
+        let rows = RowMap::of(&ids).map_err(|id| format!("id {id} appears twice"))?;
         let squared_norms: Vec<f64> = vectors.chunks_exact(dims).map(kernels::squared_norm).collect();
         let inverse_norms = match metric {
             Metric::Cosine => squared_norms.iter().map(|&s| kernels::inverse_norm_of(s)).collect(),
@@ -501,7 +503,7 @@ impl Index {
 
     /// The stored vector and metadata text of `id`.
     pub fn get(&self, id: i64) -> Option<(&[f32], &[u8])> {
-        let row = *self.rows.get(&id)?;
+        let row = self.rows.get(&self.ids, id)?;
         Some((self.vector_of_row(row), &self.metadata[row as usize]))
     }
 

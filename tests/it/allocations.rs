@@ -113,7 +113,7 @@ fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
     let items: Vec<String> = (0..500)
         .map(|i| {
             format!(
-                r#"{{"id":{i},"data":[{}],"metadata":{{"n":"{i}"}}}}"#,
+                r#"{{"id":{i},"data":[{}],"metadata":{{"n":"{i}","longer":"than sixteen bytes"}}}}"#,
                 vec![format!("{}.5", i % 9 + 1); 8].join(",")
             )
         })
@@ -124,7 +124,8 @@ fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
         &auth,
         Some(&format!(r#"{{"embeddings":[{}]}}"#, items.join(","))),
     );
-    // The counter counts: storing 500 rows with metadata must allocate.
+    // The counter counts: storing 500 rows with metadata too long to be
+    // kept in place must allocate.
     assert!(exchange(&insert) > 500);
 
     let health = request_bytes("GET", "/api/v1/health", &[], None);

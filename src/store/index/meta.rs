@@ -22,6 +22,7 @@ use ahash::{AHashMap, AHashSet};
 use roaring::RoaringBitmap;
 use simd_json::{Buffers, Node, Tape};
 
+use super::Text;
 use crate::store::filter::{number_of, Filter};
 
 /// The rows of one metadata key.
@@ -124,7 +125,7 @@ impl MetaIndex {
     /// is not kept: a filter naming it matches no row through it, and
     /// filters naming made-up keys leave nothing behind (they cost a pass
     /// each instead).
-    pub fn index_keys(&mut self, filter: &Filter, texts: &[Box<[u8]>]) {
+    pub fn index_keys(&mut self, filter: &Filter, texts: &[Text]) {
         let mut new: AHashSet<&str> = AHashSet::new();
         filter.each_key(&mut |key| {
             if !self.keys.contains_key(key) {
@@ -319,8 +320,8 @@ mod tests {
     }
 
     /// A metadata index of `texts`, every key of `keys` indexed.
-    fn indexed(texts: &[&str], keys: &[&str]) -> (MetaIndex, Vec<Box<[u8]>>) {
-        let texts: Vec<Box<[u8]>> = texts.iter().map(|text| text.as_bytes().into()).collect();
+    fn indexed(texts: &[&str], keys: &[&str]) -> (MetaIndex, Vec<Text>) {
+        let texts: Vec<Text> = texts.iter().map(|text| Text::from_slice(text.as_bytes())).collect();
         let mut meta = MetaIndex::default();
         let filter = Filter::And(keys.iter().map(|&key| Filter::Exists(key.into())).collect());
         meta.index_keys(&filter, &texts);
@@ -337,7 +338,7 @@ mod tests {
             r#"{"lang":"fr","year":"2001.0"}"#,
             r#"{"lang":"en","q\"uote":"a\\b\n"}"#,
         ];
-        let texts: Vec<Box<[u8]>> = texts.iter().map(|text| text.as_bytes().into()).collect();
+        let texts: Vec<Text> = texts.iter().map(|text| Text::from_slice(text.as_bytes())).collect();
         meta.index_keys(&Filter::Exists("q\"uote".into()), &texts);
         assert_eq!(rows(&meta.matching(&eq("lang", "en"), 3)), [0, 2]);
         assert_eq!(rows(&meta.matching(&eq("q\"uote", "a\\b\n"), 3)), [2], "escapes are read");
