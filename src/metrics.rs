@@ -223,7 +223,7 @@ impl Metrics {
             out,
             "quiver_search_first_pass_rows_total",
             "counter",
-            "Rows whose int8 codes a lone search read before deciding which to score exactly.",
+            "Rows whose int8 codes a search read before deciding which to score exactly (a batch counts each of its searches).",
             self.first_pass.rows as f64,
         );
         single(

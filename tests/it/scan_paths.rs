@@ -115,6 +115,24 @@ fn every_scan_path_answers_as_the_oracle_with_the_int8_pass_and_without() {
                     assert_eq!(got, want, "{flag}: {index}, query {q}, k {k}: the int8 pass changed the answer");
                 }
             }
+            // Batches small enough for the int8 pass and large enough for
+            // the bfloat16 one (on AVX-512): as each search alone.
+            let queries = queries(model, 98, dims);
+            for count in [6, 20] {
+                let searches: Vec<Value> = (queries.iter().cycle().take(count))
+                    .map(|query| serde_json::json!({"queryVector": query, "k": 10, "include": ["score"]}))
+                    .collect();
+                let body = serde_json::json!({ "searches": searches }).to_string();
+                let path = format!("/api/v1/embeddings/{index}/search-batch");
+                let (got, want) = (a.call("POST", &path, Some(&body)), b.call("POST", &path, Some(&body)));
+                assert_eq!((got.status, &got.body), (200, &want.body), "{flag}: {index}, a batch of {count}");
+                for (n, (query, result)) in
+                    queries.iter().cycle().zip(got.body["data"]["results"].as_array().unwrap()).enumerate()
+                {
+                    let alone = search(&mut a, index, query, 10);
+                    assert_eq!(result, &alone["data"], "{flag}: {index}, search {n} of a batch of {count}");
+                }
+            }
         }
         // The pass ran where the path has an int8 kernel, and ruled most
         // rows out; without it, it never ran.

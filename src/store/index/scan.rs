@@ -56,6 +56,14 @@ fn row_tile() -> usize {
 /// Fewer are bound by reading the rows, which the pass does not shorten.
 const SCREEN_QUERIES_MIN: usize = 4;
 
+/// Where the index has int8 codes, batches take the int8 pass (`codes`)
+/// up to this many searches, and the bfloat16 pass from one more (where
+/// the CPU has it; else the int8 pass still). At 20,000 x 768 (the
+/// `kernels` bench, `many`) 4 searches took 0.99 ms through the codes
+/// against 2.47 ms through bfloat16; 16 took 3.36 against 3.12 ms: the
+/// int8 pass reads a quarter of the bytes, but bounds each pair on its own.
+const CODED_QUERIES_MAX: usize = 12;
+
 /// Pairs of a tile left undecided by the bfloat16 pass above which the f32
 /// tile scores all its pairs: that costs about what 4 pairs scored alone do.
 const SCREEN_WHOLE_TILE_PAIRS: usize = 4;
@@ -94,11 +102,11 @@ impl std::ops::AddAssign for FirstPass {
     }
 }
 
-/// A lone search's int8 first pass (`codes`): its query's code, bound and
-/// the kernel that computes the integer products.
+/// The int8 first pass (`codes`) of a search or a batch: each query's code
+/// and bound, and the kernel that computes the integer products.
 struct Coded<'a> {
-    code: &'a QueryCode,
-    bound: codes::Bound,
+    codes: &'a [QueryCode],
+    bounds: &'a [codes::Bound],
     kernel: codes::Kernel,
 }
 
@@ -206,16 +214,9 @@ impl Index {
         self.search_in_chunks(queries, ks, tops, (partials, self.chunk_rows()), None, &mut QueryCode::default());
     }
 
-    /// The int8 first pass of a lone search for `query` (with its
-    /// `squared_norm` and `scale`), where the index keeps codes and the
-    /// process runs the pass.
-    fn coded<'a>(
-        &self,
-        query: &[f32],
-        squared_norm: impl FnOnce() -> f64,
-        scale: f32,
-        code: &'a mut QueryCode,
-    ) -> Option<Coded<'a>> {
+    /// The bound's shape and the kernel of the int8 first pass, where the
+    /// index keeps codes and the process runs the pass.
+    fn coded_pass(&self) -> Option<(codes::Shape, codes::Kernel)> {
         let (_, kernel) = (self.codes.as_ref()?, cpu::paths().int8?);
         let shape = match self.metric {
             Metric::Cosine => codes::Shape::Cosine,
@@ -223,9 +224,7 @@ impl Index {
             Metric::L2 => codes::Shape::L2,
             _ => return None,
         };
-        code.encode(query);
-        let bound = codes::Bound::new(shape, code, squared_norm(), scale);
-        Some(Coded { code, bound, kernel })
+        Some((shape, kernel))
     }
 
     /// `search_many_split`, the threads taking `chunk` rows at a time, of
@@ -244,22 +243,42 @@ impl Index {
         let rows = self.len();
         let matching = mask.map_or(rows, |mask| mask.len() as usize);
         // A lone search keeps its scale on the stack, and codes its query
-        // for the int8 pass. A batch sums each query's squares once, for its
-        // scale and for the bfloat16 pass's bound.
-        let (one, squared_norms, many): ([f32; 1], Vec<f64>, Vec<f32>);
-        let mut coded = None;
+        // for the int8 pass in `code`'s buffers. A batch sums each query's
+        // squares once, for its scale and for a first pass's bound, and
+        // takes the bfloat16 pass or codes its queries for the int8 pass
+        // (`CODED_QUERIES_MAX`).
+        let (one, many): ([f32; 1], Vec<f32>);
+        let (one_bound, many_bounds, many_codes): ([codes::Bound; 1], Vec<codes::Bound>, Vec<QueryCode>);
+        let (mut coded, mut screen) = (None, None);
+        let pass = self.coded_pass();
         let scales: &[f32] = if let [query] = queries {
-            squared_norms = Vec::new();
             // The squares are summed only where something needs them: the
             // int8 pass's bound, or cosine's scale.
             let squared = std::cell::OnceCell::new();
             let squared_norm = || *squared.get_or_init(|| kernels::squared_norm(query));
             one = [self.query_scale(squared_norm)];
-            coded = self.coded(query, squared_norm, one[0], code);
+            if let Some((shape, kernel)) = pass {
+                code.encode(query);
+                one_bound = [codes::Bound::new(shape, code, squared_norm(), one[0])];
+                coded = Some(Coded { codes: std::slice::from_ref(code), bounds: &one_bound, kernel });
+            }
             &one
         } else {
-            squared_norms = queries.iter().map(|query| kernels::squared_norm(query)).collect();
+            let squared_norms: Vec<f64> = queries.iter().map(|query| kernels::squared_norm(query)).collect();
             many = squared_norms.iter().map(|&squared| self.query_scale(|| squared)).collect();
+            // No bfloat16 pass under a mask: the rows it leaves are rarely
+            // in tiles worth converting.
+            let screen_min = if pass.is_some() { CODED_QUERIES_MAX + 1 } else { SCREEN_QUERIES_MIN };
+            if mask.is_none() && queries.len() >= screen_min && self.metric.is_similarity() {
+                screen = Screen::new(queries, &squared_norms, &many, self.dims);
+            }
+            if let (None, Some((shape, kernel))) = (&screen, pass) {
+                many_codes = queries.iter().map(|query| QueryCode::of(query)).collect();
+                many_bounds = (many_codes.iter().zip(&squared_norms).zip(&many))
+                    .map(|((code, &squared), &scale)| codes::Bound::new(shape, code, squared, scale))
+                    .collect();
+                coded = Some(Coded { codes: &many_codes, bounds: &many_bounds, kernel });
+            }
             &many
         };
         let reset = |tops: &mut [TopK]| {
@@ -268,37 +287,32 @@ impl Index {
             }
         };
         reset(tops);
-        // No bfloat16 pass under a mask: the rows it leaves are rarely in
-        // tiles worth converting.
-        let screen = if mask.is_none() && queries.len() >= SCREEN_QUERIES_MIN && self.metric.is_similarity() {
-            Screen::new(queries, &squared_norms, scales, self.dims)
-        } else {
-            None
-        };
         let screen = screen.as_ref();
         let (coded, passed, rescored) = (coded.as_ref(), AtomicU64::new(0), AtomicU64::new(0));
-        // The exact scan of some rows: those of the mask among them, if any.
-        let scan_rows = |range: Range<usize>, tops: &mut [TopK]| {
+        // The exact scan of some rows, through the int8 pass if `coded`:
+        // those of the mask among them, if any.
+        let scan_rows = |range: Range<usize>, coded: Option<&Coded>, tops: &mut [TopK]| {
             let pass = match mask {
                 Some(mask) => self.scan_masked(queries, scales, coded, mask, range, tops),
                 None => self.scan_exact(queries, scales, coded, range, tops),
             };
             passed.fetch_add(pass.rows, Ordering::Relaxed);
             rescored.fetch_add(pass.rescored, Ordering::Relaxed);
+            pass
         };
         let first_pass =
             || FirstPass { rows: passed.load(Ordering::Relaxed), rescored: rescored.load(Ordering::Relaxed) };
-        if partials.is_empty() && screen.is_none() {
-            scan_rows(0..rows, tops);
+        if partials.is_empty() && screen.is_none() && coded.is_none() {
+            scan_rows(0..rows, None, tops);
             return first_pass();
         }
         let taken = AtomicUsize::new(0);
         let scan = |tops: &mut [TopK]| {
-            // After a chunk where the pass had to score most pairs exactly
-            // anyway (rows it cannot tell apart), the next go straight to
-            // the exact scan: one, then twice as many after each chunk the
-            // pass fails again, so that on rows it cannot thin out the pass
-            // is tried on a few chunks only.
+            // After a chunk where a first pass had to score most pairs
+            // exactly anyway (rows it cannot tell apart), the next go
+            // straight to the exact scan: one, then twice as many after each
+            // chunk the pass fails again, so that on rows it cannot thin out
+            // the pass is tried on a few chunks only.
             let (mut exact_chunks, mut backoff) = (0usize, 1);
             loop {
                 let start = taken.fetch_add(chunk, Ordering::Relaxed);
@@ -306,19 +320,25 @@ impl Index {
                     break;
                 }
                 let range = start..(start + chunk).min(rows);
-                match screen {
-                    Some(screen) if exact_chunks == 0 => {
+                let failed = match (screen, coded) {
+                    (Some(screen), _) if exact_chunks == 0 => {
                         let pairs = range.len() * queries.len();
-                        if self.scan_through(screen, queries, scales, range, tops) * 2 > pairs {
-                            (exact_chunks, backoff) = (backoff, backoff * 2);
-                        } else {
-                            backoff = 1;
-                        }
+                        self.scan_through(screen, queries, scales, range, tops) * 2 > pairs
+                    }
+                    (None, Some(coded)) if exact_chunks == 0 => {
+                        let pass = scan_rows(range, Some(coded), tops);
+                        pass.rescored * 2 > pass.rows
                     }
                     _ => {
                         exact_chunks = exact_chunks.saturating_sub(1);
-                        scan_rows(range, tops);
+                        scan_rows(range, None, tops);
+                        continue;
                     }
+                };
+                if failed {
+                    (exact_chunks, backoff) = (backoff, backoff * 2);
+                } else {
+                    backoff = 1;
                 }
             }
         };
@@ -396,7 +416,7 @@ impl Index {
 
     /// Offers every row of `rows` to the tops of the queries: a tile of rows
     /// at a time, each scored against the queries a tile of them at a time;
-    /// a lone query with `coded` goes through the int8 pass (`scan_coded`).
+    /// with `coded`, through the int8 pass instead (`scan_coded`).
     fn scan_exact(
         &self,
         queries: &[&[f32]],
@@ -405,10 +425,10 @@ impl Index {
         rows: Range<usize>,
         tops: &mut [TopK],
     ) -> FirstPass {
+        if let Some(coded) = coded {
+            return self.scan_coded(queries, scales, coded, rows, tops);
+        }
         if let ([query], [scale], [top]) = (queries, scales, &mut *tops) {
-            if let Some(coded) = coded {
-                return self.scan_coded(query, *scale, coded, rows, top);
-            }
             // A lone query reads the rows from memory one at a time: one
             // stream of rows is read faster than several interleaved (the
             // `kernels` bench: 8 rows at a time took 1.7 times as long).
@@ -447,39 +467,61 @@ impl Index {
         }
     }
 
-    /// A lone search of `rows` through the int8 pass (`codes`): the codes
-    /// of `ROWS` rows at a time give each an interval holding its exact
-    /// score, and only a row whose interval can still beat the farthest
-    /// the top keeps is scored exactly, as the f32 scan scores it
-    /// (`scan_tile`), so the answer is the f32 scan's, bit for bit.
-    fn scan_coded(&self, query: &[f32], scale: f32, coded: &Coded, rows: Range<usize>, top: &mut TopK) -> FirstPass {
+    /// `rows` through the int8 pass (`codes`), for each query: the codes
+    /// of `ROWS` rows at a time give each pair an interval holding its exact
+    /// score, and only a pair whose interval can still beat the farthest
+    /// its query's top keeps is scored exactly, as the f32 scan scores it
+    /// (`scan_tile`), so the answer is the f32 scan's, bit for bit. A batch
+    /// takes the queries in turn over each tile of rows, whose codes stay
+    /// in L1 meanwhile. Counts pairs: rows times queries.
+    fn scan_coded(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        coded: &Coded,
+        rows: Range<usize>,
+        tops: &mut [TopK],
+    ) -> FirstPass {
         let codes = self.codes.as_ref().expect("a coded scan is of an index with codes");
-        let cosine = self.metric == Metric::Cosine;
+        let ones = [1.0; codes::ROWS];
+        let row_scales = |row: usize| match self.metric {
+            Metric::Cosine => &self.inverse_norms[row..],
+            _ => &ones[..],
+        };
         let mut rescored = 0;
-        let mut decide = |row: usize, dot: i32, top: &mut TopK| {
-            if let Some(threshold) = top.threshold() {
-                let row_scale = if cosine { self.inverse_norms[row] } else { 1.0 };
-                if coded.bound.rules_out(codes, row, dot, self.norms[row], row_scale, threshold) {
-                    return;
-                }
+        // Scores exactly the pairs of query `q` with the rows from `row`
+        // whose bits in `left` are set.
+        let mut rescore = |q: usize, row: usize, mut left: u32, top: &mut TopK| {
+            rescored += u64::from(left.count_ones());
+            while left != 0 {
+                let row = row + left.trailing_zeros() as usize;
+                left &= left - 1;
+                let top = std::slice::from_mut(&mut *top);
+                self.scan_tile::<1, 1>(&queries[q..=q], &scales[q..=q], row..row + 1, top, &[]);
             }
-            rescored += 1;
-            self.scan_tile::<1, 1>(&[query], &[scale], row..row + 1, std::slice::from_mut(top), &[]);
         };
         let mut row = rows.start;
         while row + codes::ROWS <= rows.end {
             codes.prefetch(row + CODES_PREFETCH_ROWS, codes::ROWS);
-            let dots = coded.kernel.dots::<{ codes::ROWS }>(coded.code, codes, row);
-            for (r, dot) in dots.into_iter().enumerate() {
-                decide(row + r, dot, top);
+            for (q, (code, top)) in coded.codes.iter().zip(&mut *tops).enumerate() {
+                let dots = coded.kernel.dots::<{ codes::ROWS }>(code, codes, row);
+                let ruled = top.threshold().map_or(0, |threshold| {
+                    coded.bounds[q].rules_out_rows(codes, row, dots, &self.norms[row..], row_scales(row), threshold)
+                });
+                rescore(q, row, !ruled & ((1 << codes::ROWS) - 1), top);
             }
             row += codes::ROWS;
         }
         for row in row..rows.end {
-            let [dot] = coded.kernel.dots::<1>(coded.code, codes, row);
-            decide(row, dot, top);
+            for (q, (code, top)) in coded.codes.iter().zip(&mut *tops).enumerate() {
+                let dots = coded.kernel.dots::<1>(code, codes, row);
+                let ruled = top.threshold().map_or(0, |threshold| {
+                    coded.bounds[q].rules_out_rows(codes, row, dots, &self.norms[row..], row_scales(row), threshold)
+                });
+                rescore(q, row, !ruled & 1, top);
+            }
         }
-        FirstPass { rows: rows.len() as u64, rescored }
+        FirstPass { rows: (rows.len() * queries.len()) as u64, rescored }
     }
 
     /// The rows of the tile `PREFETCH_TILES` ahead of the one of `tile_rows`
@@ -1173,19 +1215,32 @@ pub(crate) mod tests {
         rows
     }
 
-    /// The int8 pass of `index` for `query` with `kernel`.
+    /// The int8 pass of `index` for `queries` with `kernel`: their codes,
+    /// bounds and scales.
     #[cfg(target_arch = "x86_64")]
-    fn coded_with<'a>(
-        index: &Index,
-        query: &[f32],
+    struct Pass {
+        codes: Vec<QueryCode>,
+        bounds: Vec<codes::Bound>,
+        scales: Vec<f32>,
         kernel: codes::Kernel,
-        code: &'a mut QueryCode,
-    ) -> (Coded<'a>, f32) {
-        let squared = kernels::squared_norm(query);
-        let scale = index.query_scale(|| squared);
-        let mut coded = index.coded(query, || squared, scale, code).expect("an index with codes");
-        coded.kernel = kernel;
-        (coded, scale)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    impl Pass {
+        fn new(index: &Index, queries: &[&[f32]], kernel: codes::Kernel) -> Pass {
+            let (shape, _) = index.coded_pass().expect("an index with codes");
+            let squared: Vec<f64> = queries.iter().map(|query| kernels::squared_norm(query)).collect();
+            let scales: Vec<f32> = squared.iter().map(|&squared| index.query_scale(|| squared)).collect();
+            let codes: Vec<QueryCode> = queries.iter().map(|query| QueryCode::of(query)).collect();
+            let bounds = (codes.iter().zip(&squared).zip(&scales))
+                .map(|((code, &squared), &scale)| codes::Bound::new(shape, code, squared, scale))
+                .collect();
+            Pass { codes, bounds, scales, kernel }
+        }
+
+        fn coded(&self) -> Coded<'_> {
+            Coded { codes: &self.codes, bounds: &self.bounds, kernel: self.kernel }
+        }
     }
 
     /// The kernels this CPU has; a skip, recorded, for each it has not.
@@ -1212,21 +1267,21 @@ pub(crate) mod tests {
                     hard_for_codes(1000 + dims as u64, dims, metric).into_iter().step_by(3).enumerate()
                 {
                     index.prepare_query(&mut query).unwrap();
-                    let code = QueryCode::new(&query);
+                    let code = QueryCode::of(&query);
                     for &kernel in &kernels {
-                        let mut buffers = QueryCode::default();
-                        let (coded, scale) = coded_with(&index, &query, kernel, &mut buffers);
+                        let pass = Pass::new(&index, &[&query], kernel);
+                        let (coded, scale) = (pass.coded(), pass.scales[0]);
                         for row in 0..index.len() {
                             let mut top = TopK::new();
                             top.reset(1);
                             index.scan_exact(&[&query], &[scale], None, row..row + 1, std::slice::from_mut(&mut top));
                             let exact = top.sorted()[0].distance;
-                            let [dot] = kernel.dots::<1>(coded.code, codes, row);
+                            let [dot] = kernel.dots::<1>(&coded.codes[0], codes, row);
                             let want = codes::dot_scalar(code.signs(), codes.row(row));
                             assert_eq!(dot, want, "{metric:?}, {dims} dims, {}", kernel.name());
                             let row_scale = if metric == Metric::Cosine { index.inverse_norms[row] } else { 1.0 };
                             assert!(
-                                !coded.bound.rules_out(codes, row, dot, index.norms[row], row_scale, exact),
+                                !coded.bounds[0].rules_out(codes, row, dot, index.norms[row], row_scale, exact),
                                 "{metric:?}, {dims} dims, query {q}, row {row} ruled out at its own distance {exact}"
                             );
                         }
@@ -1275,16 +1330,39 @@ pub(crate) mod tests {
                             let mut want = TopK::new();
                             scan(None, &mut want);
                             for &kernel in &kernels {
-                                let mut buffers = QueryCode::default();
-                                let (coded, _) = coded_with(&index, query, kernel, &mut buffers);
+                                let coded = Pass::new(&index, &[query], kernel);
                                 let mut got = TopK::new();
-                                let pass = scan(Some(&coded), &mut got);
+                                let pass = scan(Some(&coded.coded()), &mut got);
                                 let what = format!("{metric:?}, {dims} dims, query {q}, k {k}, {}", kernel.name());
                                 assert_eq!(got.sorted(), want.sorted(), "{what}, masked {}", mask.is_some());
                                 if (8..28).contains(&q) && k == 10 && mask.is_none() {
                                     (passed, rescored) = (passed + pass.rows, rescored + pass.rescored);
                                 }
                             }
+                        }
+                    }
+                }
+                // The same queries as one batch, their ks mixed: each
+                // answer as the f32 batch scan gives it.
+                let batch: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+                for mask in [None, Some(&mask)] {
+                    let scan = |coded: Option<&Coded>, scales: &[f32]| {
+                        let mut tops: Vec<TopK> = (0..batch.len()).map(|_| TopK::new()).collect();
+                        for (q, top) in tops.iter_mut().enumerate() {
+                            top.reset([1, 10, 100][q % 3]);
+                        }
+                        match mask {
+                            Some(mask) => index.scan_masked(&batch, scales, coded, mask, 0..index.len(), &mut tops),
+                            None => index.scan_exact(&batch, scales, coded, 0..index.len(), &mut tops),
+                        };
+                        tops
+                    };
+                    for &kernel in &kernels {
+                        let pass = Pass::new(&index, &batch, kernel);
+                        let (mut want, mut got) = (scan(None, &pass.scales), scan(Some(&pass.coded()), &pass.scales));
+                        for (q, (got, want)) in got.iter_mut().zip(&mut want).enumerate() {
+                            let what = format!("{metric:?}, {dims} dims, batch query {q}, {}", kernel.name());
+                            assert_eq!(got.sorted(), want.sorted(), "{what}, masked {}", mask.is_some());
                         }
                     }
                 }
@@ -1310,7 +1388,7 @@ pub(crate) mod tests {
         let codes = codes::Codes::of(dims, &rows).expect("codes at the limit");
         assert!(codes::Codes::of(dims + 1, &[0.5; codes::DIMS_MAX + 1]).is_none());
         for query in [vec![1.0f32; dims], vec![-1.0; dims]] {
-            let code = QueryCode::new(&query);
+            let code = QueryCode::of(&query);
             for &kernel in &kernels {
                 for row in 0..2 {
                     let [dot] = kernel.dots::<1>(&code, &codes, row);
