@@ -119,19 +119,28 @@ impl Kernel {
     /// `codes` from `row`.
     #[inline(always)]
     pub fn dots<const R: usize>(self, code: &QueryCode, codes: &Codes, row: usize) -> [i32; R] {
-        let dims = codes.dims;
-        // The rows and the slack after them, which every row has.
-        let bytes = &codes.bytes[row * dims..(row + R) * dims + SLACK];
-        assert!(code.dims == dims && code.signs.len() == dims.next_multiple_of(SLACK));
+        self.dots_of(code, codes, std::array::from_fn(|r| row + r))
+    }
+
+    /// `C` of the query `code` with each of `rows` of `codes`, wherever
+    /// they are.
+    #[inline(always)]
+    pub fn dots_of<const R: usize>(self, code: &QueryCode, codes: &Codes, rows: [usize; R]) -> [i32; R] {
+        let (dims, bytes) = (codes.dims, &codes.bytes[..]);
+        let starts = rows.map(|row| row * dims);
+        // Each row and whole blocks past it: within the slack every row has.
+        let read = dims.next_multiple_of(SLACK);
+        assert!(starts.iter().all(|&start| start + read <= bytes.len()));
+        assert!(code.dims == dims && code.signs.len() == read);
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a `Kernel` is only used where `available` found its
         // features (`cpu::paths`, and the tests ask first); the loads stay
         // inside `bytes` and the query's padded buffers (asserted).
         unsafe {
             let raw: [i32; R] = match self {
-                Kernel::Vnni512 => x86::dots_vnni512(bytes, &code.signs, dims),
-                Kernel::Vnni256 => x86::dots_vnni256(bytes, &code.signs, dims),
-                Kernel::Avx2 => return x86::dots_avx2(bytes, &code.magnitude, &code.signs, dims),
+                Kernel::Vnni512 => x86::dots_vnni512(bytes, starts, &code.signs, dims),
+                Kernel::Vnni256 => x86::dots_vnni256(bytes, starts, &code.signs, dims),
+                Kernel::Avx2 => return x86::dots_avx2(bytes, starts, &code.magnitude, &code.signs, dims),
             };
             // The rows' offset of 128 added 128 sum(d).
             raw.map(|raw| raw - 128 * code.sum)
@@ -388,22 +397,21 @@ impl Bound {
         self.rules_out_by(codes.scales[row], codes.residuals[row], dot, norm, row_scale, threshold)
     }
 
-    /// `rules_out` for the `R` rows of `codes` from `row` (`norms` and
-    /// `row_scales` theirs) against one threshold: bit `r` is set when row
-    /// `row + r` is ruled out. The same arithmetic, lane by lane and without
-    /// a branch, so that the compiler can do the lanes at once.
+    /// `rules_out` for `R` rows of `codes` (`norms` and `row_scales`
+    /// theirs) against one threshold: bit `r` is set when `rows[r]` is
+    /// ruled out. The same arithmetic, lane by lane and without a branch,
+    /// so that the compiler can do the lanes at once.
     #[inline(always)]
     pub fn rules_out_rows<const R: usize>(
         &self,
         codes: &Codes,
-        row: usize,
+        rows: [usize; R],
         dots: [i32; R],
-        norms: &[f32],
-        row_scales: &[f32],
+        norms: [f32; R],
+        row_scales: [f32; R],
         threshold: f32,
     ) -> u32 {
-        let (scales, residuals) = (&codes.scales[row..row + R], &codes.residuals[row..row + R]);
-        let (norms, row_scales) = (&norms[..R], &row_scales[..R]);
+        let (scales, residuals) = (rows.map(|row| codes.scales[row]), rows.map(|row| codes.residuals[row]));
         let mut ruled = 0;
         for r in 0..R {
             let out = self.rules_out_by(scales[r], residuals[r], dots[r], norms[r], row_scales[r], threshold);
@@ -461,21 +469,27 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// Sums `vpdpbusd(row, query)` over whole 64-byte blocks of each of `R`
-    /// rows (stored codes, offset by 128; the query is zero past its end, so
-    /// the bytes read past a row count for nothing): `sum (c_i + 128) d_i`.
+    /// rows, row `r` at `bytes[starts[r]..]` (stored codes, offset by 128;
+    /// the query is zero past its end, so the bytes read past a row count
+    /// for nothing): `sum (c_i + 128) d_i`.
     ///
     /// # Safety
     /// The CPU must have AVX-512F, BW and VNNI; `query` must hold `dims`
-    /// rounded up to 64 values, `rows` the `R` rows and 64 bytes more.
+    /// rounded up to 64 values, and `bytes` as many from each start.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn dots_vnni512<const R: usize>(rows: &[u8], query: &[i8], dims: usize) -> [i32; R] {
+    pub unsafe fn dots_vnni512<const R: usize>(
+        bytes: &[u8],
+        starts: [usize; R],
+        query: &[i8],
+        dims: usize,
+    ) -> [i32; R] {
         let mut sums = [_mm512_setzero_si512(); R];
         for at in (0..dims).step_by(64) {
             // SAFETY: in bounds, as the caller promises.
             let q = unsafe { _mm512_loadu_si512(query.as_ptr().add(at).cast()) };
             for (r, sum) in sums.iter_mut().enumerate() {
                 // SAFETY: in bounds, as the caller promises.
-                let x = unsafe { _mm512_loadu_si512(rows.as_ptr().add(r * dims + at).cast()) };
+                let x = unsafe { _mm512_loadu_si512(bytes.as_ptr().add(starts[r] + at).cast()) };
                 *sum = _mm512_dpbusd_epi32(*sum, x, q);
             }
         }
@@ -491,14 +505,19 @@ mod x86 {
     /// # Safety
     /// The CPU must have AVX2 and AVX-VNNI; bounds as `dots_vnni512`.
     #[target_feature(enable = "avx2,avxvnni")]
-    pub unsafe fn dots_vnni256<const R: usize>(rows: &[u8], query: &[i8], dims: usize) -> [i32; R] {
+    pub unsafe fn dots_vnni256<const R: usize>(
+        bytes: &[u8],
+        starts: [usize; R],
+        query: &[i8],
+        dims: usize,
+    ) -> [i32; R] {
         let mut sums = [_mm256_setzero_si256(); R];
         for at in (0..dims).step_by(32) {
             // SAFETY: in bounds, as the caller promises.
             let q = unsafe { _mm256_loadu_si256(query.as_ptr().add(at).cast()) };
             for (r, sum) in sums.iter_mut().enumerate() {
                 // SAFETY: in bounds, as the caller promises.
-                let x = unsafe { _mm256_loadu_si256(rows.as_ptr().add(r * dims + at).cast()) };
+                let x = unsafe { _mm256_loadu_si256(bytes.as_ptr().add(starts[r] + at).cast()) };
                 *sum = _mm256_dpbusd_avx_epi32(*sum, x, q);
             }
         }
@@ -517,7 +536,13 @@ mod x86 {
     /// # Safety
     /// The CPU must have AVX2; bounds as `dots_vnni512`.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn dots_avx2<const R: usize>(rows: &[u8], magnitude: &[u8], signs: &[i8], dims: usize) -> [i32; R] {
+    pub unsafe fn dots_avx2<const R: usize>(
+        bytes: &[u8],
+        starts: [usize; R],
+        magnitude: &[u8],
+        signs: &[i8],
+        dims: usize,
+    ) -> [i32; R] {
         let (ones, offset) = (_mm256_set1_epi16(1), _mm256_set1_epi8(i8::MIN));
         let mut sums = [_mm256_setzero_si256(); R];
         for at in (0..dims).step_by(32) {
@@ -530,7 +555,7 @@ mod x86 {
             };
             for (r, sum) in sums.iter_mut().enumerate() {
                 // SAFETY: in bounds, as the caller promises.
-                let x = unsafe { _mm256_loadu_si256(rows.as_ptr().add(r * dims + at).cast()) };
+                let x = unsafe { _mm256_loadu_si256(bytes.as_ptr().add(starts[r] + at).cast()) };
                 let code = _mm256_xor_si256(x, offset);
                 let pairs = _mm256_maddubs_epi16(m, _mm256_sign_epi8(code, s));
                 *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, ones));

@@ -241,6 +241,9 @@ impl Index {
     ) -> FirstPass {
         assert!(queries.len() == ks.len() && ks.len() == tops.len() && chunk > 0);
         let rows = self.len();
+        // A mask of every row (which holds rows of this index only) is no
+        // mask: the scan need not consult it.
+        let mask = mask.filter(|mask| mask.len() as usize != rows);
         let matching = mask.map_or(rows, |mask| mask.len() as usize);
         // A lone search keeps its scale on the stack, and codes its query
         // for the int8 pass in `code`'s buffers. A batch sums each query's
@@ -342,6 +345,11 @@ impl Index {
                 }
             }
         };
+        if partials.is_empty() {
+            // One thread: no scope to set up (it would allocate).
+            scan(tops);
+            return first_pass();
+        }
         std::thread::scope(|scope| {
             for partial in partials.iter_mut() {
                 let partial = &mut partial[..queries.len()];
@@ -374,6 +382,9 @@ impl Index {
         rows: Range<usize>,
         tops: &mut [TopK],
     ) -> FirstPass {
+        if let Some(coded) = coded {
+            return self.scan_coded_masked(queries, scales, coded, mask, rows, tops);
+        }
         let mut runs = mask.iter();
         runs.advance_to(rows.start as u32);
         let end = rows.end;
@@ -483,45 +494,109 @@ impl Index {
         tops: &mut [TopK],
     ) -> FirstPass {
         let codes = self.codes.as_ref().expect("a coded scan is of an index with codes");
-        let ones = [1.0; codes::ROWS];
-        let row_scales = |row: usize| match self.metric {
-            Metric::Cosine => &self.inverse_norms[row..],
-            _ => &ones[..],
-        };
         let mut rescored = 0;
-        // Scores exactly the pairs of query `q` with the rows from `row`
-        // whose bits in `left` are set.
-        let mut rescore = |q: usize, row: usize, mut left: u32, top: &mut TopK| {
-            rescored += u64::from(left.count_ones());
+        let mut row = rows.start;
+        while row + codes::ROWS <= rows.end {
+            codes.prefetch(row + CODES_PREFETCH_ROWS, codes::ROWS);
+            self.coded_rows::<{ codes::ROWS }>(
+                queries,
+                scales,
+                coded,
+                std::array::from_fn(|r| row + r),
+                tops,
+                &mut rescored,
+            );
+            row += codes::ROWS;
+        }
+        for row in row..rows.end {
+            self.coded_rows(queries, scales, coded, [row], tops, &mut rescored);
+        }
+        FirstPass { rows: (rows.len() * queries.len()) as u64, rescored }
+    }
+
+    /// `scan_coded` of the rows of `mask` within `rows`, taken `ROWS` at a
+    /// time wherever they are: a sparse mask costs what its rows cost, not
+    /// a call per run of consecutive rows.
+    fn scan_coded_masked(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        coded: &Coded,
+        mask: &RoaringBitmap,
+        rows: Range<usize>,
+        tops: &mut [TopK],
+    ) -> FirstPass {
+        const BLOCK: usize = 64;
+        let codes = self.codes.as_ref().expect("a coded scan is of an index with codes");
+        let mut matching = mask.iter();
+        matching.advance_to(rows.start as u32);
+        let mut matching = matching.map(|row| row as usize).take_while(|&row| row < rows.end);
+        let (mut block, mut passed, mut rescored) = ([0usize; BLOCK], 0, 0);
+        loop {
+            let taken = block.iter_mut().zip(&mut matching).map(|(slot, row)| *slot = row).count();
+            let block = &block[..taken];
+            for &row in block.iter().take(CODES_PREFETCH_ROWS) {
+                codes.prefetch(row, 1);
+            }
+            let mut at = 0;
+            while at + codes::ROWS <= block.len() {
+                for &ahead in block.iter().skip(at + CODES_PREFETCH_ROWS).take(codes::ROWS) {
+                    codes.prefetch(ahead, 1);
+                }
+                self.coded_rows::<{ codes::ROWS }>(
+                    queries,
+                    scales,
+                    coded,
+                    std::array::from_fn(|r| block[at + r]),
+                    tops,
+                    &mut rescored,
+                );
+                at += codes::ROWS;
+            }
+            for &row in &block[at..] {
+                self.coded_rows(queries, scales, coded, [row], tops, &mut rescored);
+            }
+            passed += block.len();
+            if block.len() < BLOCK {
+                break;
+            }
+        }
+        FirstPass { rows: (passed * queries.len()) as u64, rescored }
+    }
+
+    /// The int8 pass of `rows` for every query: their integer products,
+    /// their bounds against each query's farthest kept, and the pairs
+    /// those cannot rule out scored exactly (counted in `rescored`).
+    #[inline(always)]
+    fn coded_rows<const R: usize>(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        coded: &Coded,
+        rows: [usize; R],
+        tops: &mut [TopK],
+        rescored: &mut u64,
+    ) {
+        let codes = self.codes.as_ref().expect("a coded scan is of an index with codes");
+        let norms = rows.map(|row| self.norms[row]);
+        let row_scales = match self.metric {
+            Metric::Cosine => rows.map(|row| self.inverse_norms[row]),
+            _ => [1.0; R],
+        };
+        for (q, (code, top)) in coded.codes.iter().zip(&mut *tops).enumerate() {
+            let dots = coded.kernel.dots_of(code, codes, rows);
+            let ruled = top
+                .threshold()
+                .map_or(0, |threshold| coded.bounds[q].rules_out_rows(codes, rows, dots, norms, row_scales, threshold));
+            let mut left = !ruled & ((1 << R) - 1);
+            *rescored += u64::from(left.count_ones());
             while left != 0 {
-                let row = row + left.trailing_zeros() as usize;
+                let row = rows[left.trailing_zeros() as usize];
                 left &= left - 1;
                 let top = std::slice::from_mut(&mut *top);
                 self.scan_tile::<1, 1>(&queries[q..=q], &scales[q..=q], row..row + 1, top, &[]);
             }
-        };
-        let mut row = rows.start;
-        while row + codes::ROWS <= rows.end {
-            codes.prefetch(row + CODES_PREFETCH_ROWS, codes::ROWS);
-            for (q, (code, top)) in coded.codes.iter().zip(&mut *tops).enumerate() {
-                let dots = coded.kernel.dots::<{ codes::ROWS }>(code, codes, row);
-                let ruled = top.threshold().map_or(0, |threshold| {
-                    coded.bounds[q].rules_out_rows(codes, row, dots, &self.norms[row..], row_scales(row), threshold)
-                });
-                rescore(q, row, !ruled & ((1 << codes::ROWS) - 1), top);
-            }
-            row += codes::ROWS;
         }
-        for row in row..rows.end {
-            for (q, (code, top)) in coded.codes.iter().zip(&mut *tops).enumerate() {
-                let dots = coded.kernel.dots::<1>(code, codes, row);
-                let ruled = top.threshold().map_or(0, |threshold| {
-                    coded.bounds[q].rules_out_rows(codes, row, dots, &self.norms[row..], row_scales(row), threshold)
-                });
-                rescore(q, row, !ruled & 1, top);
-            }
-        }
-        FirstPass { rows: (rows.len() * queries.len()) as u64, rescored }
     }
 
     /// The rows of the tile `PREFETCH_TILES` ahead of the one of `tile_rows`
