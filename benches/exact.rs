@@ -12,12 +12,17 @@
 //! The table goes to `target/exact-bench-<build>.md`, where the build is
 //! `native` (`-C target-cpu=native`) or `portable` (plain `cargo build`).
 
+#[allow(dead_code)]
+#[path = "../tests/it/harness.rs"]
+mod harness;
+
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use harness::Rng;
 use quiver::store::cpu;
 use quiver::store::topk::TopK;
 use quiver::store::{Index, Metric, Scanner};
@@ -25,19 +30,10 @@ use quiver::store::{Index, Metric, Scanner};
 const QUERIES: usize = 32;
 const K: usize = 10;
 
-/// splitmix64, as floats in [-1, 1).
+/// `n` floats in [-1, 1) from the tests' generator.
 fn floats(seed: u64, n: usize) -> Vec<f32> {
-    let mut state = seed;
-    (0..n)
-        .map(|_| {
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
+    let mut rng = Rng(seed);
+    (0..n).map(|_| rng.float()).collect()
 }
 
 fn median(mut samples: Vec<f64>) -> f64 {

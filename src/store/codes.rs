@@ -77,7 +77,7 @@ const SLACK: usize = 64;
 /// Rows a kernel scores at a time: each load of the query feeds four rows.
 pub const ROWS: usize = 4;
 
-/// Which instructions compute `C` (`Kernel::dots`).
+/// Which instructions compute `C` (`Kernel::dots_of`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
     /// AVX-512 VNNI's `vpdpbusd` on 64 bytes at a time.
@@ -113,13 +113,6 @@ impl Kernel {
         }
         #[cfg(not(target_arch = "x86_64"))]
         false
-    }
-
-    /// `C` of the query `code` with each of the `R` consecutive rows of
-    /// `codes` from `row`.
-    #[inline(always)]
-    pub fn dots<const R: usize>(self, code: &QueryCode, codes: &Codes, row: usize) -> [i32; R] {
-        self.dots_of(code, codes, std::array::from_fn(|r| row + r))
     }
 
     /// `C` of the query `code` with each of `rows` of `codes`, wherever
@@ -389,18 +382,12 @@ impl Bound {
         }
     }
 
-    /// Whether row `row` of `codes`, with integer product `dot` (`C`), norm
-    /// bound `norm` and (cosine) scale `row_scale`, is strictly farther than
-    /// `threshold` whatever its exact score: then it cannot enter.
-    #[inline(always)]
-    pub fn rules_out(&self, codes: &Codes, row: usize, dot: i32, norm: f32, row_scale: f32, threshold: f32) -> bool {
-        self.rules_out_by(codes.scales[row], codes.residuals[row], dot, norm, row_scale, threshold)
-    }
-
-    /// `rules_out` for `R` rows of `codes` (`norms` and `row_scales`
-    /// theirs) against one threshold: bit `r` is set when `rows[r]` is
-    /// ruled out. The same arithmetic, lane by lane and without a branch,
-    /// so that the compiler can do the lanes at once.
+    /// Which of `R` rows of `codes`, with integer products `dots` (`C`),
+    /// norm bounds `norms` and (cosine) scales `row_scales`, are strictly
+    /// farther than `threshold` whatever their exact scores, so that they
+    /// cannot enter: bit `r` is set when `rows[r]` is. The arithmetic goes
+    /// lane by lane without a branch, so that the compiler can do the lanes
+    /// at once.
     #[inline(always)]
     pub fn rules_out_rows<const R: usize>(
         &self,
@@ -420,8 +407,8 @@ impl Bound {
         ruled
     }
 
-    /// `rules_out` of a row whose code has scale `row_code_scale` and
-    /// residual bound `residual`.
+    /// Whether one row is ruled out (`rules_out_rows`), its code having
+    /// scale `row_code_scale` and residual bound `residual`.
     #[inline(always)]
     fn rules_out_by(
         &self,

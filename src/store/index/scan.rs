@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use roaring::RoaringBitmap;
 
 use super::{Index, Metric};
-use crate::store::codes::{self, QueryCode};
+use crate::store::codes::{self, Codes, QueryCode};
 use crate::store::cpu::{self, F32};
 use crate::store::kernels::{self, distances};
 use crate::store::screen::{self, Screen};
@@ -276,10 +276,7 @@ impl Index {
                 screen = Screen::new(queries, &squared_norms, &many, self.dims);
             }
             if let (None, Some((shape, kernel))) = (&screen, pass) {
-                many_codes = queries.iter().map(|query| QueryCode::of(query)).collect();
-                many_bounds = (many_codes.iter().zip(&squared_norms).zip(&many))
-                    .map(|((code, &squared), &scale)| codes::Bound::new(shape, code, squared, scale))
-                    .collect();
+                (many_codes, many_bounds) = code_queries(shape, queries, &squared_norms, &many);
                 coded = Some(Coded { codes: &many_codes, bounds: &many_bounds, kernel });
             }
             &many
@@ -502,14 +499,14 @@ impl Index {
                 queries,
                 scales,
                 coded,
-                std::array::from_fn(|r| row + r),
+                (codes, std::array::from_fn(|r| row + r)),
                 tops,
                 &mut rescored,
             );
             row += codes::ROWS;
         }
         for row in row..rows.end {
-            self.coded_rows(queries, scales, coded, [row], tops, &mut rescored);
+            self.coded_rows(queries, scales, coded, (codes, [row]), tops, &mut rescored);
         }
         FirstPass { rows: (rows.len() * queries.len()) as u64, rescored }
     }
@@ -547,14 +544,14 @@ impl Index {
                     queries,
                     scales,
                     coded,
-                    std::array::from_fn(|r| block[at + r]),
+                    (codes, std::array::from_fn(|r| block[at + r])),
                     tops,
                     &mut rescored,
                 );
                 at += codes::ROWS;
             }
             for &row in &block[at..] {
-                self.coded_rows(queries, scales, coded, [row], tops, &mut rescored);
+                self.coded_rows(queries, scales, coded, (codes, [row]), tops, &mut rescored);
             }
             passed += block.len();
             if block.len() < BLOCK {
@@ -564,7 +561,7 @@ impl Index {
         FirstPass { rows: (passed * queries.len()) as u64, rescored }
     }
 
-    /// The int8 pass of `rows` for every query: their integer products,
+    /// The int8 pass of `rows` (of `codes`) for every query: their integer products,
     /// their bounds against each query's farthest kept, and the pairs
     /// those cannot rule out scored exactly (counted in `rescored`).
     #[inline(always)]
@@ -573,11 +570,10 @@ impl Index {
         queries: &[&[f32]],
         scales: &[f32],
         coded: &Coded,
-        rows: [usize; R],
+        (codes, rows): (&Codes, [usize; R]),
         tops: &mut [TopK],
         rescored: &mut u64,
     ) {
-        let codes = self.codes.as_ref().expect("a coded scan is of an index with codes");
         let norms = rows.map(|row| self.norms[row]);
         let row_scales = match self.metric {
             Metric::Cosine => rows.map(|row| self.inverse_norms[row]),
@@ -904,6 +900,21 @@ struct ScreenTile<'a, const R: usize> {
 }
 
 #[inline(always)]
+/// Each query's code and bound for the int8 pass, from its
+/// `squared_norms` and `scales`.
+fn code_queries(
+    shape: codes::Shape,
+    queries: &[&[f32]],
+    squared_norms: &[f64],
+    scales: &[f32],
+) -> (Vec<QueryCode>, Vec<codes::Bound>) {
+    let codes: Vec<QueryCode> = queries.iter().map(|query| QueryCode::of(query)).collect();
+    let bounds = (codes.iter().zip(squared_norms).zip(scales))
+        .map(|((code, &squared), &scale)| codes::Bound::new(shape, code, squared, scale))
+        .collect();
+    (codes, bounds)
+}
+
 fn offer(top: &mut TopK, distance: f32, id: i64, row: usize) {
     if let Some(threshold) = top.threshold() {
         // Strictly farther than the farthest kept: cannot enter (ties still
@@ -1306,10 +1317,7 @@ pub(crate) mod tests {
             let (shape, _) = index.coded_pass().expect("an index with codes");
             let squared: Vec<f64> = queries.iter().map(|query| kernels::squared_norm(query)).collect();
             let scales: Vec<f32> = squared.iter().map(|&squared| index.query_scale(|| squared)).collect();
-            let codes: Vec<QueryCode> = queries.iter().map(|query| QueryCode::of(query)).collect();
-            let bounds = (codes.iter().zip(&squared).zip(&scales))
-                .map(|((code, &squared), &scale)| codes::Bound::new(shape, code, squared, scale))
-                .collect();
+            let (codes, bounds) = code_queries(shape, queries, &squared, &scales);
             Pass { codes, bounds, scales, kernel }
         }
 
@@ -1351,12 +1359,13 @@ pub(crate) mod tests {
                             top.reset(1);
                             index.scan_exact(&[&query], &[scale], None, row..row + 1, std::slice::from_mut(&mut top));
                             let exact = top.sorted()[0].distance;
-                            let [dot] = kernel.dots::<1>(&coded.codes[0], codes, row);
+                            let [dot] = kernel.dots_of(&coded.codes[0], codes, [row]);
                             let want = codes::dot_scalar(code.signs(), codes.row(row));
                             assert_eq!(dot, want, "{metric:?}, {dims} dims, {}", kernel.name());
                             let row_scale = if metric == Metric::Cosine { index.inverse_norms[row] } else { 1.0 };
+                            let bound = &coded.bounds[0];
                             assert!(
-                                !coded.bounds[0].rules_out(codes, row, dot, index.norms[row], row_scale, exact),
+                                bound.rules_out_rows(codes, [row], [dot], [index.norms[row]], [row_scale], exact) == 0,
                                 "{metric:?}, {dims} dims, query {q}, row {row} ruled out at its own distance {exact}"
                             );
                         }
@@ -1466,7 +1475,7 @@ pub(crate) mod tests {
             let code = QueryCode::of(&query);
             for &kernel in &kernels {
                 for row in 0..2 {
-                    let [dot] = kernel.dots::<1>(&code, &codes, row);
+                    let [dot] = kernel.dots_of(&code, &codes, [row]);
                     assert_eq!(dot, codes::dot_scalar(code.signs(), codes.row(row)), "{}", kernel.name());
                     assert_eq!(dot.unsigned_abs(), 127 * 127 * dims as u32, "{}", kernel.name());
                 }
