@@ -103,7 +103,7 @@ fn bench_many(c: &mut Criterion) {
     let queries: Vec<Vec<f32>> = (0..64).map(|q| floats(100 + q, DIMS)).collect();
     let mut group = c.benchmark_group("many");
     group.sample_size(10);
-    for count in [1usize, 4, 16, 64] {
+    for count in [1usize, 4, 16, 32, 64] {
         let queries: Vec<&[f32]> = queries[..count].iter().map(Vec::as_slice).collect();
         let ks = vec![10; count];
         let mut tops: Vec<TopK> = (0..count).map(|_| TopK::new()).collect();

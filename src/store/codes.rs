@@ -115,28 +115,60 @@ impl Kernel {
         false
     }
 
+    /// Queries a batch scores together against each `ROWS` rows
+    /// (`dots_tile`): with AVX-512's 32 registers the 4 x 4 sums stay in
+    /// registers beside the rows and queries; with 16, 2 x 4 do.
+    pub fn query_tile(self) -> usize {
+        match self {
+            Kernel::Vnni512 => 4,
+            Kernel::Vnni256 | Kernel::Avx2 => 2,
+        }
+    }
+
     /// `C` of the query `code` with each of `rows` of `codes`, wherever
     /// they are.
     #[inline(always)]
     pub fn dots_of<const R: usize>(self, code: &QueryCode, codes: &Codes, rows: [usize; R]) -> [i32; R] {
+        let [dots] = self.dots_tile([code], codes, rows);
+        dots
+    }
+
+    /// `C` of each of `queries` with each of `rows` of `codes`: each load
+    /// of a row's block feeds every query, each load of a query's every
+    /// row.
+    #[inline(always)]
+    pub fn dots_tile<const Q: usize, const R: usize>(
+        self,
+        queries: [&QueryCode; Q],
+        codes: &Codes,
+        rows: [usize; R],
+    ) -> [[i32; R]; Q] {
         let (dims, bytes) = (codes.dims, &codes.bytes[..]);
         let starts = rows.map(|row| row * dims);
         // Each row and whole blocks past it: within the slack every row has.
         let read = dims.next_multiple_of(SLACK);
         assert!(starts.iter().all(|&start| start + read <= bytes.len()));
-        assert!(code.dims == dims && code.signs.len() == read);
+        assert!(queries.iter().all(|code| code.dims == dims && code.signs.len() == read));
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a `Kernel` is only used where `available` found its
         // features (`cpu::paths`, and the tests ask first); the loads stay
-        // inside `bytes` and the query's padded buffers (asserted).
+        // inside `bytes` and the queries' padded buffers (asserted).
         unsafe {
-            let raw: [i32; R] = match self {
-                Kernel::Vnni512 => x86::dots_vnni512(bytes, starts, &code.signs, dims),
-                Kernel::Vnni256 => x86::dots_vnni256(bytes, starts, &code.signs, dims),
-                Kernel::Avx2 => return x86::dots_avx2(bytes, starts, &code.magnitude, &code.signs, dims),
+            let signs = queries.map(|code| &code.signs[..]);
+            let raw: [[i32; R]; Q] = match self {
+                Kernel::Vnni512 => x86::dots_vnni512(bytes, starts, signs, dims),
+                Kernel::Vnni256 => x86::dots_vnni256(bytes, starts, signs, dims),
+                Kernel::Avx2 => {
+                    let magnitudes = queries.map(|code| &code.magnitude[..]);
+                    return x86::dots_avx2(bytes, starts, magnitudes, signs, dims);
+                }
             };
             // The rows' offset of 128 added 128 sum(d).
-            raw.map(|raw| raw - 128 * code.sum)
+            let mut out = raw;
+            for (out, code) in out.iter_mut().zip(queries) {
+                *out = out.map(|raw| raw - 128 * code.sum);
+            }
+            out
         }
         #[cfg(not(target_arch = "x86_64"))]
         unreachable!("no kernel is available off x86-64")
@@ -274,6 +306,22 @@ impl Codes {
         let _ = (start, end);
     }
 
+    /// `prefetch` of part `part` of `parts` of `rows` (those there are),
+    /// so that a tile's queries can each ask for a part instead of all
+    /// asking at once, which stalls on the lines in flight.
+    #[inline(always)]
+    pub fn prefetch_part(&self, rows: &[usize], part: usize, parts: usize) {
+        for &row in &rows[rows.len() * part / parts..rows.len() * (part + 1) / parts] {
+            self.prefetch(row, 1);
+        }
+    }
+
+    /// How many rows have codes.
+    #[cfg(test)]
+    pub fn rows(&self) -> usize {
+        self.len()
+    }
+
     /// Row `row`'s codes.
     #[cfg(test)]
     pub fn row(&self, row: usize) -> impl Iterator<Item = i8> + '_ {
@@ -339,21 +387,27 @@ pub enum Shape {
     L2,
 }
 
-/// One query's side of the bound, and the metric's shape.
+/// Most queries one `Bounds` holds: the widest `Kernel::query_tile`.
+pub const QUERIES_MAX: usize = 4;
+
+/// The queries' side of the bound for a tile of up to `QUERIES_MAX`
+/// queries of one index, field by field, so that a tile's pairs take each
+/// field of its queries in one load.
 #[derive(Clone, Copy, Debug)]
-pub struct Bound {
+pub struct Bounds {
     shape: Shape,
     /// `b`, as f64.
-    scale: f64,
-    /// `|q| + r_q`, `r_q`, `|q|` (upper bounds).
-    query_plus: f64,
-    query_residual: f64,
-    query_norm: f64,
+    scale: [f64; QUERIES_MAX],
+    /// `|q| + r_q` and `r_q` (upper bounds).
+    query_plus: [f64; QUERIES_MAX],
+    query_residual: [f64; QUERIES_MAX],
+    /// `g |q|`, with `|q|` an upper bound.
+    relative_norm: [f64; QUERIES_MAX],
     /// `|q|^2`, rounded down (l2).
-    query_squared: f64,
+    query_squared: [f64; QUERIES_MAX],
     /// The query's scale in cosine's distance.
-    query_scale: f32,
-    /// `g`, and `A`.
+    query_scale: [f32; QUERIES_MAX],
+    /// `g`, and `A`: the index's dimensions fix them.
     relative: f64,
     absolute: f64,
 }
@@ -361,82 +415,121 @@ pub struct Bound {
 /// The surplus that covers evaluating the bound in f64.
 const SURPLUS: f64 = 1.0 / (1u64 << 40) as f64;
 
-impl Bound {
-    /// For `query` (`code` of it, `squared_norm` its `kernels::squared_norm`,
-    /// `query_scale` its scale in cosine's distance).
-    pub fn new(shape: Shape, code: &QueryCode, squared_norm: f64, query_scale: f32) -> Bound {
-        let dims = code.dims;
+impl Bounds {
+    /// For `queries` (at most `QUERIES_MAX`, their `squared_norms` from
+    /// `kernels::squared_norm`, `query_scales` their scales in cosine's
+    /// distance).
+    pub fn new(shape: Shape, queries: &[QueryCode], squared_norms: &[f64], query_scales: &[f32]) -> Bounds {
+        assert!(queries.len() <= QUERIES_MAX && queries.len() == squared_norms.len());
+        let dims = queries.first().map_or(0, |code| code.dims);
         let m = (dims / 4 + 64) as f64 * 2f64.powi(-24);
-        let norm = f64::from(screen::norm_bound_of(squared_norm));
-        let residual = f64::from(code.residual);
-        Bound {
+        let relative = m / (1.0 - m);
+        let mut bounds = Bounds {
             shape,
-            scale: f64::from(code.scale),
-            query_plus: norm + residual,
-            query_residual: residual,
-            query_norm: norm,
-            query_squared: squared_norm * (1.0 - SURPLUS),
-            query_scale,
-            relative: m / (1.0 - m),
+            scale: [0.0; QUERIES_MAX],
+            query_plus: [0.0; QUERIES_MAX],
+            query_residual: [0.0; QUERIES_MAX],
+            relative_norm: [0.0; QUERIES_MAX],
+            query_squared: [0.0; QUERIES_MAX],
+            query_scale: [0.0; QUERIES_MAX],
+            relative,
             absolute: (2 * dims + 64) as f64 * 2f64.powi(-149),
+        };
+        for (q, ((code, &squared_norm), &query_scale)) in
+            queries.iter().zip(squared_norms).zip(query_scales).enumerate()
+        {
+            assert_eq!(code.dims, dims, "one index's queries");
+            let norm = f64::from(screen::norm_bound_of(squared_norm));
+            let residual = f64::from(code.residual);
+            bounds.scale[q] = f64::from(code.scale);
+            bounds.query_plus[q] = norm + residual;
+            bounds.query_residual[q] = residual;
+            bounds.relative_norm[q] = relative * norm;
+            bounds.query_squared[q] = squared_norm * (1.0 - SURPLUS);
+            bounds.query_scale[q] = query_scale;
         }
+        bounds
     }
 
-    /// Which of `R` rows of `codes`, with integer products `dots` (`C`),
-    /// norm bounds `norms` and (cosine) scales `row_scales`, are strictly
-    /// farther than `threshold` whatever their exact scores, so that they
-    /// cannot enter: bit `r` is set when `rows[r]` is. The arithmetic goes
-    /// lane by lane without a branch, so that the compiler can do the lanes
-    /// at once.
+    /// Which of `R` rows of `codes`, with norm bounds `norms` and (cosine)
+    /// scales `row_scales`, are strictly farther than `thresholds[q]`
+    /// (infinite where query `q` keeps nothing yet) from the first `Q`
+    /// queries whatever their exact scores, given the integer products
+    /// `dots[q]` (`C`): bit `r` of the `q`-th answer is set when `rows[r]`
+    /// cannot enter query `q`'s nearest. The arithmetic goes pair by pair
+    /// without a branch, so that the compiler can do the pairs at once.
     #[inline(always)]
-    pub fn rules_out_rows<const R: usize>(
+    pub fn rules_out<const Q: usize, const R: usize>(
         &self,
         codes: &Codes,
         rows: [usize; R],
-        dots: [i32; R],
-        norms: [f32; R],
-        row_scales: [f32; R],
-        threshold: f32,
-    ) -> u32 {
+        dots: [[i32; R]; Q],
+        (norms, row_scales): ([f32; R], [f32; R]),
+        thresholds: [f32; Q],
+    ) -> [u32; Q] {
+        const { assert!(Q <= QUERIES_MAX) };
         let (scales, residuals) = (rows.map(|row| codes.scales[row]), rows.map(|row| codes.residuals[row]));
-        let mut ruled = 0;
-        for r in 0..R {
-            let out = self.rules_out_by(scales[r], residuals[r], dots[r], norms[r], row_scales[r], threshold);
-            ruled |= u32::from(out) << r;
+        let rows = (scales, residuals, norms, row_scales);
+        // Each shape's pairs in a loop of their own: no branch inside.
+        match self.shape {
+            Shape::Cosine => self.pairs(Shape::Cosine, dots, rows, thresholds),
+            Shape::Ip => self.pairs(Shape::Ip, dots, rows, thresholds),
+            Shape::L2 => self.pairs(Shape::L2, dots, rows, thresholds),
+        }
+    }
+
+    /// `rules_out` for `shape`, each row given as its code's scale, its
+    /// residual bound, its norm bound and its scale.
+    #[inline(always)]
+    fn pairs<const Q: usize, const R: usize>(
+        &self,
+        shape: Shape,
+        dots: [[i32; R]; Q],
+        (scales, residuals, norms, row_scales): ([f32; R], [f32; R], [f32; R], [f32; R]),
+        thresholds: [f32; Q],
+    ) -> [u32; Q] {
+        let mut ruled = [0; Q];
+        for q in 0..Q {
+            for r in 0..R {
+                let row = (scales[r], residuals[r], norms[r], row_scales[r]);
+                let out = self.rules_out_by(shape, q, row, dots[q][r], thresholds[q]);
+                ruled[q] |= u32::from(out) << r;
+            }
         }
         ruled
     }
 
-    /// Whether one row is ruled out (`rules_out_rows`), its code having
-    /// scale `row_code_scale` and residual bound `residual`.
+    /// Whether one row is ruled out (`rules_out`) for query `q`, of
+    /// `shape`, the row's code having scale `row_code_scale` and residual
+    /// bound `residual`.
     #[inline(always)]
     fn rules_out_by(
         &self,
-        row_code_scale: f32,
-        residual: f32,
+        shape: Shape,
+        q: usize,
+        (row_code_scale, residual, norm, row_scale): (f32, f32, f32, f32),
         dot: i32,
-        norm: f32,
-        row_scale: f32,
         threshold: f32,
     ) -> bool {
-        let estimate = f64::from(row_code_scale) * self.scale * f64::from(dot);
+        let estimate = f64::from(row_code_scale) * self.scale[q] * f64::from(dot);
         let norm = f64::from(norm);
-        let off = self.query_plus * f64::from(residual) + norm * self.query_residual;
-        match self.shape {
+        let off = self.query_plus[q] * f64::from(residual) + norm * self.query_residual[q];
+        match shape {
             Shape::Cosine | Shape::Ip => {
-                let ceiling = estimate + off + self.relative * self.query_norm * norm + self.absolute;
+                let ceiling = estimate + off + self.relative_norm[q] * norm + self.absolute;
                 let ceiling = ceiling + SURPLUS * (estimate.abs() + ceiling.abs());
                 let ceiling = f32_above(ceiling);
-                let nearest = match self.shape {
-                    Shape::Cosine => screen::distance(ceiling, row_scale, self.query_scale),
+                let nearest = match shape {
+                    Shape::Cosine => screen::distance(ceiling, row_scale, self.query_scale[q]),
                     _ => -ceiling,
                 };
                 nearest > threshold
             }
             Shape::L2 => {
                 let row_squared = norm * norm * (1.0 - 2f64.powi(-20));
-                let sum = self.query_squared + row_squared - 2.0 * (estimate + off);
-                let sum = sum - SURPLUS * (self.query_squared + row_squared + 2.0 * (estimate.abs() + off));
+                let query_squared = self.query_squared[q];
+                let sum = query_squared + row_squared - 2.0 * (estimate + off);
+                let sum = sum - SURPLUS * (query_squared + row_squared + 2.0 * (estimate.abs() + off));
                 let nearest = sum * (1.0 - self.relative - 2f64.powi(-20)) - self.absolute;
                 nearest > f64::from(threshold)
             }
@@ -457,34 +550,76 @@ mod x86 {
 
     /// Sums `vpdpbusd(row, query)` over whole 64-byte blocks of each of `R`
     /// rows, row `r` at `bytes[starts[r]..]` (stored codes, offset by 128;
-    /// the query is zero past its end, so the bytes read past a row count
-    /// for nothing): `sum (c_i + 128) d_i`.
+    /// the queries are zero past their end, so the bytes read past a row
+    /// count for nothing), for each of `Q` queries: `sum (c_i + 128) d_i`.
     ///
     /// # Safety
-    /// The CPU must have AVX-512F, BW and VNNI; `query` must hold `dims`
+    /// The CPU must have AVX-512F, BW and VNNI; every query must hold `dims`
     /// rounded up to 64 values, and `bytes` as many from each start.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn dots_vnni512<const R: usize>(
+    pub unsafe fn dots_vnni512<const Q: usize, const R: usize>(
         bytes: &[u8],
         starts: [usize; R],
-        query: &[i8],
+        queries: [&[i8]; Q],
         dims: usize,
-    ) -> [i32; R] {
-        let mut sums = [_mm512_setzero_si512(); R];
+    ) -> [[i32; R]; Q] {
+        let mut sums = [[_mm512_setzero_si512(); R]; Q];
         for at in (0..dims).step_by(64) {
-            // SAFETY: in bounds, as the caller promises.
-            let q = unsafe { _mm512_loadu_si512(query.as_ptr().add(at).cast()) };
-            for (r, sum) in sums.iter_mut().enumerate() {
+            let mut x = [_mm512_setzero_si512(); R];
+            for (x, start) in x.iter_mut().zip(starts) {
                 // SAFETY: in bounds, as the caller promises.
-                let x = unsafe { _mm512_loadu_si512(bytes.as_ptr().add(starts[r] + at).cast()) };
-                *sum = _mm512_dpbusd_epi32(*sum, x, q);
+                *x = unsafe { _mm512_loadu_si512(bytes.as_ptr().add(start + at).cast()) };
+            }
+            for (sums, query) in sums.iter_mut().zip(queries) {
+                // SAFETY: in bounds, as the caller promises.
+                let q = unsafe { _mm512_loadu_si512(query.as_ptr().add(at).cast()) };
+                for (sum, &x) in sums.iter_mut().zip(&x) {
+                    *sum = _mm512_dpbusd_epi32(*sum, x, q);
+                }
             }
         }
-        let mut out = [0; R];
-        for (out, sum) in out.iter_mut().zip(sums) {
-            *out = _mm512_reduce_add_epi32(sum);
+        let mut out = [[0; R]; Q];
+        if Q * R == 16 {
+            // The 16 sums at once: a tree of 45 instructions where one sum
+            // at a time takes about 9 each.
+            let lanes = sum16(std::array::from_fn(|i| sums[i / R][i % R]));
+            for (i, out) in out.iter_mut().flatten().enumerate() {
+                *out = lanes[i];
+            }
+            return out;
+        }
+        for (out, sums) in out.iter_mut().zip(&sums) {
+            for (out, &sum) in out.iter_mut().zip(sums) {
+                *out = _mm512_reduce_add_epi32(sum);
+            }
         }
         out
+    }
+
+    /// The sum of each of 16 vectors' 16 lanes: halves added to halves,
+    /// two vectors' at a time, until each 128-bit lane holds four partial
+    /// sums of one vector, which two in-lane transposes add up.
+    #[target_feature(enable = "avx512f")]
+    fn sum16(v: [__m512i; 16]) -> [i32; 16] {
+        // Lanes (128 bits) 0, 1 of `a` with 2, 3, and of `b`: [a, a, b, b].
+        let halves = |a, b| {
+            _mm512_add_epi32(_mm512_shuffle_i64x2::<0b01_00_01_00>(a, b), _mm512_shuffle_i64x2::<0b11_10_11_10>(a, b))
+        };
+        // Of [a, a, b, b] and [c, c, d, d]: [a, b, c, d], whole.
+        let quarters = |x, y| {
+            _mm512_add_epi32(_mm512_shuffle_i64x2::<0b10_00_10_00>(x, y), _mm512_shuffle_i64x2::<0b11_01_11_01>(x, y))
+        };
+        // Lane j of `x[i]` holds four partial sums of `v[4i + j]`.
+        let x: [__m512i; 4] =
+            std::array::from_fn(|i| quarters(halves(v[4 * i], v[4 * i + 1]), halves(v[4 * i + 2], v[4 * i + 3])));
+        let pairs = |a, b| _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+        let (low, high) = (pairs(x[0], x[1]), pairs(x[2], x[3]));
+        // Element i of lane j: the sum of `v[4i + j]`.
+        let sums = _mm512_add_epi32(_mm512_unpacklo_epi64(low, high), _mm512_unpackhi_epi64(low, high));
+        let mut lanes = [0i32; 16];
+        // SAFETY: 64 bytes into 16 i32s.
+        unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().cast(), sums) };
+        std::array::from_fn(|i| lanes[4 * (i % 4) + i / 4])
     }
 
     /// `dots_vnni512` on 32-byte blocks with AVX-VNNI.
@@ -492,25 +627,32 @@ mod x86 {
     /// # Safety
     /// The CPU must have AVX2 and AVX-VNNI; bounds as `dots_vnni512`.
     #[target_feature(enable = "avx2,avxvnni")]
-    pub unsafe fn dots_vnni256<const R: usize>(
+    pub unsafe fn dots_vnni256<const Q: usize, const R: usize>(
         bytes: &[u8],
         starts: [usize; R],
-        query: &[i8],
+        queries: [&[i8]; Q],
         dims: usize,
-    ) -> [i32; R] {
-        let mut sums = [_mm256_setzero_si256(); R];
+    ) -> [[i32; R]; Q] {
+        let mut sums = [[_mm256_setzero_si256(); R]; Q];
         for at in (0..dims).step_by(32) {
-            // SAFETY: in bounds, as the caller promises.
-            let q = unsafe { _mm256_loadu_si256(query.as_ptr().add(at).cast()) };
-            for (r, sum) in sums.iter_mut().enumerate() {
+            let mut x = [_mm256_setzero_si256(); R];
+            for (x, start) in x.iter_mut().zip(starts) {
                 // SAFETY: in bounds, as the caller promises.
-                let x = unsafe { _mm256_loadu_si256(bytes.as_ptr().add(starts[r] + at).cast()) };
-                *sum = _mm256_dpbusd_avx_epi32(*sum, x, q);
+                *x = unsafe { _mm256_loadu_si256(bytes.as_ptr().add(start + at).cast()) };
+            }
+            for (sums, query) in sums.iter_mut().zip(queries) {
+                // SAFETY: in bounds, as the caller promises.
+                let q = unsafe { _mm256_loadu_si256(query.as_ptr().add(at).cast()) };
+                for (sum, &x) in sums.iter_mut().zip(&x) {
+                    *sum = _mm256_dpbusd_avx_epi32(*sum, x, q);
+                }
             }
         }
-        let mut out = [0; R];
-        for (out, sum) in out.iter_mut().zip(sums) {
-            *out = sum256(sum);
+        let mut out = [[0; R]; Q];
+        for (out, sums) in out.iter_mut().zip(&sums) {
+            for (out, &sum) in out.iter_mut().zip(sums) {
+                *out = sum256(sum);
+            }
         }
         out
     }
@@ -521,36 +663,44 @@ mod x86 {
     /// per i16 (at most 32,258, short of saturating), widened by `vpmaddwd`.
     ///
     /// # Safety
-    /// The CPU must have AVX2; bounds as `dots_vnni512`.
+    /// The CPU must have AVX2; bounds as `dots_vnni512`, for `magnitudes`
+    /// as for `signs`.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn dots_avx2<const R: usize>(
+    pub unsafe fn dots_avx2<const Q: usize, const R: usize>(
         bytes: &[u8],
         starts: [usize; R],
-        magnitude: &[u8],
-        signs: &[i8],
+        magnitudes: [&[u8]; Q],
+        signs: [&[i8]; Q],
         dims: usize,
-    ) -> [i32; R] {
+    ) -> [[i32; R]; Q] {
         let (ones, offset) = (_mm256_set1_epi16(1), _mm256_set1_epi8(i8::MIN));
-        let mut sums = [_mm256_setzero_si256(); R];
+        let mut sums = [[_mm256_setzero_si256(); R]; Q];
         for at in (0..dims).step_by(32) {
-            // SAFETY: in bounds, as the caller promises.
-            let (m, s) = unsafe {
-                (
-                    _mm256_loadu_si256(magnitude.as_ptr().add(at).cast()),
-                    _mm256_loadu_si256(signs.as_ptr().add(at).cast()),
-                )
-            };
-            for (r, sum) in sums.iter_mut().enumerate() {
+            let mut x = [_mm256_setzero_si256(); R];
+            for (x, start) in x.iter_mut().zip(starts) {
                 // SAFETY: in bounds, as the caller promises.
-                let x = unsafe { _mm256_loadu_si256(bytes.as_ptr().add(starts[r] + at).cast()) };
-                let code = _mm256_xor_si256(x, offset);
-                let pairs = _mm256_maddubs_epi16(m, _mm256_sign_epi8(code, s));
-                *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, ones));
+                let stored = unsafe { _mm256_loadu_si256(bytes.as_ptr().add(start + at).cast()) };
+                *x = _mm256_xor_si256(stored, offset);
+            }
+            for ((sums, magnitude), sign) in sums.iter_mut().zip(magnitudes).zip(signs) {
+                // SAFETY: in bounds, as the caller promises.
+                let (m, s) = unsafe {
+                    (
+                        _mm256_loadu_si256(magnitude.as_ptr().add(at).cast()),
+                        _mm256_loadu_si256(sign.as_ptr().add(at).cast()),
+                    )
+                };
+                for (sum, &code) in sums.iter_mut().zip(&x) {
+                    let pairs = _mm256_maddubs_epi16(m, _mm256_sign_epi8(code, s));
+                    *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, ones));
+                }
             }
         }
-        let mut out = [0; R];
-        for (out, sum) in out.iter_mut().zip(sums) {
-            *out = sum256(sum);
+        let mut out = [[0; R]; Q];
+        for (out, sums) in out.iter_mut().zip(&sums) {
+            for (out, &sum) in out.iter_mut().zip(sums) {
+                *out = sum256(sum);
+            }
         }
         out
     }

@@ -115,8 +115,9 @@ fn every_scan_path_answers_as_the_oracle_with_the_int8_pass_and_without() {
                     assert_eq!(got, want, "{flag}: {index}, query {q}, k {k}: the int8 pass changed the answer");
                 }
             }
-            // Batches small enough for the int8 pass and large enough for
-            // the bfloat16 one (on AVX-512): as each search alone.
+            // Batches through the int8 pass in tiles of queries and a
+            // remainder (with it), and through the bfloat16 pass where the
+            // CPU has it (without it): each as each search alone.
             let queries = queries(model, 98, dims);
             for count in [6, 20] {
                 let searches: Vec<Value> = (queries.iter().cycle().take(count))

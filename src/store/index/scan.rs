@@ -52,17 +52,13 @@ fn row_tile() -> usize {
 }
 
 /// Batches of at least this many searches (of a cosine or inner-product
-/// index) take a first pass in bfloat16 where the CPU has it (`screen`).
-/// Fewer are bound by reading the rows, which the pass does not shorten.
+/// index without int8 codes, or with the int8 pass off) take a first pass
+/// in bfloat16 where the CPU has it (`screen`). Fewer are bound by reading
+/// the rows, which the pass does not shorten. Where the index has codes,
+/// every batch takes the int8 pass instead: it scores 64 pairs per
+/// instruction against bfloat16's 32 and reads a quarter of the bytes,
+/// and was faster at every size the `kernels` bench tried (`many`).
 const SCREEN_QUERIES_MIN: usize = 4;
-
-/// Where the index has int8 codes, batches take the int8 pass (`codes`)
-/// up to this many searches, and the bfloat16 pass from one more (where
-/// the CPU has it; else the int8 pass still). At 20,000 x 768 (the
-/// `kernels` bench, `many`) 4 searches took 0.99 ms through the codes
-/// against 2.47 ms through bfloat16; 16 took 3.36 against 3.12 ms: the
-/// int8 pass reads a quarter of the bytes, but bounds each pair on its own.
-const CODED_QUERIES_MAX: usize = 12;
 
 /// Pairs of a tile left undecided by the bfloat16 pass above which the f32
 /// tile scores all its pairs: that costs about what 4 pairs scored alone do.
@@ -102,11 +98,12 @@ impl std::ops::AddAssign for FirstPass {
     }
 }
 
-/// The int8 first pass (`codes`) of a search or a batch: each query's code
-/// and bound, and the kernel that computes the integer products.
+/// The int8 first pass (`codes`) of a search or a batch: each query's
+/// code, the bounds of each tile of `kernel.query_tile()` queries, and the
+/// kernel that computes the integer products.
 struct Coded<'a> {
     codes: &'a [QueryCode],
-    bounds: &'a [codes::Bound],
+    bounds: &'a [codes::Bounds],
     kernel: codes::Kernel,
 }
 
@@ -248,10 +245,10 @@ impl Index {
         // A lone search keeps its scale on the stack, and codes its query
         // for the int8 pass in `code`'s buffers. A batch sums each query's
         // squares once, for its scale and for a first pass's bound, and
-        // takes the bfloat16 pass or codes its queries for the int8 pass
-        // (`CODED_QUERIES_MAX`).
+        // codes its queries for the int8 pass, or takes the bfloat16 pass
+        // where there is no int8 pass (`SCREEN_QUERIES_MIN`).
         let (one, many): ([f32; 1], Vec<f32>);
-        let (one_bound, many_bounds, many_codes): ([codes::Bound; 1], Vec<codes::Bound>, Vec<QueryCode>);
+        let (one_bound, many_bounds, many_codes): ([codes::Bounds; 1], Vec<codes::Bounds>, Vec<QueryCode>);
         let (mut coded, mut screen) = (None, None);
         let pass = self.coded_pass();
         let scales: &[f32] = if let [query] = queries {
@@ -262,22 +259,20 @@ impl Index {
             one = [self.query_scale(squared_norm)];
             if let Some((shape, kernel)) = pass {
                 code.encode(query);
-                one_bound = [codes::Bound::new(shape, code, squared_norm(), one[0])];
+                one_bound = [codes::Bounds::new(shape, std::slice::from_ref(code), &[squared_norm()], &one)];
                 coded = Some(Coded { codes: std::slice::from_ref(code), bounds: &one_bound, kernel });
             }
             &one
         } else {
             let squared_norms: Vec<f64> = queries.iter().map(|query| kernels::squared_norm(query)).collect();
             many = squared_norms.iter().map(|&squared| self.query_scale(|| squared)).collect();
-            // No bfloat16 pass under a mask: the rows it leaves are rarely
-            // in tiles worth converting.
-            let screen_min = if pass.is_some() { CODED_QUERIES_MAX + 1 } else { SCREEN_QUERIES_MIN };
-            if mask.is_none() && queries.len() >= screen_min && self.metric.is_similarity() {
-                screen = Screen::new(queries, &squared_norms, &many, self.dims);
-            }
-            if let (None, Some((shape, kernel))) = (&screen, pass) {
-                (many_codes, many_bounds) = code_queries(shape, queries, &squared_norms, &many);
+            if let Some((shape, kernel)) = pass {
+                (many_codes, many_bounds) = code_queries((shape, kernel), queries, &squared_norms, &many);
                 coded = Some(Coded { codes: &many_codes, bounds: &many_bounds, kernel });
+            } else if mask.is_none() && queries.len() >= SCREEN_QUERIES_MIN && self.metric.is_similarity() {
+                // No bfloat16 pass under a mask: the rows it leaves are
+                // rarely in tiles worth converting.
+                screen = Screen::new(queries, &squared_norms, &many, self.dims);
             }
             &many
         };
@@ -494,19 +489,19 @@ impl Index {
         let mut rescored = 0;
         let mut row = rows.start;
         while row + codes::ROWS <= rows.end {
-            codes.prefetch(row + CODES_PREFETCH_ROWS, codes::ROWS);
+            let ahead: [usize; codes::ROWS] = std::array::from_fn(|r| row + CODES_PREFETCH_ROWS + r);
             self.coded_rows::<{ codes::ROWS }>(
                 queries,
                 scales,
                 coded,
-                (codes, std::array::from_fn(|r| row + r)),
+                (codes, std::array::from_fn(|r| row + r), &ahead),
                 tops,
                 &mut rescored,
             );
             row += codes::ROWS;
         }
         for row in row..rows.end {
-            self.coded_rows(queries, scales, coded, (codes, [row]), tops, &mut rescored);
+            self.coded_rows(queries, scales, coded, (codes, [row], &[]), tops, &mut rescored);
         }
         FirstPass { rows: (rows.len() * queries.len()) as u64, rescored }
     }
@@ -537,21 +532,19 @@ impl Index {
             }
             let mut at = 0;
             while at + codes::ROWS <= block.len() {
-                for &ahead in block.iter().skip(at + CODES_PREFETCH_ROWS).take(codes::ROWS) {
-                    codes.prefetch(ahead, 1);
-                }
+                let ahead = block.get(at + CODES_PREFETCH_ROWS..).unwrap_or_default();
                 self.coded_rows::<{ codes::ROWS }>(
                     queries,
                     scales,
                     coded,
-                    (codes, std::array::from_fn(|r| block[at + r])),
+                    (codes, std::array::from_fn(|r| block[at + r]), &ahead[..ahead.len().min(codes::ROWS)]),
                     tops,
                     &mut rescored,
                 );
                 at += codes::ROWS;
             }
             for &row in &block[at..] {
-                self.coded_rows(queries, scales, coded, (codes, [row]), tops, &mut rescored);
+                self.coded_rows(queries, scales, coded, (codes, [row], &[]), tops, &mut rescored);
             }
             passed += block.len();
             if block.len() < BLOCK {
@@ -561,16 +554,18 @@ impl Index {
         FirstPass { rows: (passed * queries.len()) as u64, rescored }
     }
 
-    /// The int8 pass of `rows` (of `codes`) for every query: their integer products,
-    /// their bounds against each query's farthest kept, and the pairs
-    /// those cannot rule out scored exactly (counted in `rescored`).
+    /// The int8 pass of `rows` (of `codes`) for every query: their integer
+    /// products, a tile of queries at a time (`Kernel::query_tile`), their
+    /// bounds against each query's farthest kept, and the pairs those cannot
+    /// rule out scored exactly (counted in `rescored`). The codes of the rows
+    /// `ahead` are asked for meanwhile, a part per tile of queries.
     #[inline(always)]
     fn coded_rows<const R: usize>(
         &self,
         queries: &[&[f32]],
         scales: &[f32],
         coded: &Coded,
-        (codes, rows): (&Codes, [usize; R]),
+        (codes, rows, ahead): (&Codes, [usize; R], &[usize]),
         tops: &mut [TopK],
         rescored: &mut u64,
     ) {
@@ -579,13 +574,44 @@ impl Index {
             Metric::Cosine => rows.map(|row| self.inverse_norms[row]),
             _ => [1.0; R],
         };
-        for (q, (code, top)) in coded.codes.iter().zip(&mut *tops).enumerate() {
-            let dots = coded.kernel.dots_of(code, codes, rows);
-            let ruled = top
-                .threshold()
-                .map_or(0, |threshold| coded.bounds[q].rules_out_rows(codes, rows, dots, norms, row_scales, threshold));
+        let rows = (codes, rows, norms, row_scales);
+        let tile = coded.kernel.query_tile();
+        let tiles = tops.len().div_ceil(tile);
+        for (at, (tops, bounds)) in tops.chunks_mut(tile).zip(coded.bounds).enumerate() {
+            codes.prefetch_part(ahead, at, tiles);
+            let tile = (queries, scales, coded.codes, at * tile);
+            let kernel = (coded.kernel, bounds);
+            *rescored += match tops.len() {
+                4 => self.coded_tile::<4, R>(tile, kernel, rows, tops),
+                3 => self.coded_tile::<3, R>(tile, kernel, rows, tops),
+                2 => self.coded_tile::<2, R>(tile, kernel, rows, tops),
+                _ => self.coded_tile::<1, R>(tile, kernel, rows, tops),
+            };
+        }
+    }
+
+    /// `coded_rows` for the `Q` queries from `first` (of `codes`), whose
+    /// `tops` these are, with the `kernel` and their `bounds`. Returns how
+    /// many pairs it scored exactly.
+    #[inline(always)]
+    #[allow(clippy::type_complexity)]
+    fn coded_tile<const Q: usize, const R: usize>(
+        &self,
+        (queries, scales, query_codes, first): (&[&[f32]], &[f32], &[QueryCode], usize),
+        (kernel, bounds): (codes::Kernel, &codes::Bounds),
+        (codes, rows, norms, row_scales): (&Codes, [usize; R], [f32; R], [f32; R]),
+        tops: &mut [TopK],
+    ) -> u64 {
+        let tile: [&QueryCode; Q] = std::array::from_fn(|q| &query_codes[first + q]);
+        let dots = kernel.dots_tile(tile, codes, rows);
+        // A query that keeps nothing yet rules nothing out.
+        let thresholds: [f32; Q] = std::array::from_fn(|q| tops[q].threshold().unwrap_or(f32::INFINITY));
+        let ruled = bounds.rules_out(codes, rows, dots, (norms, row_scales), thresholds);
+        let mut rescored = 0;
+        for (at, (ruled, top)) in ruled.into_iter().zip(tops).enumerate() {
+            let q = first + at;
             let mut left = !ruled & ((1 << R) - 1);
-            *rescored += u64::from(left.count_ones());
+            rescored += u64::from(left.count_ones());
             while left != 0 {
                 let row = rows[left.trailing_zeros() as usize];
                 left &= left - 1;
@@ -593,6 +619,7 @@ impl Index {
                 self.scan_tile::<1, 1>(&queries[q..=q], &scales[q..=q], row..row + 1, top, &[]);
             }
         }
+        rescored
     }
 
     /// The rows of the tile `PREFETCH_TILES` ahead of the one of `tile_rows`
@@ -900,17 +927,18 @@ struct ScreenTile<'a, const R: usize> {
 }
 
 #[inline(always)]
-/// Each query's code and bound for the int8 pass, from its
-/// `squared_norms` and `scales`.
+/// Each query's code for the int8 pass, and the bounds of each tile of
+/// the kernel's queries, from their `squared_norms` and `scales`.
 fn code_queries(
-    shape: codes::Shape,
+    (shape, kernel): (codes::Shape, codes::Kernel),
     queries: &[&[f32]],
     squared_norms: &[f64],
     scales: &[f32],
-) -> (Vec<QueryCode>, Vec<codes::Bound>) {
+) -> (Vec<QueryCode>, Vec<codes::Bounds>) {
     let codes: Vec<QueryCode> = queries.iter().map(|query| QueryCode::of(query)).collect();
-    let bounds = (codes.iter().zip(squared_norms).zip(scales))
-        .map(|((code, &squared), &scale)| codes::Bound::new(shape, code, squared, scale))
+    let tile = kernel.query_tile();
+    let bounds = (codes.chunks(tile).zip(squared_norms.chunks(tile)).zip(scales.chunks(tile)))
+        .map(|((codes, squared), scales)| codes::Bounds::new(shape, codes, squared, scales))
         .collect();
     (codes, bounds)
 }
@@ -1306,7 +1334,7 @@ pub(crate) mod tests {
     #[cfg(target_arch = "x86_64")]
     struct Pass {
         codes: Vec<QueryCode>,
-        bounds: Vec<codes::Bound>,
+        bounds: Vec<codes::Bounds>,
         scales: Vec<f32>,
         kernel: codes::Kernel,
     }
@@ -1317,7 +1345,7 @@ pub(crate) mod tests {
             let (shape, _) = index.coded_pass().expect("an index with codes");
             let squared: Vec<f64> = queries.iter().map(|query| kernels::squared_norm(query)).collect();
             let scales: Vec<f32> = squared.iter().map(|&squared| index.query_scale(|| squared)).collect();
-            let (codes, bounds) = code_queries(shape, queries, &squared, &scales);
+            let (codes, bounds) = code_queries((shape, kernel), queries, &squared, &scales);
             Pass { codes, bounds, scales, kernel }
         }
 
@@ -1363,9 +1391,9 @@ pub(crate) mod tests {
                             let want = codes::dot_scalar(code.signs(), codes.row(row));
                             assert_eq!(dot, want, "{metric:?}, {dims} dims, {}", kernel.name());
                             let row_scale = if metric == Metric::Cosine { index.inverse_norms[row] } else { 1.0 };
-                            let bound = &coded.bounds[0];
+                            let rows = ([index.norms[row]], [row_scale]);
                             assert!(
-                                bound.rules_out_rows(codes, [row], [dot], [index.norms[row]], [row_scale], exact) == 0,
+                                coded.bounds[0].rules_out(codes, [row], [[dot]], rows, [exact]) == [0],
                                 "{metric:?}, {dims} dims, query {q}, row {row} ruled out at its own distance {exact}"
                             );
                         }
@@ -1459,25 +1487,68 @@ pub(crate) mod tests {
         }
     }
 
+    /// Every kernel's products of a tile of queries with a tile of rows, at
+    /// every shape a scan uses (up to 4 x 4, where AVX-512 sums the 16 at
+    /// once), against the scalar reference, pair by pair.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_tile_of_queries_gets_each_pair_exactly() {
+        fn check<const Q: usize, const R: usize>(
+            kernel: codes::Kernel,
+            queries: &[QueryCode],
+            codes: &Codes,
+            at: usize,
+        ) {
+            let tile: [&QueryCode; Q] = std::array::from_fn(|q| &queries[(at + q) % queries.len()]);
+            let rows: [usize; R] = std::array::from_fn(|r| (at * 7 + r * 3) % codes.rows());
+            let dots = kernel.dots_tile(tile, codes, rows);
+            for (q, code) in tile.iter().enumerate() {
+                for (r, &row) in rows.iter().enumerate() {
+                    let want = codes::dot_scalar(code.signs(), codes.row(row));
+                    assert_eq!(dots[q][r], want, "{}, {Q} x {R}, query {q}, row {row}", kernel.name());
+                }
+            }
+        }
+        let kernels = int8_kernels("tiles of int8 products");
+        for dims in (1..=64).chain([65, 127, 768, 1536]) {
+            let Some(codes) = Codes::of(dims, &hard_for_codes(dims as u64, dims, Metric::Ip).concat()) else {
+                continue;
+            };
+            let queries: Vec<QueryCode> =
+                hard_for_codes(300 + dims as u64, dims, Metric::Ip).iter().map(|q| QueryCode::of(q)).collect();
+            for &kernel in &kernels {
+                for at in 0..5 {
+                    check::<4, 4>(kernel, &queries, &codes, at);
+                    check::<3, 4>(kernel, &queries, &codes, at);
+                    check::<2, 4>(kernel, &queries, &codes, at);
+                    check::<4, 1>(kernel, &queries, &codes, at);
+                    check::<1, 1>(kernel, &queries, &codes, at);
+                }
+            }
+        }
+    }
+
     /// The most dimensions that keep codes: there the integer products of
     /// saturated codes (every value ±127, offset 255) reach 2,122,383,360,
-    /// just inside an i32, and every kernel still sums them exactly; one
-    /// dimension more keeps none.
+    /// just inside an i32, and every kernel still sums them exactly, one
+    /// pair or a tile of 4 x 4 at a time; one dimension more keeps none.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn codes_hold_exactly_up_to_their_dimension_limit() {
         let kernels = int8_kernels("the int8 dimension limit");
         let dims = codes::DIMS_MAX;
-        let rows: Vec<f32> = [1.0, -1.0].iter().flat_map(|&x| vec![x; dims]).collect();
+        let rows: Vec<f32> = [1.0, -1.0, -1.0, 1.0].iter().flat_map(|&x| vec![x; dims]).collect();
         let codes = codes::Codes::of(dims, &rows).expect("codes at the limit");
         assert!(codes::Codes::of(dims + 1, &[0.5; codes::DIMS_MAX + 1]).is_none());
-        for query in [vec![1.0f32; dims], vec![-1.0; dims]] {
-            let code = QueryCode::of(&query);
-            for &kernel in &kernels {
-                for row in 0..2 {
-                    let [dot] = kernel.dots_of(&code, &codes, [row]);
+        let queries = [1.0f32, -1.0, 1.0, -1.0].map(|x| QueryCode::of(&vec![x; dims]));
+        for &kernel in &kernels {
+            let tile = kernel.dots_tile(queries.each_ref(), &codes, [0, 1, 2, 3]);
+            for (q, (code, tiled)) in queries.iter().zip(tile).enumerate() {
+                for (row, tiled) in tiled.into_iter().enumerate() {
+                    let [dot] = kernel.dots_of(code, &codes, [row]);
                     assert_eq!(dot, codes::dot_scalar(code.signs(), codes.row(row)), "{}", kernel.name());
                     assert_eq!(dot.unsigned_abs(), 127 * 127 * dims as u32, "{}", kernel.name());
+                    assert_eq!(tiled, dot, "{}, query {q} of a tile", kernel.name());
                 }
             }
         }
