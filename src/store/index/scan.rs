@@ -98,6 +98,11 @@ impl std::ops::AddAssign for FirstPass {
     }
 }
 
+/// What `scan_coded_for` scans: queries, their scales, their int8 pass, a
+/// mask if any, the rows and the queries' tops.
+type CodedScan<'a, 'b> =
+    (&'a [&'a [f32]], &'a [f32], &'a Coded<'a>, Option<&'a RoaringBitmap>, Range<usize>, &'b mut [TopK]);
+
 /// The int8 first pass (`codes`) of a search or a batch: each query's
 /// code, the bounds of each tile of `kernel.query_tile()` queries, and the
 /// kernel that computes the integer products.
@@ -485,6 +490,87 @@ impl Index {
         rows: Range<usize>,
         tops: &mut [TopK],
     ) -> FirstPass {
+        self.scan_coded_for(queries, scales, coded, None, rows, tops)
+    }
+
+    /// `scan_coded_in` or `scan_coded_masked_in` compiled for the
+    /// instructions of `coded`'s kernel, so that what they inline (the
+    /// bounds' f64 arithmetic among it) uses them too, in a build for any
+    /// x86-64. The answers do not change: Rust neither fuses nor reorders
+    /// float operations, so wider vectors compute the same values.
+    fn scan_coded_for(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        coded: &Coded,
+        mask: Option<&RoaringBitmap>,
+        rows: Range<usize>,
+        tops: &mut [TopK],
+    ) -> FirstPass {
+        let scan = (queries, scales, coded, mask, rows, tops);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a kernel is only chosen where the CPU has its
+        // instructions (`cpu::paths`, and the tests ask first).
+        unsafe {
+            match coded.kernel {
+                codes::Kernel::Vnni512 => self.scan_coded_vnni512(scan),
+                codes::Kernel::Vnni256 => self.scan_coded_vnni256(scan),
+                codes::Kernel::Avx2 => self.scan_coded_avx2(scan),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        self.scan_coded_any(scan)
+    }
+
+    /// `scan_coded_any` compiled for `Kernel::Vnni512`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F, BW and VNNI.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn scan_coded_vnni512(&self, scan: CodedScan) -> FirstPass {
+        self.scan_coded_any(scan)
+    }
+
+    /// `scan_coded_any` compiled for `Kernel::Vnni256`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and AVX-VNNI.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,avxvnni")]
+    unsafe fn scan_coded_vnni256(&self, scan: CodedScan) -> FirstPass {
+        self.scan_coded_any(scan)
+    }
+
+    /// `scan_coded_any` compiled for `Kernel::Avx2`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn scan_coded_avx2(&self, scan: CodedScan) -> FirstPass {
+        self.scan_coded_any(scan)
+    }
+
+    /// `scan_coded_in`, or `scan_coded_masked_in` under a mask.
+    #[inline(always)]
+    fn scan_coded_any(&self, (queries, scales, coded, mask, rows, tops): CodedScan) -> FirstPass {
+        match mask {
+            Some(mask) => self.scan_coded_masked_in(queries, scales, coded, mask, rows, tops),
+            None => self.scan_coded_in(queries, scales, coded, rows, tops),
+        }
+    }
+
+    /// `scan_coded`, compiled for whichever instructions its caller was.
+    #[inline(always)]
+    fn scan_coded_in(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        coded: &Coded,
+        rows: Range<usize>,
+        tops: &mut [TopK],
+    ) -> FirstPass {
         let codes = self.codes.as_ref().expect("a coded scan is of an index with codes");
         let mut rescored = 0;
         let mut row = rows.start;
@@ -510,6 +596,21 @@ impl Index {
     /// time wherever they are: a sparse mask costs what its rows cost, not
     /// a call per run of consecutive rows.
     fn scan_coded_masked(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        coded: &Coded,
+        mask: &RoaringBitmap,
+        rows: Range<usize>,
+        tops: &mut [TopK],
+    ) -> FirstPass {
+        self.scan_coded_for(queries, scales, coded, Some(mask), rows, tops)
+    }
+
+    /// `scan_coded_masked`, compiled for whichever instructions its caller
+    /// was.
+    #[inline(always)]
+    fn scan_coded_masked_in(
         &self,
         queries: &[&[f32]],
         scales: &[f32],
