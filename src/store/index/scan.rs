@@ -380,7 +380,7 @@ impl Index {
         tops: &mut [TopK],
     ) -> FirstPass {
         if let Some(coded) = coded {
-            return self.scan_coded_masked(queries, scales, coded, mask, rows, tops);
+            return self.scan_coded_for(queries, scales, coded, Some(mask), rows, tops);
         }
         let mut runs = mask.iter();
         runs.advance_to(rows.start as u32);
@@ -434,7 +434,7 @@ impl Index {
         tops: &mut [TopK],
     ) -> FirstPass {
         if let Some(coded) = coded {
-            return self.scan_coded(queries, scales, coded, rows, tops);
+            return self.scan_coded_for(queries, scales, coded, None, rows, tops);
         }
         if let ([query], [scale], [top]) = (queries, scales, &mut *tops) {
             // A lone query reads the rows from memory one at a time: one
@@ -475,25 +475,7 @@ impl Index {
         }
     }
 
-    /// `rows` through the int8 pass (`codes`), for each query: the codes
-    /// of `ROWS` rows at a time give each pair an interval holding its exact
-    /// score, and only a pair whose interval can still beat the farthest
-    /// its query's top keeps is scored exactly, as the f32 scan scores it
-    /// (`scan_tile`), so the answer is the f32 scan's, bit for bit. A batch
-    /// takes the queries in turn over each tile of rows, whose codes stay
-    /// in L1 meanwhile. Counts pairs: rows times queries.
-    fn scan_coded(
-        &self,
-        queries: &[&[f32]],
-        scales: &[f32],
-        coded: &Coded,
-        rows: Range<usize>,
-        tops: &mut [TopK],
-    ) -> FirstPass {
-        self.scan_coded_for(queries, scales, coded, None, rows, tops)
-    }
-
-    /// `scan_coded_in` or `scan_coded_masked_in` compiled for the
+    /// `scan_coded` or `scan_coded_masked` compiled for the
     /// instructions of `coded`'s kernel, so that what they inline (the
     /// bounds' f64 arithmetic among it) uses them too, in a build for any
     /// x86-64. The answers do not change: Rust neither fuses nor reorders
@@ -552,18 +534,24 @@ impl Index {
         self.scan_coded_any(scan)
     }
 
-    /// `scan_coded_in`, or `scan_coded_masked_in` under a mask.
+    /// `scan_coded`, or `scan_coded_masked` under a mask.
     #[inline(always)]
     fn scan_coded_any(&self, (queries, scales, coded, mask, rows, tops): CodedScan) -> FirstPass {
         match mask {
-            Some(mask) => self.scan_coded_masked_in(queries, scales, coded, mask, rows, tops),
-            None => self.scan_coded_in(queries, scales, coded, rows, tops),
+            Some(mask) => self.scan_coded_masked(queries, scales, coded, mask, rows, tops),
+            None => self.scan_coded(queries, scales, coded, rows, tops),
         }
     }
 
-    /// `scan_coded`, compiled for whichever instructions its caller was.
+    /// `rows` through the int8 pass (`codes`), for each query: the codes
+    /// of `ROWS` rows at a time give each pair an interval holding its exact
+    /// score, and only a pair whose interval can still beat the farthest
+    /// its query's top keeps is scored exactly, as the f32 scan scores it
+    /// (`scan_tile`), so the answer is the f32 scan's, bit for bit. A batch
+    /// takes its queries a tile at a time over each tile of rows, whose codes stay
+    /// in L1 meanwhile. Counts pairs: rows times queries.
     #[inline(always)]
-    fn scan_coded_in(
+    fn scan_coded(
         &self,
         queries: &[&[f32]],
         scales: &[f32],
@@ -595,22 +583,8 @@ impl Index {
     /// `scan_coded` of the rows of `mask` within `rows`, taken `ROWS` at a
     /// time wherever they are: a sparse mask costs what its rows cost, not
     /// a call per run of consecutive rows.
-    fn scan_coded_masked(
-        &self,
-        queries: &[&[f32]],
-        scales: &[f32],
-        coded: &Coded,
-        mask: &RoaringBitmap,
-        rows: Range<usize>,
-        tops: &mut [TopK],
-    ) -> FirstPass {
-        self.scan_coded_for(queries, scales, coded, Some(mask), rows, tops)
-    }
-
-    /// `scan_coded_masked`, compiled for whichever instructions its caller
-    /// was.
     #[inline(always)]
-    fn scan_coded_masked_in(
+    fn scan_coded_masked(
         &self,
         queries: &[&[f32]],
         scales: &[f32],
