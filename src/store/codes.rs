@@ -306,16 +306,6 @@ impl Codes {
         let _ = (start, end);
     }
 
-    /// `prefetch` of part `part` of `parts` of `rows` (those there are),
-    /// so that a tile's queries can each ask for a part instead of all
-    /// asking at once, which stalls on the lines in flight.
-    #[inline(always)]
-    pub fn prefetch_part(&self, rows: &[usize], part: usize, parts: usize) {
-        for &row in &rows[rows.len() * part / parts..rows.len() * (part + 1) / parts] {
-            self.prefetch(row, 1);
-        }
-    }
-
     /// How many rows have codes.
     #[cfg(test)]
     pub fn rows(&self) -> usize {

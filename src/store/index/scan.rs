@@ -633,7 +633,8 @@ impl Index {
     /// products, a tile of queries at a time (`Kernel::query_tile`), their
     /// bounds against each query's farthest kept, and the pairs those cannot
     /// rule out scored exactly (counted in `rescored`). The codes of the rows
-    /// `ahead` are asked for meanwhile, a part per tile of queries.
+    /// `ahead` are asked for meanwhile, one row per tile of queries (all at
+    /// once stalls on the lines in flight) and the rest after the last.
     #[inline(always)]
     fn coded_rows<const R: usize>(
         &self,
@@ -650,10 +651,21 @@ impl Index {
             _ => [1.0; R],
         };
         let rows = (codes, rows, norms, row_scales);
+        if let ([_], [bounds]) = (&*tops, coded.bounds) {
+            // A lone search: its own straight path.
+            for &row in ahead {
+                codes.prefetch(row, 1);
+            }
+            *rescored += self.coded_tile::<1, R>((queries, scales, coded.codes, 0), (coded.kernel, bounds), rows, tops);
+            return;
+        }
         let tile = coded.kernel.query_tile();
-        let tiles = tops.len().div_ceil(tile);
+        let mut asked = 0;
         for (at, (tops, bounds)) in tops.chunks_mut(tile).zip(coded.bounds).enumerate() {
-            codes.prefetch_part(ahead, at, tiles);
+            if let Some(&row) = ahead.get(at) {
+                codes.prefetch(row, 1);
+                asked += 1;
+            }
             let tile = (queries, scales, coded.codes, at * tile);
             let kernel = (coded.kernel, bounds);
             *rescored += match tops.len() {
@@ -662,6 +674,9 @@ impl Index {
                 2 => self.coded_tile::<2, R>(tile, kernel, rows, tops),
                 _ => self.coded_tile::<1, R>(tile, kernel, rows, tops),
             };
+        }
+        for &row in ahead.get(asked..).unwrap_or_default() {
+            codes.prefetch(row, 1);
         }
     }
 
