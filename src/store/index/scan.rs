@@ -54,11 +54,21 @@ fn row_tile() -> usize {
 /// Batches of at least this many searches (of a cosine or inner-product
 /// index without int8 codes, or with the int8 pass off) take a first pass
 /// in bfloat16 where the CPU has it (`screen`). Fewer are bound by reading
-/// the rows, which the pass does not shorten. Where the index has codes,
-/// every batch takes the int8 pass instead: it scores 64 pairs per
-/// instruction against bfloat16's 32 and reads a quarter of the bytes,
-/// and was faster at every size the `kernels` bench tried (`many`).
+/// the rows, which the pass does not shorten.
 const SCREEN_QUERIES_MIN: usize = 4;
+
+/// Where the index has int8 codes, batches take the int8 pass, except
+/// batches of at least `SCREEN_OVER_CODES_QUERIES_MIN` searches of an index
+/// of fewer than `SCREEN_OVER_CODES_DIMS_MAX` dimensions, which take the
+/// bfloat16 pass where the CPU has it. The int8 pass scores 64 products
+/// per instruction against bfloat16's 32, but its bound costs more per
+/// pair, so bfloat16 gains as the dimensions fall. On 20,000 rows (one
+/// thread, native, both passes side by side), 64 searches took 3.8 ms in
+/// bfloat16 against 6.9 in int8 at 128 dimensions, 5.6 against 6.7 at
+/// 256, 7.6 against 8.0 at 384 (where 16 searches took 2.4 against 2.1),
+/// 9.6 against 9.6 at 512; at 768 int8 was faster at 4 to 64 searches.
+const SCREEN_OVER_CODES_QUERIES_MIN: usize = 13;
+const SCREEN_OVER_CODES_DIMS_MAX: usize = 384;
 
 /// Pairs of a tile left undecided by the bfloat16 pass above which the f32
 /// tile scores all its pairs: that costs about what 4 pairs scored alone do.
@@ -250,8 +260,8 @@ impl Index {
         // A lone search keeps its scale on the stack, and codes its query
         // for the int8 pass in `code`'s buffers. A batch sums each query's
         // squares once, for its scale and for a first pass's bound, and
-        // codes its queries for the int8 pass, or takes the bfloat16 pass
-        // where there is no int8 pass (`SCREEN_QUERIES_MIN`).
+        // codes its queries for the int8 pass or takes the bfloat16 pass
+        // (`SCREEN_QUERIES_MIN`, `SCREEN_OVER_CODES_QUERIES_MIN`).
         let (one, many): ([f32; 1], Vec<f32>);
         let (one_bound, many_bounds, many_codes): ([codes::Bounds; 1], Vec<codes::Bounds>, Vec<QueryCode>);
         let (mut coded, mut screen) = (None, None);
@@ -271,13 +281,19 @@ impl Index {
         } else {
             let squared_norms: Vec<f64> = queries.iter().map(|query| kernels::squared_norm(query)).collect();
             many = squared_norms.iter().map(|&squared| self.query_scale(|| squared)).collect();
-            if let Some((shape, kernel)) = pass {
+            let screen_min = match pass {
+                Some(_) if self.dims < SCREEN_OVER_CODES_DIMS_MAX => SCREEN_OVER_CODES_QUERIES_MIN,
+                Some(_) => usize::MAX,
+                None => SCREEN_QUERIES_MIN,
+            };
+            // No bfloat16 pass under a mask: the rows it leaves are rarely
+            // in tiles worth converting.
+            if mask.is_none() && queries.len() >= screen_min && self.metric.is_similarity() {
+                screen = Screen::new(queries, &squared_norms, &many, self.dims);
+            }
+            if let (None, Some((shape, kernel))) = (&screen, pass) {
                 (many_codes, many_bounds) = code_queries((shape, kernel), queries, &squared_norms, &many);
                 coded = Some(Coded { codes: &many_codes, bounds: &many_bounds, kernel });
-            } else if mask.is_none() && queries.len() >= SCREEN_QUERIES_MIN && self.metric.is_similarity() {
-                // No bfloat16 pass under a mask: the rows it leaves are
-                // rarely in tiles worth converting.
-                screen = Screen::new(queries, &squared_norms, &many, self.dims);
             }
             &many
         };
