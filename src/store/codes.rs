@@ -65,6 +65,8 @@
 
 use super::screen;
 
+pub mod floors;
+
 /// Indexes of more dimensions keep no codes: a sum of `255 x 127` per
 /// dimension must fit an i32 (see the module doc).
 pub const DIMS_MAX: usize = 65_536;
@@ -73,6 +75,10 @@ pub const DIMS_MAX: usize = 65_536;
 /// past the end of a row: the query's code is zero there, which makes the
 /// extra bytes count for nothing.
 const SLACK: usize = 64;
+
+/// The powers-of-two grid pads each row to whole blocks of this many bytes,
+/// the narrowest kernel's (`floors`).
+pub const BLOCK: usize = 32;
 
 /// Rows a kernel scores at a time: each load of the query feeds four rows.
 pub const ROWS: usize = 4;
@@ -144,6 +150,7 @@ impl Kernel {
         rows: [usize; R],
     ) -> [[i32; R]; Q] {
         let (dims, bytes) = (codes.dims, &codes.bytes[..]);
+        assert_eq!(codes.grid, Grid::Fitted, "products of fitted codes");
         let starts = rows.map(|row| row * dims);
         // Each row and whole blocks past it: within the slack every row has.
         let read = dims.next_multiple_of(SLACK);
@@ -175,6 +182,18 @@ impl Kernel {
     }
 }
 
+/// How a row's scale is chosen: the products' bound (this module) wants
+/// the finest scale; the coordinate distances' (`floors`) a power of two,
+/// so that one code of the query serves every row of that scale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grid {
+    /// The least f32 not below `m / 127`; residual bound: `|e|`.
+    Fitted,
+    /// The least power of two not below `m / 127`, and at least 2^-126 (a
+    /// zero vector's too); residual bound: `sum |e_i|`.
+    PowersOfTwo,
+}
+
 /// A vector's code: scale, sum of the codes, residual bound (the codes
 /// themselves go where `encode` puts them).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -184,29 +203,57 @@ struct Encoded {
     residual: f32,
 }
 
-/// Codes `v`, handing each value's code to `put` with its position.
-fn encode(v: &[f32], mut put: impl FnMut(usize, i8)) -> Encoded {
+/// Codes `v` on `grid`, handing each value's code to `put` with its
+/// position.
+fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, i8)) -> Encoded {
     let largest = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-    if largest == 0.0 {
-        (0..v.len()).for_each(|i| put(i, 0));
-        return Encoded { scale: 0.0, sum: 0, residual: 0.0 };
-    }
-    let scale = f32_at_least(f64::from(largest) / 127.0).max(f32::from_bits(1));
-    let (mut sum, mut squares) = (0, 0.0f64);
+    let scale = match grid {
+        Grid::Fitted if largest == 0.0 => {
+            (0..v.len()).for_each(|i| put(i, 0));
+            return Encoded { scale: 0.0, sum: 0, residual: 0.0 };
+        }
+        Grid::Fitted => f32_at_least(f64::from(largest) / 127.0).max(f32::from_bits(1)),
+        Grid::PowersOfTwo => power_of_two_at_least(f32_at_least(f64::from(largest) / 127.0)),
+    };
+    let (mut sum, mut squares, mut magnitudes) = (0, 0.0f64, 0.0f64);
     for (i, &x) in v.iter().enumerate() {
         let code = (f64::from(x) / f64::from(scale)).round().clamp(-127.0, 127.0);
         let residual = f64::from(x) - f64::from(scale) * code;
         squares += residual * residual;
+        magnitudes += residual.abs();
         put(i, code as i8);
         sum += code as i32;
     }
-    // The sum of squares is off by at most n 2^-53 of itself.
-    Encoded { scale, sum, residual: f32_at_least(squares.sqrt() * (1.0 + 2f64.powi(-30))) }
+    // Either sum is off by at most n 2^-53 of itself.
+    let residual = match grid {
+        Grid::Fitted => squares.sqrt(),
+        Grid::PowersOfTwo => magnitudes,
+    };
+    Encoded { scale, sum, residual: f32_at_least(residual * (1.0 + 2f64.powi(-30))) }
+}
+
+/// The least power of two not below `x` (a finite f32 at least 0), and at
+/// least 2^-126, so that its exponent field alone names it.
+fn power_of_two_at_least(x: f32) -> f32 {
+    let x = x.max(f32::MIN_POSITIVE);
+    let bits = x.to_bits();
+    let mantissa = bits & ((1 << 23) - 1);
+    if mantissa == 0 {
+        x
+    } else {
+        f32::from_bits((bits & !((1 << 23) - 1)) + (1 << 23))
+    }
+}
+
+/// A power-of-two scale's exponent field: which of `Codes::exponents`
+/// counts it.
+pub fn exponent_of(scale: f32) -> usize {
+    (scale.to_bits() >> 23) as usize & 0xff
 }
 
 /// A row's code as stored: offset by 128, so that `vpdpbusd` can take it as
 /// its unsigned operand.
-fn stored(code: i8) -> u8 {
+pub fn stored(code: i8) -> u8 {
     (code as u8) ^ 0x80
 }
 
@@ -229,33 +276,52 @@ fn f32_above(x: f64) -> f32 {
     (x + x.abs() * 2f64.powi(-23) + 2f64.powi(-148)) as f32
 }
 
-/// The codes of an index's rows, row `r` at `bytes[r * dims..]` (each
+/// The codes of an index's rows, row `r` at `bytes[r * stride..]` (each
 /// offset by 128, `stored`), with its scale and residual bound.
 #[derive(Debug)]
 pub struct Codes {
+    grid: Grid,
     dims: usize,
+    /// Bytes from one row's codes to the next: `dims` on the fitted grid;
+    /// on powers of two, whole 32-byte blocks, padded with code 0, which
+    /// every query code also has there.
+    stride: usize,
     bytes: Vec<u8>,
     scales: Vec<f32>,
     residuals: Vec<f32>,
+    /// Powers of two only: how many rows have each exponent field
+    /// (`exponent_of`), so that a search codes its query only for those.
+    exponents: Vec<u32>,
 }
 
 impl Codes {
-    /// Codes for rows of `dims` values, if an index of that many keeps them.
-    pub fn new(dims: usize) -> Option<Codes> {
-        (dims <= DIMS_MAX).then(|| Codes { dims, bytes: vec![0; SLACK], scales: Vec::new(), residuals: Vec::new() })
+    /// Codes on `grid` for rows of `dims` values, if an index of that many
+    /// keeps them.
+    pub fn new(dims: usize, grid: Grid) -> Option<Codes> {
+        let (stride, exponents) = match grid {
+            Grid::Fitted => (dims, Vec::new()),
+            Grid::PowersOfTwo => (dims.next_multiple_of(BLOCK), vec![0; 256]),
+        };
+        (dims <= DIMS_MAX).then(|| Codes {
+            grid,
+            dims,
+            stride,
+            bytes: vec![0; SLACK],
+            scales: Vec::new(),
+            residuals: Vec::new(),
+            exponents,
+        })
     }
 
     /// The codes of `vectors` (row after row).
-    pub fn of(dims: usize, vectors: &[f32]) -> Option<Codes> {
-        let mut codes = Codes::new(dims)?;
+    pub fn of(dims: usize, grid: Grid, vectors: &[f32]) -> Option<Codes> {
+        let mut codes = Codes::new(dims, grid)?;
         let rows = vectors.len() / dims;
-        codes.bytes = vec![0; rows * dims + SLACK];
+        codes.bytes.reserve_exact(rows * codes.stride);
         codes.scales.reserve_exact(rows);
         codes.residuals.reserve_exact(rows);
-        for (v, out) in vectors.chunks_exact(dims).zip(codes.bytes.chunks_exact_mut(dims)) {
-            let Encoded { scale, residual, .. } = encode(v, |i, code| out[i] = stored(code));
-            codes.scales.push(scale);
-            codes.residuals.push(residual);
+        for v in vectors.chunks_exact(dims) {
+            codes.push(v);
         }
         Some(codes)
     }
@@ -264,30 +330,72 @@ impl Codes {
         self.scales.len()
     }
 
+    pub fn grid(&self) -> Grid {
+        self.grid
+    }
+
+    pub fn dims(&self) -> usize {
+        self.dims
+    }
+
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
+    /// How many rows have each exponent field (powers of two only).
+    pub fn exponents(&self) -> &[u32] {
+        &self.exponents
+    }
+
+    /// Row `row`'s scale and residual bound.
+    #[inline(always)]
+    pub fn scale_and_residual(&self, row: usize) -> (f32, f32) {
+        (self.scales[row], self.residuals[row])
+    }
+
+    /// The stored codes, row `r` from `r * stride`.
+    #[inline(always)]
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     /// Adds a row's code at the end.
     pub fn push(&mut self, v: &[f32]) {
-        let start = self.len() * self.dims;
-        self.bytes.resize(start + self.dims + SLACK, 0);
-        let out = &mut self.bytes[start..start + self.dims];
-        let Encoded { scale, residual, .. } = encode(v, |i, code| out[i] = stored(code));
-        self.scales.push(scale);
-        self.residuals.push(residual);
+        let start = self.len() * self.stride;
+        self.bytes.resize(start + self.stride + SLACK, 0);
+        self.scales.push(0.0);
+        self.residuals.push(0.0);
+        self.set(self.len() - 1, v);
     }
 
     /// Replaces row `row`'s code.
     pub fn set(&mut self, row: usize, v: &[f32]) {
-        let out = &mut self.bytes[row * self.dims..(row + 1) * self.dims];
-        let encoded = encode(v, |i, code| out[i] = stored(code));
+        let (dims, stride) = (self.dims, self.stride);
+        let out = &mut self.bytes[row * stride..(row + 1) * stride];
+        out[dims..].fill(stored(0));
+        let encoded = encode(v, self.grid, |i, code| out[i] = stored(code));
+        self.count(row, false);
         self.scales[row] = encoded.scale;
         self.residuals[row] = encoded.residual;
+        self.count(row, true);
+    }
+
+    /// Counts row `row`'s exponent in (or out of) `exponents`.
+    fn count(&mut self, row: usize, add: bool) {
+        let scale = self.scales[row];
+        if let (Grid::PowersOfTwo, true) = (self.grid, scale > 0.0) {
+            let count = &mut self.exponents[exponent_of(scale)];
+            *count = if add { *count + 1 } else { *count - 1 };
+        }
     }
 
     /// Moves the last row's code into `row` and drops the last.
     pub fn swap_remove(&mut self, row: usize) {
-        let (dims, last) = (self.dims, self.len() - 1);
-        self.bytes.copy_within(last * dims..(last + 1) * dims, row * dims);
-        self.bytes.truncate(last * dims);
-        self.bytes.resize(last * dims + SLACK, 0);
+        let (stride, last) = (self.stride, self.len() - 1);
+        self.count(row, false);
+        self.bytes.copy_within(last * stride..(last + 1) * stride, row * stride);
+        self.bytes.truncate(last * stride);
+        self.bytes.resize(last * stride + SLACK, 0);
         self.scales.swap_remove(row);
         self.residuals.swap_remove(row);
     }
@@ -296,8 +404,8 @@ impl Codes {
     /// be brought into cache, without waiting for them.
     #[inline(always)]
     pub fn prefetch(&self, row: usize, rows: usize) {
-        let start = (row * self.dims).min(self.bytes.len());
-        let end = ((row + rows) * self.dims).min(self.bytes.len());
+        let start = (row * self.stride).min(self.bytes.len());
+        let end = ((row + rows) * self.stride).min(self.bytes.len());
         #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
         for line in self.bytes[start..end].iter().step_by(64) {
             safe_arch::prefetch_t0(line);
@@ -315,12 +423,12 @@ impl Codes {
     /// Row `row`'s codes.
     #[cfg(test)]
     pub fn row(&self, row: usize) -> impl Iterator<Item = i8> + '_ {
-        self.bytes[row * self.dims..(row + 1) * self.dims].iter().map(|&b| (b ^ 0x80) as i8)
+        self.bytes[row * self.stride..row * self.stride + self.dims].iter().map(|&b| (b ^ 0x80) as i8)
     }
 
     /// Bytes held per row, for the memory formula.
     pub fn bytes_per_row(&self) -> usize {
-        self.dims + 8
+        self.stride + 8
     }
 }
 
@@ -353,7 +461,7 @@ impl QueryCode {
         self.signs.clear();
         self.signs.resize(padded, 0);
         let signs = &mut self.signs;
-        let Encoded { scale, sum, residual } = encode(query, |i, d| signs[i] = d);
+        let Encoded { scale, sum, residual } = encode(query, Grid::Fitted, |i, d| signs[i] = d);
         self.magnitude.clear();
         self.magnitude.extend(self.signs.iter().map(|d| d.unsigned_abs()));
         (self.dims, self.sum, self.scale, self.residual) = (query.len(), sum, scale, residual);

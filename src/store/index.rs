@@ -14,7 +14,7 @@ use std::fmt;
 use roaring::RoaringBitmap;
 use smallvec::SmallVec;
 
-use super::codes::Codes;
+use super::codes::{Codes, Grid};
 use super::filter::Filter;
 use super::kernels;
 use super::screen;
@@ -237,8 +237,8 @@ pub struct Index {
     inverse_norms: Vec<f32>,
     /// An upper bound on |v| per row, for the first passes' error bounds.
     norms: Vec<f32>,
-    /// Cosine, ip and l2, where the CPU has an int8 kernel: each row's code
-    /// for the first pass of a lone search (`codes`).
+    /// Where the CPU has an int8 kernel, for cosine, ip, l2, l1, linf and
+    /// bc: each row's code for the first pass of a search (`codes`).
     codes: Option<Codes>,
     ids: Vec<i64>,
     /// Each row's metadata as a JSON object text, ready to copy into a reply;
@@ -269,7 +269,7 @@ impl Index {
             vectors: Vec::new(),
             inverse_norms: Vec::new(),
             norms: Vec::new(),
-            codes: Index::keeps_codes(dims, metric).then(|| Codes::new(dims)).flatten(),
+            codes: Index::code_grid(dims, metric).and_then(|grid| Codes::new(dims, grid)),
             ids: Vec::new(),
             metadata: Vec::new(),
             rows: RowMap::new(),
@@ -281,12 +281,17 @@ impl Index {
         self.dims
     }
 
-    /// Whether an index keeps int8 codes of its rows: those whose scores
-    /// the first pass bounds, where this process runs the pass.
-    fn keeps_codes(dims: usize, metric: Metric) -> bool {
-        matches!(metric, Metric::Cosine | Metric::Ip | Metric::L2)
-            && dims <= super::codes::DIMS_MAX
-            && super::cpu::paths().int8.is_some()
+    /// The grid of the int8 codes an index keeps of its rows, if it keeps
+    /// any: those whose scores a first pass bounds (`codes` for products,
+    /// `codes::floors` for coordinate distances), where this process runs
+    /// the pass.
+    fn code_grid(dims: usize, metric: Metric) -> Option<Grid> {
+        let grid = match metric {
+            Metric::Cosine | Metric::Ip | Metric::L2 => Grid::Fitted,
+            Metric::L1 | Metric::Linf | Metric::BrayCurtis => Grid::PowersOfTwo,
+            Metric::Lp(_) | Metric::Canberra | Metric::JensenShannon => return None,
+        };
+        (dims <= super::codes::DIMS_MAX && super::cpu::paths().int8.is_some()).then_some(grid)
     }
 
     /// Bytes of int8 codes kept per row (0 without codes).
@@ -488,7 +493,7 @@ impl Index {
             _ => Vec::new(),
         };
         let norms = squared_norms.into_iter().map(screen::norm_bound_of).collect();
-        let codes = Index::keeps_codes(dims, metric).then(|| Codes::of(dims, &vectors)).flatten();
+        let codes = Index::code_grid(dims, metric).and_then(|grid| Codes::of(dims, grid, &vectors));
         let mut meta = meta::MetaIndex::default();
         for (row, text) in metadata.iter().enumerate() {
             meta.add(row as u32, text);

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use roaring::RoaringBitmap;
 
 use super::{Index, Metric};
+use crate::store::codes::floors::{Floor, Grids};
 use crate::store::codes::{self, Codes, QueryCode};
 use crate::store::cpu::{self, F32};
 use crate::store::kernels::{self, distances};
@@ -89,8 +90,8 @@ pub struct Scanner {
     partials: Vec<Vec<TopK>>,
     /// What the int8 first pass did since `take_first_pass`.
     first_pass: FirstPass,
-    /// A lone search's query code, its buffers kept.
-    code: QueryCode,
+    /// A lone search's query codes, their buffers kept.
+    code: LoneCodes,
 }
 
 /// Rows the int8 first pass read the codes of, and rows of those it scored
@@ -113,13 +114,35 @@ impl std::ops::AddAssign for FirstPass {
 type CodedScan<'a, 'b> =
     (&'a [&'a [f32]], &'a [f32], &'a Coded<'a>, Option<&'a RoaringBitmap>, Range<usize>, &'b mut [TopK]);
 
-/// The int8 first pass (`codes`) of a search or a batch: each query's
-/// code, the bounds of each tile of `kernel.query_tile()` queries, and the
-/// kernel that computes the integer products.
+/// The int8 first pass of a search or a batch: the kernel its codes are
+/// read with, and the queries' side.
 struct Coded<'a> {
-    codes: &'a [QueryCode],
-    bounds: &'a [codes::Bounds],
     kernel: codes::Kernel,
+    queries: CodedQueries<'a>,
+}
+
+/// The queries' side of an int8 first pass.
+enum CodedQueries<'a> {
+    /// Cosine, ip, l2 (`codes`): each query's code, and the bounds of each
+    /// tile of `kernel.query_tile()` queries.
+    Products { codes: &'a [QueryCode], bounds: &'a [codes::Bounds] },
+    /// l1, linf, Bray-Curtis (`codes::floors`): each query's codes.
+    Floors(&'a [Grids]),
+}
+
+/// Which int8 first pass an index's searches take.
+#[derive(Clone, Copy)]
+enum Bound {
+    Products(codes::Shape),
+    Floors(Floor),
+}
+
+/// A lone search's query codes for either pass, their buffers kept from
+/// search to search.
+#[derive(Default)]
+pub struct LoneCodes {
+    products: QueryCode,
+    floors: Grids,
 }
 
 impl Default for Scanner {
@@ -135,7 +158,7 @@ impl Scanner {
         Scanner {
             partials: (1..threads.max(1)).map(|_| Vec::new()).collect(),
             first_pass: FirstPass::default(),
-            code: QueryCode::default(),
+            code: LoneCodes::default(),
         }
     }
 
@@ -202,7 +225,7 @@ impl Index {
         tops: &mut [TopK],
         partials: &mut [Vec<TopK>],
         mask: Option<&RoaringBitmap>,
-        code: &mut QueryCode,
+        code: &mut LoneCodes,
     ) -> FirstPass {
         let rows = mask.map_or(self.len(), |mask| mask.len() as usize);
         let by_size = rows * self.dims / PARALLEL_SCAN_FLOATS_MIN;
@@ -223,20 +246,23 @@ impl Index {
     /// of holding up the others. Exact: each of the k nearest rows is among
     /// the k nearest of the rows its thread scanned.
     pub fn search_many_split(&self, queries: &[&[f32]], ks: &[usize], tops: &mut [TopK], partials: &mut [Vec<TopK>]) {
-        self.search_in_chunks(queries, ks, tops, (partials, self.chunk_rows()), None, &mut QueryCode::default());
+        self.search_in_chunks(queries, ks, tops, (partials, self.chunk_rows()), None, &mut LoneCodes::default());
     }
 
-    /// The bound's shape and the kernel of the int8 first pass, where the
-    /// index keeps codes and the process runs the pass.
-    fn coded_pass(&self) -> Option<(codes::Shape, codes::Kernel)> {
+    /// The int8 first pass's bound and kernel, where the index keeps codes
+    /// and the process runs the pass.
+    fn coded_pass(&self) -> Option<(Bound, codes::Kernel)> {
         let (_, kernel) = (self.codes.as_ref()?, cpu::paths().int8?);
-        let shape = match self.metric {
-            Metric::Cosine => codes::Shape::Cosine,
-            Metric::Ip => codes::Shape::Ip,
-            Metric::L2 => codes::Shape::L2,
-            _ => return None,
+        let bound = match self.metric {
+            Metric::Cosine => Bound::Products(codes::Shape::Cosine),
+            Metric::Ip => Bound::Products(codes::Shape::Ip),
+            Metric::L2 => Bound::Products(codes::Shape::L2),
+            Metric::L1 => Bound::Floors(Floor::L1),
+            Metric::Linf => Bound::Floors(Floor::Linf),
+            Metric::BrayCurtis => Bound::Floors(Floor::BrayCurtis),
+            Metric::Lp(_) | Metric::Canberra | Metric::JensenShannon => return None,
         };
-        Some((shape, kernel))
+        Some((bound, kernel))
     }
 
     /// `search_many_split`, the threads taking `chunk` rows at a time, of
@@ -249,7 +275,7 @@ impl Index {
         tops: &mut [TopK],
         (partials, chunk): (&mut [Vec<TopK>], usize),
         mask: Option<&RoaringBitmap>,
-        code: &mut QueryCode,
+        code: &mut LoneCodes,
     ) -> FirstPass {
         assert!(queries.len() == ks.len() && ks.len() == tops.len() && chunk > 0);
         let rows = self.len();
@@ -264,6 +290,7 @@ impl Index {
         // (`SCREEN_QUERIES_MIN`, `SCREEN_OVER_CODES_QUERIES_MIN`).
         let (one, many): ([f32; 1], Vec<f32>);
         let (one_bound, many_bounds, many_codes): ([codes::Bounds; 1], Vec<codes::Bounds>, Vec<QueryCode>);
+        let many_grids: Vec<Grids>;
         let (mut coded, mut screen) = (None, None);
         let pass = self.coded_pass();
         let scales: &[f32] = if let [query] = queries {
@@ -272,10 +299,20 @@ impl Index {
             let squared = std::cell::OnceCell::new();
             let squared_norm = || *squared.get_or_init(|| kernels::squared_norm(query));
             one = [self.query_scale(squared_norm)];
-            if let Some((shape, kernel)) = pass {
-                code.encode(query);
-                one_bound = [codes::Bounds::new(shape, std::slice::from_ref(code), &[squared_norm()], &one)];
-                coded = Some(Coded { codes: std::slice::from_ref(code), bounds: &one_bound, kernel });
+            match pass {
+                Some((Bound::Products(shape), kernel)) => {
+                    let code = &mut code.products;
+                    code.encode(query);
+                    one_bound = [codes::Bounds::new(shape, std::slice::from_ref(code), &[squared_norm()], &one)];
+                    let queries = CodedQueries::Products { codes: std::slice::from_ref(code), bounds: &one_bound };
+                    coded = Some(Coded { kernel, queries });
+                }
+                Some((Bound::Floors(floor), kernel)) => {
+                    let codes = self.codes.as_ref().expect("a coded pass has codes");
+                    code.floors.encode(floor, codes, query);
+                    coded = Some(Coded { kernel, queries: CodedQueries::Floors(std::slice::from_ref(&code.floors)) });
+                }
+                None => {}
             }
             &one
         } else {
@@ -291,9 +328,20 @@ impl Index {
             if mask.is_none() && queries.len() >= screen_min && self.metric.is_similarity() {
                 screen = Screen::new(queries, &squared_norms, &many, self.dims);
             }
-            if let (None, Some((shape, kernel))) = (&screen, pass) {
-                (many_codes, many_bounds) = code_queries((shape, kernel), queries, &squared_norms, &many);
-                coded = Some(Coded { codes: &many_codes, bounds: &many_bounds, kernel });
+            match (&screen, pass) {
+                (None, Some((Bound::Products(shape), kernel))) => {
+                    (many_codes, many_bounds) = code_queries((shape, kernel), queries, &squared_norms, &many);
+                    coded = Some(Coded {
+                        kernel,
+                        queries: CodedQueries::Products { codes: &many_codes, bounds: &many_bounds },
+                    });
+                }
+                (None, Some((Bound::Floors(floor), kernel))) => {
+                    let codes = self.codes.as_ref().expect("a coded pass has codes");
+                    many_grids = queries.iter().map(|query| Grids::of(floor, codes, query)).collect();
+                    coded = Some(Coded { kernel, queries: CodedQueries::Floors(&many_grids) });
+                }
+                _ => {}
             }
             &many
         };
@@ -661,30 +709,46 @@ impl Index {
         tops: &mut [TopK],
         rescored: &mut u64,
     ) {
+        let (query_codes, tile_bounds) = match coded.queries {
+            CodedQueries::Products { codes, bounds } => (codes, bounds),
+            CodedQueries::Floors(grids) => {
+                // One query at a time: each row may want another of the
+                // query's codes (one per scale).
+                for &row in ahead {
+                    codes.prefetch(row, 1);
+                }
+                for (q, (grids, top)) in grids.iter().zip(tops).enumerate() {
+                    let threshold = top.threshold().unwrap_or(f32::INFINITY);
+                    let ruled = grids.rules_out(coded.kernel, codes, rows, threshold);
+                    *rescored += self.rescore((queries, scales, q), rows, ruled, top);
+                }
+                return;
+            }
+        };
         let norms = rows.map(|row| self.norms[row]);
         let row_scales = match self.metric {
             Metric::Cosine => rows.map(|row| self.inverse_norms[row]),
             _ => [1.0; R],
         };
         let rows = (codes, rows, norms, row_scales);
-        if let ([_], [bounds]) = (&*tops, coded.bounds) {
+        if let ([_], [bounds]) = (&*tops, tile_bounds) {
             // A lone search takes its own straight path: inside the loop
             // that serves every tile shape below, searches of 1,000 x 128
             // took a third longer.
             for &row in ahead {
                 codes.prefetch(row, 1);
             }
-            *rescored += self.coded_tile::<1, R>((queries, scales, coded.codes, 0), (coded.kernel, bounds), rows, tops);
+            *rescored += self.coded_tile::<1, R>((queries, scales, query_codes, 0), (coded.kernel, bounds), rows, tops);
             return;
         }
         let tile = coded.kernel.query_tile();
         let mut asked = 0;
-        for (at, (tops, bounds)) in tops.chunks_mut(tile).zip(coded.bounds).enumerate() {
+        for (at, (tops, bounds)) in tops.chunks_mut(tile).zip(tile_bounds).enumerate() {
             if let Some(&row) = ahead.get(at) {
                 codes.prefetch(row, 1);
                 asked += 1;
             }
-            let tile = (queries, scales, coded.codes, at * tile);
+            let tile = (queries, scales, query_codes, at * tile);
             let kernel = (coded.kernel, bounds);
             *rescored += match tops.len() {
                 4 => self.coded_tile::<4, R>(tile, kernel, rows, tops),
@@ -715,17 +779,28 @@ impl Index {
         // A query that keeps nothing yet rules nothing out.
         let thresholds: [f32; Q] = std::array::from_fn(|q| tops[q].threshold().unwrap_or(f32::INFINITY));
         let ruled = bounds.rules_out(codes, rows, dots, (norms, row_scales), thresholds);
-        let mut rescored = 0;
-        for (at, (ruled, top)) in ruled.into_iter().zip(tops).enumerate() {
-            let q = first + at;
-            let mut left = !ruled & ((1 << R) - 1);
-            rescored += u64::from(left.count_ones());
-            while left != 0 {
-                let row = rows[left.trailing_zeros() as usize];
-                left &= left - 1;
-                let top = std::slice::from_mut(&mut *top);
-                self.scan_tile::<1, 1>(&queries[q..=q], &scales[q..=q], row..row + 1, top, &[]);
-            }
+        let tiles = ruled.into_iter().zip(tops).enumerate();
+        tiles.map(|(at, (ruled, top))| self.rescore((queries, scales, first + at), rows, ruled, top)).sum()
+    }
+
+    /// Scores query `q` exactly against each of `rows` a first pass could
+    /// not rule out (bit `r` of `ruled` clear), offering them to its `top`.
+    /// Returns how many it scored.
+    #[inline(always)]
+    fn rescore<const R: usize>(
+        &self,
+        (queries, scales, q): (&[&[f32]], &[f32], usize),
+        rows: [usize; R],
+        ruled: u32,
+        top: &mut TopK,
+    ) -> u64 {
+        let mut left = !ruled & ((1 << R) - 1);
+        let rescored = u64::from(left.count_ones());
+        while left != 0 {
+            let row = rows[left.trailing_zeros() as usize];
+            left &= left - 1;
+            let top = std::slice::from_mut(&mut *top);
+            self.scan_tile::<1, 1>(&queries[q..=q], &scales[q..=q], row..row + 1, top, &[]);
         }
         rescored
     }
@@ -1155,7 +1230,7 @@ pub(crate) mod tests {
                             &mut tops,
                             (&mut partials, chunk),
                             Some(&mask),
-                            &mut QueryCode::default(),
+                            &mut LoneCodes::default(),
                         );
                         for (top, want) in tops.iter_mut().zip(&alone) {
                             assert_eq!(top.sorted(), &want[..], "{metric:?}, k {k}, {threads} threads, chunk {chunk}");
@@ -1185,7 +1260,7 @@ pub(crate) mod tests {
     ) {
         let ks = vec![k; queries.len()];
         let mut split: Vec<TopK> = queries.iter().map(|_| TopK::new()).collect();
-        index.search_in_chunks(queries, &ks, &mut split, (partials, chunk), None, &mut QueryCode::default());
+        index.search_in_chunks(queries, &ks, &mut split, (partials, chunk), None, &mut LoneCodes::default());
         let mut alone = TopK::new();
         for (query, split) in queries.iter().zip(&mut split) {
             index.search(query, k, &mut alone);
@@ -1333,7 +1408,7 @@ pub(crate) mod tests {
                     &mut tops,
                     (&mut partials, chunk),
                     None,
-                    &mut QueryCode::default(),
+                    &mut LoneCodes::default(),
                 );
                 for (q, top) in tops.iter_mut().enumerate() {
                     index.search(queries[q], ks[q], &mut alone);
@@ -1437,12 +1512,13 @@ pub(crate) mod tests {
         rows
     }
 
-    /// The int8 pass of `index` for `queries` with `kernel`: their codes,
-    /// bounds and scales.
+    /// The int8 pass of `index` for `queries` with `kernel`: their codes
+    /// and bounds (products) or grids (floors), and their scales.
     #[cfg(target_arch = "x86_64")]
     struct Pass {
         codes: Vec<QueryCode>,
         bounds: Vec<codes::Bounds>,
+        grids: Vec<Grids>,
         scales: Vec<f32>,
         kernel: codes::Kernel,
     }
@@ -1450,15 +1526,28 @@ pub(crate) mod tests {
     #[cfg(target_arch = "x86_64")]
     impl Pass {
         fn new(index: &Index, queries: &[&[f32]], kernel: codes::Kernel) -> Pass {
-            let (shape, _) = index.coded_pass().expect("an index with codes");
             let squared: Vec<f64> = queries.iter().map(|query| kernels::squared_norm(query)).collect();
             let scales: Vec<f32> = squared.iter().map(|&squared| index.query_scale(|| squared)).collect();
-            let (codes, bounds) = code_queries((shape, kernel), queries, &squared, &scales);
-            Pass { codes, bounds, scales, kernel }
+            let (mut codes, mut bounds, mut grids) = (Vec::new(), Vec::new(), Vec::new());
+            match index.coded_pass().expect("an index with codes") {
+                (Bound::Products(shape), _) => {
+                    (codes, bounds) = code_queries((shape, kernel), queries, &squared, &scales);
+                }
+                (Bound::Floors(floor), _) => {
+                    let rows = index.codes.as_ref().expect("codes");
+                    grids = queries.iter().map(|query| Grids::of(floor, rows, query)).collect();
+                }
+            }
+            Pass { codes, bounds, grids, scales, kernel }
         }
 
         fn coded(&self) -> Coded<'_> {
-            Coded { codes: &self.codes, bounds: &self.bounds, kernel: self.kernel }
+            let queries = if self.grids.is_empty() {
+                CodedQueries::Products { codes: &self.codes, bounds: &self.bounds }
+            } else {
+                CodedQueries::Floors(&self.grids)
+            };
+            Coded { kernel: self.kernel, queries }
         }
     }
 
@@ -1489,19 +1578,19 @@ pub(crate) mod tests {
                     let code = QueryCode::of(&query);
                     for &kernel in &kernels {
                         let pass = Pass::new(&index, &[&query], kernel);
-                        let (coded, scale) = (pass.coded(), pass.scales[0]);
+                        let scale = pass.scales[0];
                         for row in 0..index.len() {
                             let mut top = TopK::new();
                             top.reset(1);
                             index.scan_exact(&[&query], &[scale], None, row..row + 1, std::slice::from_mut(&mut top));
                             let exact = top.sorted()[0].distance;
-                            let [dot] = kernel.dots_of(&coded.codes[0], codes, [row]);
+                            let [dot] = kernel.dots_of(&pass.codes[0], codes, [row]);
                             let want = codes::dot_scalar(code.signs(), codes.row(row));
                             assert_eq!(dot, want, "{metric:?}, {dims} dims, {}", kernel.name());
                             let row_scale = if metric == Metric::Cosine { index.inverse_norms[row] } else { 1.0 };
                             let rows = ([index.norms[row]], [row_scale]);
                             assert!(
-                                coded.bounds[0].rules_out(codes, [row], [[dot]], rows, [exact]) == [0],
+                                pass.bounds[0].rules_out(codes, [row], [[dot]], rows, [exact]) == [0],
                                 "{metric:?}, {dims} dims, query {q}, row {row} ruled out at its own distance {exact}"
                             );
                         }
@@ -1518,7 +1607,7 @@ pub(crate) mod tests {
     #[test]
     fn the_int8_pass_finds_exactly_what_the_f32_scan_finds() {
         let kernels = int8_kernels("the int8 pass");
-        for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
+        for metric in [Metric::Cosine, Metric::Ip, Metric::L2, Metric::L1, Metric::Linf, Metric::BrayCurtis] {
             for dims in [1, 3, 17, 64, 100, 768] {
                 let mut rows = hard_for_codes(dims as u64, dims, metric);
                 rows.extend(random_vectors(7, dims, 2000));
@@ -1595,6 +1684,86 @@ pub(crate) mod tests {
         }
     }
 
+    /// Every kernel's integer distances between codes against the scalar
+    /// reference, and the floors' bound against each pair's own exact
+    /// distance: with the threshold at that distance, no row may be ruled
+    /// out.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_floors_never_rule_out_a_row_at_its_own_distance() {
+        let kernels = int8_kernels("the floors' bound");
+        for (metric, floor) in
+            [(Metric::L1, Floor::L1), (Metric::Linf, Floor::Linf), (Metric::BrayCurtis, Floor::BrayCurtis)]
+        {
+            for dims in (1..=64).chain([65, 127, 768, 1536]) {
+                let rows = hard_for_codes(dims as u64, dims, metric);
+                let index = twins_of(&rows, metric);
+                let Some(codes) = index.codes.as_ref() else {
+                    return crate::testing::skip("the floors' bound", "this CPU has no int8 kernel");
+                };
+                for (q, query) in hard_for_codes(1000 + dims as u64, dims, metric).iter().step_by(3).enumerate() {
+                    let grids = Grids::of(floor, codes, query);
+                    for row in 0..index.len() {
+                        let mut top = TopK::new();
+                        top.reset(1);
+                        index.scan_exact(&[query], &[1.0], None, row..row + 1, std::slice::from_mut(&mut top));
+                        let exact = top.sorted()[0].distance;
+                        let (d, m, p) = codes::floors::spans_scalar(&grids.code_for(codes, row), codes.row(row));
+                        for &kernel in &kernels {
+                            let what = format!("{metric:?}, {dims} dims, query {q}, row {row}, {}", kernel.name());
+                            let want = match floor {
+                                Floor::L1 => (d, 0),
+                                Floor::Linf => (m, 0),
+                                Floor::BrayCurtis => (d, p),
+                            };
+                            assert_eq!(grids.spans_of(kernel, codes, row), want, "{what}");
+                            let ruled = grids.rules_out(kernel, codes, [row], exact);
+                            assert_eq!(ruled, 0, "{what}: ruled out at its own distance {exact}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The floors' codes follow upserts over rows of other magnitudes and
+    /// deletes (which move the last row into the gap): every scale keeps
+    /// its count of rows, so every row finds its query code, and searches
+    /// still find exactly what the f32 scan finds.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_floors_follow_upserts_and_deletes() {
+        let (dims, magnitudes) = (40, [1e-30f32, 1e-3, 1.0, 7.0, 3e16]);
+        let rows = random_vectors(11, dims, 300);
+        let scaled = |n: usize, v: &[f32]| -> Vec<f32> { v.iter().map(|x| x * magnitudes[n % 5]).collect() };
+        let mut index = Index::new(dims, Metric::L1);
+        if index.codes.is_none() {
+            return crate::testing::skip("the floors' codes", "this CPU has no int8 kernel");
+        }
+        for (n, v) in rows.iter().enumerate() {
+            index.upsert(n as i64, &scaled(n, v), b"");
+        }
+        for (n, v) in rows.iter().enumerate().step_by(3) {
+            index.upsert(n as i64, &scaled(n + 1, v), b"");
+        }
+        for id in (0..300).step_by(7) {
+            index.delete(id);
+        }
+        let codes = index.codes.as_ref().expect("codes");
+        let mut counted = vec![0u32; 256];
+        for row in 0..index.len() {
+            counted[codes::exponent_of(codes.scale_and_residual(row).0)] += 1;
+        }
+        assert_eq!(codes.exponents(), &counted[..]);
+        for (q, query) in random_vectors(12, dims, 10).iter().enumerate() {
+            let query = scaled(q, query);
+            let (mut got, mut want) = (TopK::new(), TopK::new());
+            index.search(&query, 10, &mut got);
+            index.search_f32(&query, 10, &mut want);
+            assert_eq!(got.sorted(), want.sorted(), "query {q}");
+        }
+    }
+
     /// Every kernel's products of a tile of queries with a tile of rows, at
     /// every shape a scan uses (up to 4 x 4, where AVX-512 sums the 16 at
     /// once), against the scalar reference, pair by pair.
@@ -1619,7 +1788,9 @@ pub(crate) mod tests {
         }
         let kernels = int8_kernels("tiles of int8 products");
         for dims in (1..=64).chain([65, 127, 768, 1536]) {
-            let Some(codes) = Codes::of(dims, &hard_for_codes(dims as u64, dims, Metric::Ip).concat()) else {
+            let Some(codes) =
+                Codes::of(dims, codes::Grid::Fitted, &hard_for_codes(dims as u64, dims, Metric::Ip).concat())
+            else {
                 continue;
             };
             let queries: Vec<QueryCode> =
@@ -1646,8 +1817,8 @@ pub(crate) mod tests {
         let kernels = int8_kernels("the int8 dimension limit");
         let dims = codes::DIMS_MAX;
         let rows: Vec<f32> = [1.0, -1.0, -1.0, 1.0].iter().flat_map(|&x| vec![x; dims]).collect();
-        let codes = codes::Codes::of(dims, &rows).expect("codes at the limit");
-        assert!(codes::Codes::of(dims + 1, &[0.5; codes::DIMS_MAX + 1]).is_none());
+        let codes = codes::Codes::of(dims, codes::Grid::Fitted, &rows).expect("codes at the limit");
+        assert!(codes::Codes::of(dims + 1, codes::Grid::Fitted, &[0.5; codes::DIMS_MAX + 1]).is_none());
         let queries = [1.0f32, -1.0, 1.0, -1.0].map(|x| QueryCode::of(&vec![x; dims]));
         for &kernel in &kernels {
             let tile = kernel.dots_tile(queries.each_ref(), &codes, [0, 1, 2, 3]);

@@ -1,0 +1,426 @@
+//! The nearest a row can be in l1, linf or Bray-Curtis distance, from its
+//! int8 code: the first pass of those metrics' searches.
+//!
+//! As for the products (the parent module), a search first reads the codes,
+//! a quarter of the rows' bytes, bounds each row's exact f32 distance from
+//! below, and scores exactly (with the kernel every other search uses, so
+//! the answer is the same bit for bit) only the rows whose bound does not
+//! already put them farther than the k-th nearest kept. Here the scales
+//! are powers of two (`Grid::PowersOfTwo`): one code of the query per scale
+//! then serves every row of that scale, and the distance between two codes
+//! is a sum of integers, which `vpsadbw` adds up 64 bytes at a time.
+//!
+//! # The codes
+//! A row `x` of `n` values with largest magnitude `m` has scale `a = 2^k`,
+//! the least power of two not below `m / 127` (and at least 2^-126), codes
+//! `c_i = round(x_i / a)` (at most 127 in magnitude, `x_i / a` being exact)
+//! and residuals `e_i = x_i - a c_i`, each at most `a / 2` in magnitude;
+//! `E >= sum |e_i|` is kept, rounded up. For each scale `a` the index's
+//! rows have, the query `q` gets codes `d_i = round(q_i / a)` clamped to
+//! [-127, 127] and residuals `f_i = q_i - a d_i`.
+//!
+//! # Why a ruled-out row cannot belong in the answer
+//! For every `i`, `|x_i - q_i| >= a |c_i - d_i| - |e_i| - φ_i`, where:
+//! - `φ_i = |f_i|` (at most `a / 2`) if `d_i` was not clamped: the triangle
+//!   inequality;
+//! - `φ_i = -|f_i|` if it was, say to 127: then `q_i >= 127.5 a` while
+//!   `x_i <= m <= 127 a`, so `q_i - x_i = a (127 - c_i) + f_i - e_i` with
+//!   `127 - c_i >= 0` and `f_i >= 0`. The query's excess beyond the codes'
+//!   range only adds distance.
+//!
+//! With the integers `D = sum |c_i - d_i|`, `M = max |c_i - d_i|` and
+//! `P = sum |c_i + d_i|`, and `F = sum φ_i`, `G = sum |f_i|`:
+//! - l1 `= sum |x_i - q_i| >= a D - E - F`;
+//! - linf `= max |x_i - q_i| >= a M - max (|e_i| + φ_i) >= a (M - 1)`;
+//! - `sum |x_i + q_i| <= a P + E + G`, so Bray-Curtis
+//!   `>= (a D - E - F) / (a P + E + G)` where the numerator is positive.
+//!
+//! The f32 kernels (`kernels::distances`) add non-negative terms, each off
+//! by at most 2^-24 of itself, in at most `m = n / 4 + 64` roundings per
+//! term (lanes of at least 8, a reduction, a tail of at most 15, the term's
+//! own); among f32's subnormals those sums and differences are exact. So
+//! their l1 and each of Bray-Curtis's sums are within `g = m 2^-24 / (1 -
+//! m 2^-24)` of the exact ones, linf within 2^-24, and Bray-Curtis's
+//! quotient adds one rounding of 2^-24.
+//!
+//! The bounds are evaluated in f64: `a D` and `a P` exactly, `F` and `G`
+//! (which may mix magnitudes where codes were clamped) with a surplus of
+//! 2^-30 of `G`, the rest with a surplus of 2^-40 of the magnitudes summed,
+//! then lowered by the kernels' factors. A row is ruled out only when that
+//! nearest possible distance is strictly farther than the farthest its
+//! search keeps (a tie could enter, being broken by id).
+//!
+//! For random data of 768 dimensions `E + F` is about `n a / 2`, against l1
+//! distances about `40 n a` spread over a few percent: only rows near the
+//! k-th nearest are scored twice.
+
+use super::{exponent_of, stored, Codes, Grid, Kernel, BLOCK};
+
+/// The distances this pass bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Floor {
+    L1,
+    Linf,
+    BrayCurtis,
+}
+
+/// `Floor` as the kernels' compile-time parameter.
+const L1: u8 = 0;
+const LINF: u8 = 1;
+const BRAY_CURTIS: u8 = 2;
+
+/// No query code for a scale: the index has no row of it.
+const NO_SLOT: u16 = u16::MAX;
+
+/// The surplus that covers evaluating the bound in f64 (the parent's).
+const SURPLUS: f64 = 1.0 / (1u64 << 40) as f64;
+
+/// One query's side of the bound: its code for each scale the index's rows
+/// have. Its buffers are kept from search to search.
+#[derive(Debug)]
+pub struct Grids {
+    floor: Floor,
+    stride: usize,
+    /// Per exponent field of a scale, the slot of the query's code for it.
+    slots: [u16; 256],
+    /// Per slot: `d_i + 128` (`stored`) over the rows' stride, padded with
+    /// code 0 as the rows are; for Bray-Curtis then `128 - d_i`, whose
+    /// distance to a row's stored code is `|c_i + d_i|`.
+    bytes: Vec<u8>,
+    /// Per slot: `a`, `F` and `G`, the last two rounded up.
+    sides: Vec<(f64, f64, f64)>,
+    /// `g` of the kernels' sums.
+    relative: f64,
+}
+
+impl Default for Grids {
+    fn default() -> Grids {
+        Grids {
+            floor: Floor::L1,
+            stride: 0,
+            slots: [NO_SLOT; 256],
+            bytes: Vec::new(),
+            sides: Vec::new(),
+            relative: 0.0,
+        }
+    }
+}
+
+impl Grids {
+    /// `query`'s codes for every scale of `codes`' rows, for `floor`.
+    pub fn of(floor: Floor, codes: &Codes, query: &[f32]) -> Grids {
+        let mut grids = Grids::default();
+        grids.encode(floor, codes, query);
+        grids
+    }
+
+    /// Makes these `query`'s codes for every scale of `codes`' rows (on
+    /// powers of two), for `floor`, in the buffers they have.
+    pub fn encode(&mut self, floor: Floor, codes: &Codes, query: &[f32]) {
+        assert!(codes.grid() == Grid::PowersOfTwo && query.len() == codes.dims());
+        let stride = codes.stride();
+        let width = if floor == Floor::BrayCurtis { 2 * stride } else { stride };
+        self.floor = floor;
+        self.stride = stride;
+        self.slots = [NO_SLOT; 256];
+        self.bytes.clear();
+        self.sides.clear();
+        let present = codes.exponents().iter().enumerate().filter(|&(_, &rows)| rows > 0);
+        for (slot, (exponent, _)) in present.enumerate() {
+            self.slots[exponent] = slot as u16;
+            let scale = f64::from(f32::from_bits((exponent as u32) << 23));
+            let start = self.bytes.len();
+            self.bytes.resize(start + width, stored(0));
+            let (mut near, mut far, mut all) = (0.0f64, 0.0f64, 0.0f64);
+            for (i, &q) in query.iter().enumerate() {
+                let q = f64::from(q);
+                let unclamped = (q / scale).round();
+                let d = unclamped.clamp(-127.0, 127.0);
+                let f = (q - scale * d).abs();
+                if d == unclamped {
+                    near += f;
+                } else {
+                    far += f;
+                }
+                all += f;
+                self.bytes[start + i] = stored(d as i8);
+                if floor == Floor::BrayCurtis {
+                    self.bytes[start + stride + i] = stored(-(d as i8));
+                }
+            }
+            let surplus = all * 2f64.powi(-30);
+            self.sides.push((scale, near - far + surplus, all + surplus));
+        }
+        let m = (query.len() / 4 + 64) as f64 * 2f64.powi(-24);
+        self.relative = m / (1.0 - m);
+    }
+
+    /// Which of `R` rows of `codes` are strictly farther than `threshold`
+    /// (infinite where the search keeps nothing yet) whatever their exact
+    /// distances: bit `r` is set when `rows[r]` cannot enter.
+    #[inline(always)]
+    pub fn rules_out<const R: usize>(&self, kernel: Kernel, codes: &Codes, rows: [usize; R], threshold: f32) -> u32 {
+        let slots = rows.map(|row| self.slot_of(codes, row));
+        let (spans, plus) = self.spans(kernel, codes, rows, slots);
+        let mut ruled = 0;
+        for r in 0..R {
+            let (_, residual) = codes.scale_and_residual(rows[r]);
+            let nearest = self.nearest(self.sides[slots[r]], f64::from(residual), spans[r], plus[r]);
+            ruled |= u32::from(nearest > f64::from(threshold)) << r;
+        }
+        ruled
+    }
+
+    /// The slot of the query's code for row `row`'s scale.
+    #[inline(always)]
+    fn slot_of(&self, codes: &Codes, row: usize) -> usize {
+        usize::from(self.slots[exponent_of(codes.scale_and_residual(row).0)])
+    }
+
+    /// The query's code in `slot` (with its negation, for Bray-Curtis).
+    #[inline(always)]
+    fn query_at(&self, slot: usize) -> &[u8] {
+        let width = if self.floor == Floor::BrayCurtis { 2 * self.stride } else { self.stride };
+        &self.bytes[slot * width..(slot + 1) * width]
+    }
+
+    /// `spans` of `rows` against the query's codes in `slots`.
+    #[inline(always)]
+    fn spans<const R: usize>(
+        &self,
+        kernel: Kernel,
+        codes: &Codes,
+        rows: [usize; R],
+        slots: [usize; R],
+    ) -> ([u32; R], [u32; R]) {
+        let (bytes, stride) = (codes.bytes(), self.stride);
+        let starts = rows.map(|row| row * stride);
+        assert!(starts.iter().all(|&start| start + stride <= bytes.len()) && stride.is_multiple_of(BLOCK));
+        let queries = slots.map(|slot| self.query_at(slot));
+        match self.floor {
+            Floor::L1 => spans(kernel, L1, bytes, starts, queries, stride),
+            Floor::Linf => spans(kernel, LINF, bytes, starts, queries, stride),
+            Floor::BrayCurtis => spans(kernel, BRAY_CURTIS, bytes, starts, queries, stride),
+        }
+    }
+
+    /// The nearest a row can be (the module doc), from its scale's side
+    /// `(a, F, G)`, its residual bound `E` and its codes' `D` or `M`, and
+    /// `P`.
+    #[inline(always)]
+    fn nearest(&self, (a, near, outer): (f64, f64, f64), residual: f64, span: u32, plus: u32) -> f64 {
+        let (span, plus) = (a * f64::from(span), a * f64::from(plus));
+        let apart = span - residual - near;
+        let apart = apart - SURPLUS * (span + residual + near.abs());
+        match self.floor {
+            Floor::L1 => apart * (1.0 - self.relative),
+            Floor::Linf => (span - a) * (1.0 - 2f64.powi(-23)),
+            Floor::BrayCurtis if apart <= 0.0 => 0.0,
+            Floor::BrayCurtis => {
+                let sums = (plus + residual + outer) * (1.0 + SURPLUS);
+                apart / sums * (1.0 - self.relative) / (1.0 + self.relative) * (1.0 - 2f64.powi(-23))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+impl Grids {
+    /// The query's codes for row `row`'s scale.
+    pub fn code_for(&self, codes: &Codes, row: usize) -> Vec<i8> {
+        let query = self.query_at(self.slot_of(codes, row));
+        query[..codes.dims()].iter().map(|&b| (b ^ 0x80) as i8).collect()
+    }
+
+    /// `spans` of row `row` with `kernel`.
+    pub fn spans_of(&self, kernel: Kernel, codes: &Codes, row: usize) -> (u32, u32) {
+        let ([span], [plus]) = self.spans(kernel, codes, [row], [self.slot_of(codes, row)]);
+        (span, plus)
+    }
+}
+
+/// Each row's `D` (l1, Bray-Curtis) or `M` (linf), and `P` (Bray-Curtis,
+/// else 0), of the stored codes at `starts` in `bytes` against `queries`
+/// (a query code each, with its negation after `stride` bytes for
+/// Bray-Curtis), over `stride` bytes.
+#[inline(always)]
+fn spans<const R: usize>(
+    kernel: Kernel,
+    what: u8,
+    bytes: &[u8],
+    starts: [usize; R],
+    queries: [&[u8]; R],
+    stride: usize,
+) -> ([u32; R], [u32; R]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a `Kernel` is only used where `available` found its features
+    // (`cpu::paths`, and the tests ask first), and every kernel's features
+    // include AVX2 (AVX-512 VNNI's include AVX-512BW); the loads stay inside
+    // `bytes` (asserted by the caller) and the query codes (sliced).
+    unsafe {
+        match (kernel, what) {
+            (Kernel::Vnni512, L1) => x86::spans_avx512::<L1, R>(bytes, starts, queries, stride),
+            (Kernel::Vnni512, LINF) => x86::spans_avx512::<LINF, R>(bytes, starts, queries, stride),
+            (Kernel::Vnni512, _) => x86::spans_avx512::<BRAY_CURTIS, R>(bytes, starts, queries, stride),
+            (_, L1) => x86::spans_avx2::<L1, R>(bytes, starts, queries, stride),
+            (_, LINF) => x86::spans_avx2::<LINF, R>(bytes, starts, queries, stride),
+            _ => x86::spans_avx2::<BRAY_CURTIS, R>(bytes, starts, queries, stride),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (kernel, what, bytes, starts, queries, stride);
+        unreachable!("no kernel is available off x86-64")
+    }
+}
+
+/// `D`, `M` and `P` of a query's codes and a row's, one value at a time:
+/// the reference the kernels must agree with.
+#[cfg(test)]
+pub fn spans_scalar(query: &[i8], row: impl Iterator<Item = i8>) -> (u32, u32, u32) {
+    query.iter().zip(row).fold((0, 0, 0), |(d, m, p), (&q, c)| {
+        let (q, c) = (i32::from(q), i32::from(c));
+        (d + (c - q).unsigned_abs(), m.max((c - q).unsigned_abs()), p + (c + q).unsigned_abs())
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{BRAY_CURTIS, LINF};
+
+    /// `spans` on 64-byte blocks, and a last one of 32, with AVX-512BW.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and BW; `bytes` must hold `stride` bytes
+    /// from each start, and each query `stride` (twice that for
+    /// Bray-Curtis); `stride` a multiple of 32.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn spans_avx512<const WHAT: u8, const R: usize>(
+        bytes: &[u8],
+        starts: [usize; R],
+        queries: [&[u8]; R],
+        stride: usize,
+    ) -> ([u32; R], [u32; R]) {
+        let (mut wide, mut plus_wide) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+        let mut at = 0;
+        while at + 64 <= stride {
+            for r in 0..R {
+                // SAFETY: in bounds, as the caller promises.
+                let (x, q) = unsafe {
+                    (
+                        _mm512_loadu_si512(bytes.as_ptr().add(starts[r] + at).cast()),
+                        _mm512_loadu_si512(queries[r].as_ptr().add(at).cast()),
+                    )
+                };
+                wide[r] = if WHAT == LINF {
+                    _mm512_max_epu8(wide[r], _mm512_or_si512(_mm512_subs_epu8(x, q), _mm512_subs_epu8(q, x)))
+                } else {
+                    _mm512_add_epi64(wide[r], _mm512_sad_epu8(x, q))
+                };
+                if WHAT == BRAY_CURTIS {
+                    // SAFETY: in bounds, as the caller promises.
+                    let n = unsafe { _mm512_loadu_si512(queries[r].as_ptr().add(stride + at).cast()) };
+                    plus_wide[r] = _mm512_add_epi64(plus_wide[r], _mm512_sad_epu8(x, n));
+                }
+            }
+            at += 64;
+        }
+        // The last 32 bytes, if any, in a half vector: as AVX2 does.
+        let half = if at < stride { 32 } else { 0 };
+        // SAFETY: the same bounds, from `at`; the CPU has AVX2.
+        let (narrow, plus_narrow) =
+            unsafe { blocks::<WHAT, R>(bytes, starts.map(|s| s + at), queries, (at, half), stride) };
+        let mut spans = [0; R];
+        let mut plus = [0; R];
+        for r in 0..R {
+            spans[r] = if WHAT == LINF {
+                let halves = _mm256_max_epu8(_mm512_castsi512_si256(wide[r]), _mm512_extracti64x4_epi64::<1>(wide[r]));
+                max_of(_mm256_max_epu8(halves, narrow[r]))
+            } else {
+                (_mm512_reduce_add_epi64(wide[r]) as u64 + sum_of(narrow[r])) as u32
+            };
+            plus[r] = (_mm512_reduce_add_epi64(plus_wide[r]) as u64 + sum_of(plus_narrow[r])) as u32;
+        }
+        (spans, plus)
+    }
+
+    /// `spans` on 32-byte blocks with AVX2.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; bounds as `spans_avx512`.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn spans_avx2<const WHAT: u8, const R: usize>(
+        bytes: &[u8],
+        starts: [usize; R],
+        queries: [&[u8]; R],
+        stride: usize,
+    ) -> ([u32; R], [u32; R]) {
+        // SAFETY: as the caller promises.
+        let (narrow, plus_narrow) = unsafe { blocks::<WHAT, R>(bytes, starts, queries, (0, stride), stride) };
+        let spans = narrow.map(|v| if WHAT == LINF { max_of(v) } else { sum_of(v) as u32 });
+        (spans, plus_narrow.map(|v| sum_of(v) as u32))
+    }
+
+    /// The running `D` (as four u64 lanes) or `M` (as 32 u8 lanes), and
+    /// `P`, of the `len` bytes from each start against the queries from
+    /// `at`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; bounds as `spans_avx512`, `len` a multiple
+    /// of 32.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn blocks<const WHAT: u8, const R: usize>(
+        bytes: &[u8],
+        starts: [usize; R],
+        queries: [&[u8]; R],
+        (at, len): (usize, usize),
+        stride: usize,
+    ) -> ([__m256i; R], [__m256i; R]) {
+        let (mut spans, mut plus) = ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
+        for step in (0..len).step_by(32) {
+            for r in 0..R {
+                // SAFETY: in bounds, as the caller promises.
+                let (x, q) = unsafe {
+                    (
+                        _mm256_loadu_si256(bytes.as_ptr().add(starts[r] + step).cast()),
+                        _mm256_loadu_si256(queries[r].as_ptr().add(at + step).cast()),
+                    )
+                };
+                spans[r] = if WHAT == LINF {
+                    _mm256_max_epu8(spans[r], _mm256_or_si256(_mm256_subs_epu8(x, q), _mm256_subs_epu8(q, x)))
+                } else {
+                    _mm256_add_epi64(spans[r], _mm256_sad_epu8(x, q))
+                };
+                if WHAT == BRAY_CURTIS {
+                    // SAFETY: in bounds, as the caller promises.
+                    let n = unsafe { _mm256_loadu_si256(queries[r].as_ptr().add(stride + at + step).cast()) };
+                    plus[r] = _mm256_add_epi64(plus[r], _mm256_sad_epu8(x, n));
+                }
+            }
+        }
+        (spans, plus)
+    }
+
+    /// The sum of four u64 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn sum_of(v: __m256i) -> u64 {
+        let v = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        (_mm_cvtsi128_si64(v) + _mm_extract_epi64::<1>(v)) as u64
+    }
+
+    /// The largest of 32 u8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn max_of(v: __m256i) -> u32 {
+        let v = _mm_max_epu8(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let v = _mm_max_epu8(v, _mm_srli_si128::<8>(v));
+        let v = _mm_max_epu8(v, _mm_srli_si128::<4>(v));
+        let v = _mm_max_epu8(v, _mm_srli_si128::<2>(v));
+        let v = _mm_max_epu8(v, _mm_srli_si128::<1>(v));
+        (_mm_cvtsi128_si32(v) & 0xff) as u32
+    }
+}
