@@ -1,5 +1,6 @@
-//! The nearest a row can be in l1, linf or Bray-Curtis distance, from its
-//! int8 code: the first pass of those metrics' searches.
+//! The nearest a row can be in l1, linf, Bray-Curtis or lp distance (`p` a
+//! multiple of 1/4 from 1 to 8), from its int8 code: the first pass of
+//! those metrics' searches.
 //!
 //! As for the products (the parent module), a search first reads the codes,
 //! a quarter of the rows' bytes, bounds each row's exact f32 distance from
@@ -33,7 +34,13 @@
 //! - l1 `= sum |x_i - q_i| >= a D - E - F`;
 //! - linf `= max |x_i - q_i| >= a M - max (|e_i| + φ_i) >= a (M - 1)`;
 //! - `sum |x_i + q_i| <= a P + E + G`, so Bray-Curtis
-//!   `>= (a D - E - F) / (a P + E + G)` where the numerator is positive.
+//!   `>= (a D - E - F) / (a P + E + G)` where the numerator is positive;
+//! - lp: since `|e_i| + φ_i <= a`, `|x_i - q_i| >= a s_i` with the integer
+//!   `s_i = max(|c_i - d_i| - 1, 0)`, so lp `>= a S(p)^(1/p)`, where
+//!   `S(t) = sum s_i^t`. For an integer `p`, `S(p)` is a sum of integer
+//!   powers. Otherwise, with `k` the least integer above `p`: `ln S(t)` is
+//!   convex in `t` (Hölder's inequality), and `k` lies between `p` and
+//!   `k + 1`, so `ln S(p) >= (k + 1 - p) ln S(k) - (k - p) ln S(k + 1)`.
 //!
 //! The f32 kernels (`kernels::distances`) add non-negative terms, each off
 //! by at most 2^-24 of itself, in at most `m = n / 4 + 64` roundings per
@@ -42,6 +49,20 @@
 //! their l1 and each of Bray-Curtis's sums are within `g = m 2^-24 / (1 -
 //! m 2^-24)` of the exact ones, linf within 2^-24, and Bray-Curtis's
 //! quotient adds one rounding of 2^-24.
+//!
+//! lp's kernel scales each pair by its largest difference `m`, so its sum
+//! is of ratios at most 1, one of them 1: each ratio is within three
+//! roundings of `|x_i - q_i| / m`, and its power (at most three squarings,
+//! four products and three square roots, each rounded once) within
+//! `(3 p + 15) 2^-24 <= 48 x 2^-24` of the ratio's power; terms that
+//! underflow lose less than 2^-140 of a sum of at least 1. `m` cancels
+//! from `m (sum)^(1/p)`, which is rounded to f32 once more. So its lp is at
+//! least `F = ((1 - 48 x 2^-24)(1 - g))^(1/p) (1 - 2^-23)` times the exact
+//! one. The first pass's `S(k)` and `S(k + 1)` are sums in f32 of powers
+//! of integers, each power within `k` roundings: within
+//! `h = (m + 9) 2^-24 / (1 - (m + 9) 2^-24)` of the exact sums; the lower
+//! bound takes `S(k)` lowered by that and `S(k + 1)` raised. Logarithms
+//! are compared with a surplus of 2^-30.
 //!
 //! The bounds are evaluated in f64: `a D` and `a P` exactly, `F` and `G`
 //! (which may mix magnitudes where codes were clamped) with a surplus of
@@ -57,12 +78,28 @@
 use super::{exponent_of, stored, Codes, Grid, Kernel, BLOCK};
 
 /// The distances this pass bounds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Floor {
     L1,
     Linf,
     BrayCurtis,
+    /// lp with this `p` (`Floor::lp`).
+    Lp(f32),
 }
+
+impl Floor {
+    /// lp's floor, where `p` is one whose kernel error the module doc
+    /// bounds, a multiple of 1/4 up to 8, and at least 1: below, the
+    /// codes' error weighs on small differences as much as on large ones,
+    /// and the pass rules out too few rows to pay for itself.
+    pub fn lp(p: f32) -> Option<Floor> {
+        let quarters = p * 4.0;
+        (quarters == quarters.trunc() && (4.0..=32.0).contains(&quarters)).then_some(Floor::Lp(p))
+    }
+}
+
+/// The most `S(k)`'s powers `lp_powers` raises to: `k + 1` for `p` up to 8.
+const POWER_MAX: u32 = 9;
 
 /// `Floor` as the kernels' compile-time parameter.
 const L1: u8 = 0;
@@ -91,6 +128,10 @@ pub struct Grids {
     sides: Vec<(f64, f64, f64)>,
     /// `g` of the kernels' sums.
     relative: f64,
+    /// lp: `k`, `h`, and `ln F`.
+    whole: u32,
+    sums_relative: f64,
+    log_factor: f64,
 }
 
 impl Default for Grids {
@@ -102,6 +143,9 @@ impl Default for Grids {
             bytes: Vec::new(),
             sides: Vec::new(),
             relative: 0.0,
+            whole: 0,
+            sums_relative: 0.0,
+            log_factor: 0.0,
         }
     }
 }
@@ -153,6 +197,14 @@ impl Grids {
         }
         let m = (query.len() / 4 + 64) as f64 * 2f64.powi(-24);
         self.relative = m / (1.0 - m);
+        if let Floor::Lp(p) = floor {
+            let p = f64::from(p);
+            self.whole = p.ceil() as u32;
+            let h = m + 9.0 * 2f64.powi(-24);
+            self.sums_relative = h / (1.0 - h);
+            let factor = ((1.0 - 48.0 * 2f64.powi(-24)) * (1.0 - self.relative)).powf(1.0 / p) * (1.0 - 2f64.powi(-23));
+            self.log_factor = factor.ln() - 2f64.powi(-40);
+        }
     }
 
     /// Which of `R` rows of `codes` are strictly farther than `threshold`
@@ -161,12 +213,45 @@ impl Grids {
     #[inline(always)]
     pub fn rules_out<const R: usize>(&self, kernel: Kernel, codes: &Codes, rows: [usize; R], threshold: f32) -> u32 {
         let slots = rows.map(|row| self.slot_of(codes, row));
+        if let Floor::Lp(p) = self.floor {
+            return self.rules_out_lp(f64::from(p), kernel, codes, (rows, slots), threshold);
+        }
         let (spans, plus) = self.spans(kernel, codes, rows, slots);
         let mut ruled = 0;
         for r in 0..R {
             let (_, residual) = codes.scale_and_residual(rows[r]);
             let nearest = self.nearest(self.sides[slots[r]], f64::from(residual), spans[r], plus[r]);
             ruled |= u32::from(nearest > f64::from(threshold)) << r;
+        }
+        ruled
+    }
+
+    /// `rules_out` for lp: whether `a S(p)^(1/p) F > threshold`, that is
+    /// `ln S(p) > p (ln threshold - ln a - ln F)` (the module doc), for
+    /// each row of the `slots`.
+    #[inline(always)]
+    fn rules_out_lp<const R: usize>(
+        &self,
+        p: f64,
+        kernel: Kernel,
+        codes: &Codes,
+        (rows, slots): ([usize; R], [usize; R]),
+        threshold: f32,
+    ) -> u32 {
+        let (low, high) = self.powers(kernel, codes, rows, slots);
+        let log_threshold = f64::from(threshold).ln();
+        let k = f64::from(self.whole);
+        let integer = p == p.floor();
+        let mut ruled = 0;
+        for r in 0..R {
+            let (scale, _, _) = self.sides[slots[r]];
+            let target = p * (log_threshold - scale.ln() - self.log_factor);
+            let low = f64::from(low[r]) * (1.0 - self.sums_relative);
+            let high = f64::from(high[r]) * (1.0 + self.sums_relative);
+            // For an integer p, k = p.
+            let log_sum = if integer { low.ln() } else { (k + 1.0 - p) * low.ln() - (k - p) * high.ln() };
+            let out = log_sum - 2f64.powi(-30) * (log_sum.abs() + target.abs()) > target;
+            ruled |= u32::from(out && low > 0.0) << r;
         }
         ruled
     }
@@ -182,6 +267,32 @@ impl Grids {
     fn query_at(&self, slot: usize) -> &[u8] {
         let width = if self.floor == Floor::BrayCurtis { 2 * self.stride } else { self.stride };
         &self.bytes[slot * width..(slot + 1) * width]
+    }
+
+    /// `S(k)` and `S(k + 1)` (lp, the module doc) of `rows` against the
+    /// query's codes in `slots`, as the first pass finds them.
+    #[inline(always)]
+    fn powers<const R: usize>(
+        &self,
+        kernel: Kernel,
+        codes: &Codes,
+        rows: [usize; R],
+        slots: [usize; R],
+    ) -> ([f32; R], [f32; R]) {
+        let (bytes, stride) = (codes.bytes(), self.stride);
+        let starts = rows.map(|row| row * stride);
+        assert!(starts.iter().all(|&start| start + stride <= bytes.len()) && stride.is_multiple_of(BLOCK));
+        assert!((1..POWER_MAX).contains(&self.whole));
+        let queries = slots.map(|slot| self.query_at(slot));
+        macro_rules! powers {
+            ($($k:literal)*) => {
+                match self.whole {
+                    $($k => powers::<$k, R>(kernel, bytes, starts, queries, stride),)*
+                    _ => unreachable!("k from 1 to 8 (asserted)"),
+                }
+            };
+        }
+        powers!(1 2 3 4 5 6 7 8)
     }
 
     /// `spans` of `rows` against the query's codes in `slots`.
@@ -201,6 +312,7 @@ impl Grids {
             Floor::L1 => spans(kernel, L1, bytes, starts, queries, stride),
             Floor::Linf => spans(kernel, LINF, bytes, starts, queries, stride),
             Floor::BrayCurtis => spans(kernel, BRAY_CURTIS, bytes, starts, queries, stride),
+            Floor::Lp(_) => unreachable!("lp's pass sums powers (`powers`)"),
         }
     }
 
@@ -220,6 +332,7 @@ impl Grids {
                 let sums = (plus + residual + outer) * (1.0 + SURPLUS);
                 apart / sums * (1.0 - self.relative) / (1.0 + self.relative) * (1.0 - 2f64.powi(-23))
             }
+            Floor::Lp(_) => unreachable!("lp's floor is `rules_out_lp`"),
         }
     }
 }
@@ -236,6 +349,24 @@ impl Grids {
     pub fn spans_of(&self, kernel: Kernel, codes: &Codes, row: usize) -> (u32, u32) {
         let ([span], [plus]) = self.spans(kernel, codes, [row], [self.slot_of(codes, row)]);
         (span, plus)
+    }
+
+    /// lp's `S(k)` and `S(k + 1)` of row `row` with `kernel`, each as the
+    /// kernel finds it and exactly.
+    pub fn powers_of(&self, kernel: Kernel, codes: &Codes, row: usize) -> [(f32, f64); 2] {
+        let ([low], [high]) = self.powers(kernel, codes, [row], [self.slot_of(codes, row)]);
+        let query = self.code_for(codes, row);
+        let apart: Vec<f64> = (query.iter().zip(codes.row(row)))
+            .map(|(&d, c)| f64::from((i32::from(c) - i32::from(d)).unsigned_abs().saturating_sub(1)))
+            .collect();
+        let exact = |k: u32| apart.iter().map(|s| s.powi(k as i32)).sum::<f64>();
+        [(low, exact(self.whole)), (high, exact(self.whole + 1))]
+    }
+
+    /// How far the first pass's lp sums may be from the exact ones, as a
+    /// fraction of them.
+    pub fn sums_relative(&self) -> f64 {
+        self.sums_relative
     }
 }
 
@@ -270,6 +401,31 @@ fn spans<const R: usize>(
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (kernel, what, bytes, starts, queries, stride);
+        unreachable!("no kernel is available off x86-64")
+    }
+}
+
+/// `S(K)` and `S(K + 1)` (lp) of the stored codes at `starts` in `bytes`
+/// against `queries`, over `stride` bytes.
+#[inline(always)]
+fn powers<const K: u32, const R: usize>(
+    kernel: Kernel,
+    bytes: &[u8],
+    starts: [usize; R],
+    queries: [&[u8]; R],
+    stride: usize,
+) -> ([f32; R], [f32; R]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as in `spans`.
+    unsafe {
+        match kernel {
+            Kernel::Vnni512 => x86::powers_avx512::<K, R>(bytes, starts, queries, stride),
+            _ => x86::powers_avx2::<K, R>(bytes, starts, queries, (0, stride)),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (kernel, bytes, starts, queries, stride);
         unreachable!("no kernel is available off x86-64")
     }
 }
@@ -402,6 +558,101 @@ mod x86 {
             }
         }
         (spans, plus)
+    }
+
+    /// lp's `S(K)` and `S(K + 1)` on 64-byte blocks, and a last one of 32,
+    /// with AVX-512: `s_i` in bytes, then 16 lanes of f32 at a time.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and BW; bounds as `spans_avx512`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn powers_avx512<const K: u32, const R: usize>(
+        bytes: &[u8],
+        starts: [usize; R],
+        queries: [&[u8]; R],
+        stride: usize,
+    ) -> ([f32; R], [f32; R]) {
+        let one = _mm512_set1_epi8(1);
+        let (mut low, mut high) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+        let mut add = |r: usize, apart: __m128i| {
+            let s = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(apart));
+            let mut power = s;
+            for _ in 1..K {
+                power = _mm512_mul_ps(power, s);
+            }
+            low[r] = _mm512_add_ps(low[r], power);
+            high[r] = _mm512_add_ps(high[r], _mm512_mul_ps(power, s));
+        };
+        let mut at = 0;
+        while at + 64 <= stride {
+            for r in 0..R {
+                // SAFETY: in bounds, as the caller promises.
+                let (x, q) = unsafe {
+                    (
+                        _mm512_loadu_si512(bytes.as_ptr().add(starts[r] + at).cast()),
+                        _mm512_loadu_si512(queries[r].as_ptr().add(at).cast()),
+                    )
+                };
+                let apart = _mm512_subs_epu8(_mm512_or_si512(_mm512_subs_epu8(x, q), _mm512_subs_epu8(q, x)), one);
+                add(r, _mm512_castsi512_si128(apart));
+                add(r, _mm512_extracti32x4_epi32::<1>(apart));
+                add(r, _mm512_extracti32x4_epi32::<2>(apart));
+                add(r, _mm512_extracti32x4_epi32::<3>(apart));
+            }
+            at += 64;
+        }
+        // SAFETY: the same bounds, for the last 32 bytes if any.
+        let (tail_low, tail_high) = unsafe { powers_avx2::<K, R>(bytes, starts, queries, (at, stride - at)) };
+        let sum = |v: [__m512; R], tail: [f32; R]| std::array::from_fn(|r| _mm512_reduce_add_ps(v[r]) + tail[r]);
+        (sum(low, tail_low), sum(high, tail_high))
+    }
+
+    /// `powers_avx512` with AVX2 over the `len` bytes from `at` (a
+    /// multiple of 32), 8 lanes of f32 at a time.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; bounds as `spans_avx512`.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn powers_avx2<const K: u32, const R: usize>(
+        bytes: &[u8],
+        starts: [usize; R],
+        queries: [&[u8]; R],
+        (at, len): (usize, usize),
+    ) -> ([f32; R], [f32; R]) {
+        let one = _mm256_set1_epi8(1);
+        let (mut low, mut high) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
+        let mut add = |r: usize, apart: __m128i| {
+            let s = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(apart));
+            let mut power = s;
+            for _ in 1..K {
+                power = _mm256_mul_ps(power, s);
+            }
+            low[r] = _mm256_add_ps(low[r], power);
+            high[r] = _mm256_add_ps(high[r], _mm256_mul_ps(power, s));
+        };
+        for step in (at..at + len).step_by(32) {
+            for r in 0..R {
+                // SAFETY: in bounds, as the caller promises.
+                let (x, q) = unsafe {
+                    (
+                        _mm256_loadu_si256(bytes.as_ptr().add(starts[r] + step).cast()),
+                        _mm256_loadu_si256(queries[r].as_ptr().add(step).cast()),
+                    )
+                };
+                let apart = _mm256_subs_epu8(_mm256_or_si256(_mm256_subs_epu8(x, q), _mm256_subs_epu8(q, x)), one);
+                let (apart, apart_high) = (_mm256_castsi256_si128(apart), _mm256_extracti128_si256::<1>(apart));
+                add(r, apart);
+                add(r, _mm_srli_si128::<8>(apart));
+                add(r, apart_high);
+                add(r, _mm_srli_si128::<8>(apart_high));
+            }
+        }
+        let sum = |v: __m256| {
+            let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+            _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps::<1>(v, v)))
+        };
+        (low.map(sum), high.map(sum))
     }
 
     /// The sum of four u64 lanes.

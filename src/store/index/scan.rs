@@ -126,7 +126,7 @@ enum CodedQueries<'a> {
     /// Cosine, ip, l2 (`codes`): each query's code, and the bounds of each
     /// tile of `kernel.query_tile()` queries.
     Products { codes: &'a [QueryCode], bounds: &'a [codes::Bounds] },
-    /// l1, linf, Bray-Curtis (`codes::floors`): each query's codes.
+    /// l1, linf, Bray-Curtis, lp (`codes::floors`): each query's codes.
     Floors(&'a [Grids]),
 }
 
@@ -260,7 +260,8 @@ impl Index {
             Metric::L1 => Bound::Floors(Floor::L1),
             Metric::Linf => Bound::Floors(Floor::Linf),
             Metric::BrayCurtis => Bound::Floors(Floor::BrayCurtis),
-            Metric::Lp(_) | Metric::Canberra | Metric::JensenShannon => return None,
+            Metric::Lp(p) => Bound::Floors(Floor::lp(p.get())?),
+            Metric::Canberra | Metric::JensenShannon => return None,
         };
         Some((bound, kernel))
     }
@@ -1607,7 +1608,19 @@ pub(crate) mod tests {
     #[test]
     fn the_int8_pass_finds_exactly_what_the_f32_scan_finds() {
         let kernels = int8_kernels("the int8 pass");
-        for metric in [Metric::Cosine, Metric::Ip, Metric::L2, Metric::L1, Metric::Linf, Metric::BrayCurtis] {
+        let lp = |p: f64| Metric::Lp(crate::store::Power::new(p).unwrap());
+        let metrics = [
+            Metric::Cosine,
+            Metric::Ip,
+            Metric::L2,
+            Metric::L1,
+            Metric::Linf,
+            Metric::BrayCurtis,
+            lp(1.5),
+            lp(2.5),
+            lp(3.0),
+        ];
+        for metric in metrics {
             for dims in [1, 3, 17, 64, 100, 768] {
                 let mut rows = hard_for_codes(dims as u64, dims, metric);
                 rows.extend(random_vectors(7, dims, 2000));
@@ -1692,9 +1705,12 @@ pub(crate) mod tests {
     #[test]
     fn the_floors_never_rule_out_a_row_at_its_own_distance() {
         let kernels = int8_kernels("the floors' bound");
-        for (metric, floor) in
-            [(Metric::L1, Floor::L1), (Metric::Linf, Floor::Linf), (Metric::BrayCurtis, Floor::BrayCurtis)]
-        {
+        let mut floors =
+            vec![(Metric::L1, Floor::L1), (Metric::Linf, Floor::Linf), (Metric::BrayCurtis, Floor::BrayCurtis)];
+        for p in [1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 7.75, 8.0] {
+            floors.push((Metric::Lp(crate::store::Power::new(p).unwrap()), Floor::lp(p as f32).unwrap()));
+        }
+        for (metric, floor) in floors {
             for dims in (1..=64).chain([65, 127, 768, 1536]) {
                 let rows = hard_for_codes(dims as u64, dims, metric);
                 let index = twins_of(&rows, metric);
@@ -1715,8 +1731,18 @@ pub(crate) mod tests {
                                 Floor::L1 => (d, 0),
                                 Floor::Linf => (m, 0),
                                 Floor::BrayCurtis => (d, p),
+                                Floor::Lp(_) => {
+                                    // Each sum within the bound's allowance.
+                                    for (sum, exact) in grids.powers_of(kernel, codes, row) {
+                                        let off = (f64::from(sum) - exact).abs();
+                                        assert!(off <= exact * grids.sums_relative(), "{what}: {sum} for {exact}");
+                                    }
+                                    (0, 0)
+                                }
                             };
-                            assert_eq!(grids.spans_of(kernel, codes, row), want, "{what}");
+                            if !matches!(floor, Floor::Lp(_)) {
+                                assert_eq!(grids.spans_of(kernel, codes, row), want, "{what}");
+                            }
                             let ruled = grids.rules_out(kernel, codes, [row], exact);
                             assert_eq!(ruled, 0, "{what}: ruled out at its own distance {exact}");
                         }
