@@ -94,6 +94,10 @@ impl Floor {
     /// and the pass rules out too few rows to pay for itself.
     pub fn lp(p: f32) -> Option<Floor> {
         let quarters = p * 4.0;
+        if p == 1.0 {
+            // lp's kernel is then l1's.
+            return Some(Floor::L1);
+        }
         (quarters == quarters.trunc() && (4.0..=32.0).contains(&quarters)).then_some(Floor::Lp(p))
     }
 }
@@ -284,10 +288,13 @@ impl Grids {
         assert!(starts.iter().all(|&start| start + stride <= bytes.len()) && stride.is_multiple_of(BLOCK));
         assert!((1..POWER_MAX).contains(&self.whole));
         let queries = slots.map(|slot| self.query_at(slot));
+        // An integer p needs `S(k)` only.
+        let integer = matches!(self.floor, Floor::Lp(p) if p == p.trunc());
         macro_rules! powers {
             ($($k:literal)*) => {
-                match self.whole {
-                    $($k => powers::<$k, R>(kernel, bytes, starts, queries, stride),)*
+                match (self.whole, integer) {
+                    $(($k, true) => powers::<$k, false, R>(kernel, bytes, starts, queries, stride),)*
+                    $(($k, false) => powers::<$k, true, R>(kernel, bytes, starts, queries, stride),)*
                     _ => unreachable!("k from 1 to 8 (asserted)"),
                 }
             };
@@ -351,16 +358,18 @@ impl Grids {
         (span, plus)
     }
 
-    /// lp's `S(k)` and `S(k + 1)` of row `row` with `kernel`, each as the
-    /// kernel finds it and exactly.
-    pub fn powers_of(&self, kernel: Kernel, codes: &Codes, row: usize) -> [(f32, f64); 2] {
+    /// lp's `S(k)` and (for a fractional p) `S(k + 1)` of row `row` with
+    /// `kernel`, each as the kernel finds it and exactly.
+    pub fn powers_of(&self, kernel: Kernel, codes: &Codes, row: usize) -> Vec<(f32, f64)> {
         let ([low], [high]) = self.powers(kernel, codes, [row], [self.slot_of(codes, row)]);
         let query = self.code_for(codes, row);
         let apart: Vec<f64> = (query.iter().zip(codes.row(row)))
             .map(|(&d, c)| f64::from((i32::from(c) - i32::from(d)).unsigned_abs().saturating_sub(1)))
             .collect();
         let exact = |k: u32| apart.iter().map(|s| s.powi(k as i32)).sum::<f64>();
-        [(low, exact(self.whole)), (high, exact(self.whole + 1))]
+        let integer = matches!(self.floor, Floor::Lp(p) if p == p.trunc());
+        let sums = [(low, exact(self.whole)), (high, exact(self.whole + 1))];
+        sums[..if integer { 1 } else { 2 }].to_vec()
     }
 
     /// How far the first pass's lp sums may be from the exact ones, as a
@@ -405,10 +414,10 @@ fn spans<const R: usize>(
     }
 }
 
-/// `S(K)` and `S(K + 1)` (lp) of the stored codes at `starts` in `bytes`
-/// against `queries`, over `stride` bytes.
+/// `S(K)` and, if `NEXT`, `S(K + 1)` (lp; else 0) of the stored codes at
+/// `starts` in `bytes` against `queries`, over `stride` bytes.
 #[inline(always)]
-fn powers<const K: u32, const R: usize>(
+fn powers<const K: u32, const NEXT: bool, const R: usize>(
     kernel: Kernel,
     bytes: &[u8],
     starts: [usize; R],
@@ -419,8 +428,8 @@ fn powers<const K: u32, const R: usize>(
     // SAFETY: as in `spans`.
     unsafe {
         match kernel {
-            Kernel::Vnni512 => x86::powers_avx512::<K, R>(bytes, starts, queries, stride),
-            _ => x86::powers_avx2::<K, R>(bytes, starts, queries, (0, stride)),
+            Kernel::Vnni512 => x86::powers_avx512::<K, NEXT, R>(bytes, starts, queries, stride),
+            _ => x86::powers_avx2::<K, NEXT, R>(bytes, starts, queries, (0, stride)),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -566,7 +575,7 @@ mod x86 {
     /// # Safety
     /// The CPU must have AVX-512F and BW; bounds as `spans_avx512`.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn powers_avx512<const K: u32, const R: usize>(
+    pub unsafe fn powers_avx512<const K: u32, const NEXT: bool, const R: usize>(
         bytes: &[u8],
         starts: [usize; R],
         queries: [&[u8]; R],
@@ -581,7 +590,9 @@ mod x86 {
                 power = _mm512_mul_ps(power, s);
             }
             low[r] = _mm512_add_ps(low[r], power);
-            high[r] = _mm512_add_ps(high[r], _mm512_mul_ps(power, s));
+            if NEXT {
+                high[r] = _mm512_add_ps(high[r], _mm512_mul_ps(power, s));
+            }
         };
         let mut at = 0;
         while at + 64 <= stride {
@@ -602,7 +613,7 @@ mod x86 {
             at += 64;
         }
         // SAFETY: the same bounds, for the last 32 bytes if any.
-        let (tail_low, tail_high) = unsafe { powers_avx2::<K, R>(bytes, starts, queries, (at, stride - at)) };
+        let (tail_low, tail_high) = unsafe { powers_avx2::<K, NEXT, R>(bytes, starts, queries, (at, stride - at)) };
         let sum = |v: [__m512; R], tail: [f32; R]| std::array::from_fn(|r| _mm512_reduce_add_ps(v[r]) + tail[r]);
         (sum(low, tail_low), sum(high, tail_high))
     }
@@ -613,7 +624,7 @@ mod x86 {
     /// # Safety
     /// The CPU must have AVX2; bounds as `spans_avx512`.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn powers_avx2<const K: u32, const R: usize>(
+    pub unsafe fn powers_avx2<const K: u32, const NEXT: bool, const R: usize>(
         bytes: &[u8],
         starts: [usize; R],
         queries: [&[u8]; R],
@@ -628,7 +639,9 @@ mod x86 {
                 power = _mm256_mul_ps(power, s);
             }
             low[r] = _mm256_add_ps(low[r], power);
-            high[r] = _mm256_add_ps(high[r], _mm256_mul_ps(power, s));
+            if NEXT {
+                high[r] = _mm256_add_ps(high[r], _mm256_mul_ps(power, s));
+            }
         };
         for step in (at..at + len).step_by(32) {
             for r in 0..R {
