@@ -36,11 +36,8 @@
 //! - `sum |x_i + q_i| <= a P + E + G`, so Bray-Curtis
 //!   `>= (a D - E - F) / (a P + E + G)` where the numerator is positive;
 //! - lp: since `|e_i| + φ_i <= a`, `|x_i - q_i| >= a s_i` with the integer
-//!   `s_i = max(|c_i - d_i| - 1, 0)`, so lp `>= a S(p)^(1/p)`, where
-//!   `S(t) = sum s_i^t`. For an integer `p`, `S(p)` is a sum of integer
-//!   powers. Otherwise, with `k` the least integer above `p`: `ln S(t)` is
-//!   convex in `t` (Hölder's inequality), and `k` lies between `p` and
-//!   `k + 1`, so `ln S(p) >= (k + 1 - p) ln S(k) - (k - p) ln S(k + 1)`.
+//!   `s_i = max(|c_i - d_i| - 1, 0)`, so lp `>= a S^(1/p)`, where
+//!   `S = sum s_i^p`.
 //!
 //! The f32 kernels (`kernels::distances`) add non-negative terms, each off
 //! by at most 2^-24 of itself, in at most `m = n / 4 + 64` roundings per
@@ -58,18 +55,14 @@
 //! underflow lose less than 2^-140 of a sum of at least 1. `m` cancels
 //! from `m (sum)^(1/p)`, which is rounded to f32 once more. So its lp is at
 //! least `F = ((1 - 48 x 2^-24)(1 - g))^(1/p) (1 - 2^-23)` times the exact
-//! one. The first pass's `S(k)` and `S(k + 1)` are sums in f32 of powers
-//! of integers, each power within `k` roundings: within
-//! `h = (m + 9) 2^-24 / (1 - (m + 9) 2^-24)` of the exact sums; the lower
-//! bound takes `S(k)` lowered by that and `S(k + 1)` raised. Logarithms
-//! are compared with a surplus of 2^-30.
-//!
-//! The bounds are evaluated in f64: `a D` and `a P` exactly, `F` and `G`
-//! (which may mix magnitudes where codes were clamped) with a surplus of
-//! 2^-30 of `G`, the rest with a surplus of 2^-40 of the magnitudes summed,
-//! then lowered by the kernels' factors. A row is ruled out only when that
-//! nearest possible distance is strictly farther than the farthest its
-//! search keeps (a tie could enter, being broken by id).
+//! one. The first pass raises each `s_i` (at most 253) in f32: the whole
+//! power by products (exact below 2^24, each later one rounded), then
+//! `sqrt(s_i)` as `s_i / sqrt(s_i)` and the fourth root as `sqrt(sqrt(s_i))`
+//! the same way, with the CPU's approximate reciprocal square root
+//! (`vrsqrt14ps`, within 2^-14; `vrsqrtps`, within 1.5 x 2^-12), so each
+//! term is at most `(1 + 2^-10)` times `s_i^p`; summed in at most `m`
+//! roundings, `S` as found is at most `(1 + 2^-10)(1 + g)` times the exact
+//! one, and is divided by that before use.
 //!
 //! For random data of 768 dimensions `E + F` is about `n a / 2`, against l1
 //! distances about `40 n a` spread over a few percent: only rows near the
@@ -89,9 +82,8 @@ pub enum Floor {
 
 impl Floor {
     /// lp's floor, where `p` is one whose kernel error the module doc
-    /// bounds, a multiple of 1/4 up to 8, and at least 1: below, the
-    /// codes' error weighs on small differences as much as on large ones,
-    /// and the pass rules out too few rows to pay for itself.
+    /// bounds, a multiple of 1/4 up to 8, and at least 1 (the first pass
+    /// raises to the whole part by products, at least one).
     pub fn lp(p: f32) -> Option<Floor> {
         let quarters = p * 4.0;
         if p == 1.0 {
@@ -102,8 +94,8 @@ impl Floor {
     }
 }
 
-/// The most `S(k)`'s powers `lp_powers` raises to: `k + 1` for `p` up to 8.
-const POWER_MAX: u32 = 9;
+/// The largest whole part of lp's `p` the first pass raises to.
+const WHOLE_MAX: u32 = 8;
 
 /// `Floor` as the kernels' compile-time parameter.
 const L1: u8 = 0;
@@ -132,10 +124,10 @@ pub struct Grids {
     sides: Vec<(f64, f64, f64)>,
     /// `g` of the kernels' sums.
     relative: f64,
-    /// lp: `k`, `h`, and `ln F`.
+    /// lp: `p`'s whole part, its quarters beyond, and `F`.
     whole: u32,
-    sums_relative: f64,
-    log_factor: f64,
+    quarters: u32,
+    factor: f64,
 }
 
 impl Default for Grids {
@@ -148,8 +140,8 @@ impl Default for Grids {
             sides: Vec::new(),
             relative: 0.0,
             whole: 0,
-            sums_relative: 0.0,
-            log_factor: 0.0,
+            quarters: 0,
+            factor: 0.0,
         }
     }
 }
@@ -202,12 +194,11 @@ impl Grids {
         let m = (query.len() / 4 + 64) as f64 * 2f64.powi(-24);
         self.relative = m / (1.0 - m);
         if let Floor::Lp(p) = floor {
+            let quarters = (p * 4.0) as u32;
+            (self.whole, self.quarters) = (quarters / 4, quarters % 4);
             let p = f64::from(p);
-            self.whole = p.ceil() as u32;
-            let h = m + 9.0 * 2f64.powi(-24);
-            self.sums_relative = h / (1.0 - h);
             let factor = ((1.0 - 48.0 * 2f64.powi(-24)) * (1.0 - self.relative)).powf(1.0 / p) * (1.0 - 2f64.powi(-23));
-            self.log_factor = factor.ln() - 2f64.powi(-40);
+            self.factor = factor * (1.0 - SURPLUS);
         }
     }
 
@@ -230,9 +221,9 @@ impl Grids {
         ruled
     }
 
-    /// `rules_out` for lp: whether `a S(p)^(1/p) F > threshold`, that is
-    /// `ln S(p) > p (ln threshold - ln a - ln F)` (the module doc), for
-    /// each row of the `slots`.
+    /// `rules_out` for lp: whether `a S^(1/p) F > threshold`, that is
+    /// `S > (threshold / (a F))^p` (the module doc), for each row of the
+    /// `slots`.
     #[inline(always)]
     fn rules_out_lp<const R: usize>(
         &self,
@@ -242,22 +233,26 @@ impl Grids {
         (rows, slots): ([usize; R], [usize; R]),
         threshold: f32,
     ) -> u32 {
-        let (low, high) = self.powers(kernel, codes, rows, slots);
-        let log_threshold = f64::from(threshold).ln();
-        let k = f64::from(self.whole);
-        let integer = p == p.floor();
+        let sums = self.powers(kernel, codes, rows, slots);
+        // Rows of one scale share the power of the threshold.
+        let mut target = (usize::MAX, 0.0);
         let mut ruled = 0;
         for r in 0..R {
-            let (scale, _, _) = self.sides[slots[r]];
-            let target = p * (log_threshold - scale.ln() - self.log_factor);
-            let low = f64::from(low[r]) * (1.0 - self.sums_relative);
-            let high = f64::from(high[r]) * (1.0 + self.sums_relative);
-            // For an integer p, k = p.
-            let log_sum = if integer { low.ln() } else { (k + 1.0 - p) * low.ln() - (k - p) * high.ln() };
-            let out = log_sum - 2f64.powi(-30) * (log_sum.abs() + target.abs()) > target;
-            ruled |= u32::from(out && low > 0.0) << r;
+            if target.0 != slots[r] {
+                let (scale, _, _) = self.sides[slots[r]];
+                let power = (f64::from(threshold) / (scale * self.factor)).powf(p);
+                target = (slots[r], power * (1.0 + SURPLUS));
+            }
+            let sum = f64::from(sums[r]) / self.sums_slack();
+            ruled |= u32::from(sum > target.1) << r;
         }
         ruled
+    }
+
+    /// The most the first pass's lp sum exceeds the exact one by, as a
+    /// factor (the module doc).
+    pub fn sums_slack(&self) -> f64 {
+        (1.0 + 2f64.powi(-10)) * (1.0 + self.relative) * (1.0 + SURPLUS)
     }
 
     /// The slot of the query's code for row `row`'s scale.
@@ -273,29 +268,20 @@ impl Grids {
         &self.bytes[slot * width..(slot + 1) * width]
     }
 
-    /// `S(k)` and `S(k + 1)` (lp, the module doc) of `rows` against the
-    /// query's codes in `slots`, as the first pass finds them.
+    /// `S` (lp, the module doc) of `rows` against the query's codes in
+    /// `slots`, as the first pass finds it.
     #[inline(always)]
-    fn powers<const R: usize>(
-        &self,
-        kernel: Kernel,
-        codes: &Codes,
-        rows: [usize; R],
-        slots: [usize; R],
-    ) -> ([f32; R], [f32; R]) {
+    fn powers<const R: usize>(&self, kernel: Kernel, codes: &Codes, rows: [usize; R], slots: [usize; R]) -> [f32; R] {
         let (bytes, stride) = (codes.bytes(), self.stride);
         let starts = rows.map(|row| row * stride);
         assert!(starts.iter().all(|&start| start + stride <= bytes.len()) && stride.is_multiple_of(BLOCK));
-        assert!((1..POWER_MAX).contains(&self.whole));
+        assert!((1..=WHOLE_MAX).contains(&self.whole) && self.quarters < 4);
         let queries = slots.map(|slot| self.query_at(slot));
-        // An integer p needs `S(k)` only.
-        let integer = matches!(self.floor, Floor::Lp(p) if p == p.trunc());
         macro_rules! powers {
             ($($k:literal)*) => {
-                match (self.whole, integer) {
-                    $(($k, true) => powers::<$k, false, R>(kernel, bytes, starts, queries, stride),)*
-                    $(($k, false) => powers::<$k, true, R>(kernel, bytes, starts, queries, stride),)*
-                    _ => unreachable!("k from 1 to 8 (asserted)"),
+                match self.whole {
+                    $($k => powers::<$k, R>(kernel, bytes, starts, queries, (stride, self.quarters)),)*
+                    _ => unreachable!("a whole part from 1 to 8 (asserted)"),
                 }
             };
         }
@@ -358,24 +344,16 @@ impl Grids {
         (span, plus)
     }
 
-    /// lp's `S(k)` and (for a fractional p) `S(k + 1)` of row `row` with
-    /// `kernel`, each as the kernel finds it and exactly.
-    pub fn powers_of(&self, kernel: Kernel, codes: &Codes, row: usize) -> Vec<(f32, f64)> {
-        let ([low], [high]) = self.powers(kernel, codes, [row], [self.slot_of(codes, row)]);
+    /// lp's `S` of row `row` with `kernel`, as the kernel finds it and
+    /// exactly.
+    pub fn powers_of(&self, kernel: Kernel, codes: &Codes, row: usize) -> (f32, f64) {
+        let [sum] = self.powers(kernel, codes, [row], [self.slot_of(codes, row)]);
         let query = self.code_for(codes, row);
-        let apart: Vec<f64> = (query.iter().zip(codes.row(row)))
-            .map(|(&d, c)| f64::from((i32::from(c) - i32::from(d)).unsigned_abs().saturating_sub(1)))
-            .collect();
-        let exact = |k: u32| apart.iter().map(|s| s.powi(k as i32)).sum::<f64>();
-        let integer = matches!(self.floor, Floor::Lp(p) if p == p.trunc());
-        let sums = [(low, exact(self.whole)), (high, exact(self.whole + 1))];
-        sums[..if integer { 1 } else { 2 }].to_vec()
-    }
-
-    /// How far the first pass's lp sums may be from the exact ones, as a
-    /// fraction of them.
-    pub fn sums_relative(&self) -> f64 {
-        self.sums_relative
+        let p = f64::from(self.whole) + f64::from(self.quarters) / 4.0;
+        let exact = (query.iter().zip(codes.row(row)))
+            .map(|(&d, c)| f64::from((i32::from(c) - i32::from(d)).unsigned_abs().saturating_sub(1)).powf(p))
+            .sum::<f64>();
+        (sum, exact)
     }
 }
 
@@ -414,27 +392,27 @@ fn spans<const R: usize>(
     }
 }
 
-/// `S(K)` and, if `NEXT`, `S(K + 1)` (lp; else 0) of the stored codes at
-/// `starts` in `bytes` against `queries`, over `stride` bytes.
+/// lp's `S` of the stored codes at `starts` in `bytes` against `queries`,
+/// over `stride` bytes, for `p` of whole part `K` and `quarters` beyond.
 #[inline(always)]
-fn powers<const K: u32, const NEXT: bool, const R: usize>(
+fn powers<const K: u32, const R: usize>(
     kernel: Kernel,
     bytes: &[u8],
     starts: [usize; R],
     queries: [&[u8]; R],
-    stride: usize,
-) -> ([f32; R], [f32; R]) {
+    (stride, quarters): (usize, u32),
+) -> [f32; R] {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: as in `spans`.
     unsafe {
         match kernel {
-            Kernel::Vnni512 => x86::powers_avx512::<K, NEXT, R>(bytes, starts, queries, stride),
-            _ => x86::powers_avx2::<K, NEXT, R>(bytes, starts, queries, (0, stride)),
+            Kernel::Vnni512 => x86::powers_avx512::<K, R>(bytes, starts, queries, (stride, quarters)),
+            _ => x86::powers_avx2::<K, R>(bytes, starts, queries, (0, stride), quarters),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (kernel, bytes, starts, queries, stride);
+        let _ = (kernel, bytes, starts, queries, stride, quarters);
         unreachable!("no kernel is available off x86-64")
     }
 }
@@ -569,30 +547,39 @@ mod x86 {
         (spans, plus)
     }
 
-    /// lp's `S(K)` and `S(K + 1)` on 64-byte blocks, and a last one of 32,
-    /// with AVX-512: `s_i` in bytes, then 16 lanes of f32 at a time.
+    /// lp's `S` on 64-byte blocks, and a last one of 32, with AVX-512: `s_i`
+    /// in bytes, then 16 lanes of f32 at a time.
     ///
     /// # Safety
     /// The CPU must have AVX-512F and BW; bounds as `spans_avx512`.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn powers_avx512<const K: u32, const NEXT: bool, const R: usize>(
+    pub unsafe fn powers_avx512<const K: u32, const R: usize>(
         bytes: &[u8],
         starts: [usize; R],
         queries: [&[u8]; R],
-        stride: usize,
-    ) -> ([f32; R], [f32; R]) {
-        let one = _mm512_set1_epi8(1);
-        let (mut low, mut high) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+        (stride, quarters): (usize, u32),
+    ) -> [f32; R] {
+        let (one, unit) = (_mm512_set1_epi8(1), _mm512_set1_ps(1.0));
+        let mut sums = [_mm512_setzero_ps(); R];
+        // s^p: the whole power by products, then the square and fourth
+        // roots as x / sqrt(x), at least 1 under the root so that 0 stays 0.
+        let root = |x: __m512| _mm512_mul_ps(x, _mm512_rsqrt14_ps(_mm512_max_ps(x, unit)));
         let mut add = |r: usize, apart: __m128i| {
             let s = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(apart));
             let mut power = s;
             for _ in 1..K {
                 power = _mm512_mul_ps(power, s);
             }
-            low[r] = _mm512_add_ps(low[r], power);
-            if NEXT {
-                high[r] = _mm512_add_ps(high[r], _mm512_mul_ps(power, s));
+            if quarters != 0 {
+                let square = root(s);
+                if quarters & 2 != 0 {
+                    power = _mm512_mul_ps(power, square);
+                }
+                if quarters & 1 != 0 {
+                    power = _mm512_mul_ps(power, root(square));
+                }
             }
+            sums[r] = _mm512_add_ps(sums[r], power);
         };
         let mut at = 0;
         while at + 64 <= stride {
@@ -613,9 +600,8 @@ mod x86 {
             at += 64;
         }
         // SAFETY: the same bounds, for the last 32 bytes if any.
-        let (tail_low, tail_high) = unsafe { powers_avx2::<K, NEXT, R>(bytes, starts, queries, (at, stride - at)) };
-        let sum = |v: [__m512; R], tail: [f32; R]| std::array::from_fn(|r| _mm512_reduce_add_ps(v[r]) + tail[r]);
-        (sum(low, tail_low), sum(high, tail_high))
+        let tail = unsafe { powers_avx2::<K, R>(bytes, starts, queries, (at, stride - at), quarters) };
+        std::array::from_fn(|r| _mm512_reduce_add_ps(sums[r]) + tail[r])
     }
 
     /// `powers_avx512` with AVX2 over the `len` bytes from `at` (a
@@ -624,24 +610,32 @@ mod x86 {
     /// # Safety
     /// The CPU must have AVX2; bounds as `spans_avx512`.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn powers_avx2<const K: u32, const NEXT: bool, const R: usize>(
+    pub unsafe fn powers_avx2<const K: u32, const R: usize>(
         bytes: &[u8],
         starts: [usize; R],
         queries: [&[u8]; R],
         (at, len): (usize, usize),
-    ) -> ([f32; R], [f32; R]) {
-        let one = _mm256_set1_epi8(1);
-        let (mut low, mut high) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
+        quarters: u32,
+    ) -> [f32; R] {
+        let (one, unit) = (_mm256_set1_epi8(1), _mm256_set1_ps(1.0));
+        let mut sums = [_mm256_setzero_ps(); R];
+        let root = |x: __m256| _mm256_mul_ps(x, _mm256_rsqrt_ps(_mm256_max_ps(x, unit)));
         let mut add = |r: usize, apart: __m128i| {
             let s = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(apart));
             let mut power = s;
             for _ in 1..K {
                 power = _mm256_mul_ps(power, s);
             }
-            low[r] = _mm256_add_ps(low[r], power);
-            if NEXT {
-                high[r] = _mm256_add_ps(high[r], _mm256_mul_ps(power, s));
+            if quarters != 0 {
+                let square = root(s);
+                if quarters & 2 != 0 {
+                    power = _mm256_mul_ps(power, square);
+                }
+                if quarters & 1 != 0 {
+                    power = _mm256_mul_ps(power, root(square));
+                }
             }
+            sums[r] = _mm256_add_ps(sums[r], power);
         };
         for step in (at..at + len).step_by(32) {
             for r in 0..R {
@@ -660,12 +654,11 @@ mod x86 {
                 add(r, _mm_srli_si128::<8>(apart_high));
             }
         }
-        let sum = |v: __m256| {
+        sums.map(|v| {
             let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
             let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
             _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps::<1>(v, v)))
-        };
-        (low.map(sum), high.map(sum))
+        })
     }
 
     /// The sum of four u64 lanes.
