@@ -559,27 +559,11 @@ mod x86 {
         queries: [&[u8]; R],
         (stride, quarters): (usize, u32),
     ) -> [f32; R] {
-        let (one, unit) = (_mm512_set1_epi8(1), _mm512_set1_ps(1.0));
+        let one = _mm512_set1_epi8(1);
         let mut sums = [_mm512_setzero_ps(); R];
-        // s^p: the whole power by products, then the square and fourth
-        // roots as x / sqrt(x), at least 1 under the root so that 0 stays 0.
-        let root = |x: __m512| _mm512_mul_ps(x, _mm512_rsqrt14_ps(_mm512_max_ps(x, unit)));
-        let mut add = |r: usize, apart: __m128i| {
-            let s = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(apart));
-            let mut power = s;
-            for _ in 1..K {
-                power = _mm512_mul_ps(power, s);
-            }
-            if quarters != 0 {
-                let square = root(s);
-                if quarters & 2 != 0 {
-                    power = _mm512_mul_ps(power, square);
-                }
-                if quarters & 1 != 0 {
-                    power = _mm512_mul_ps(power, root(square));
-                }
-            }
-            sums[r] = _mm512_add_ps(sums[r], power);
+        // SAFETY: the CPU has AVX-512F.
+        let mut add = |r: usize, apart: __m128i| unsafe {
+            sums[r] = _mm512_add_ps(sums[r], power::<__m512, K>(apart, quarters));
         };
         let mut at = 0;
         while at + 64 <= stride {
@@ -617,25 +601,11 @@ mod x86 {
         (at, len): (usize, usize),
         quarters: u32,
     ) -> [f32; R] {
-        let (one, unit) = (_mm256_set1_epi8(1), _mm256_set1_ps(1.0));
+        let one = _mm256_set1_epi8(1);
         let mut sums = [_mm256_setzero_ps(); R];
-        let root = |x: __m256| _mm256_mul_ps(x, _mm256_rsqrt_ps(_mm256_max_ps(x, unit)));
-        let mut add = |r: usize, apart: __m128i| {
-            let s = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(apart));
-            let mut power = s;
-            for _ in 1..K {
-                power = _mm256_mul_ps(power, s);
-            }
-            if quarters != 0 {
-                let square = root(s);
-                if quarters & 2 != 0 {
-                    power = _mm256_mul_ps(power, square);
-                }
-                if quarters & 1 != 0 {
-                    power = _mm256_mul_ps(power, root(square));
-                }
-            }
-            sums[r] = _mm256_add_ps(sums[r], power);
+        // SAFETY: the CPU has AVX2.
+        let mut add = |r: usize, apart: __m128i| unsafe {
+            sums[r] = _mm256_add_ps(sums[r], power::<__m256, K>(apart, quarters));
         };
         for step in (at..at + len).step_by(32) {
             for r in 0..R {
@@ -659,6 +629,88 @@ mod x86 {
             let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
             _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps::<1>(v, v)))
         })
+    }
+
+    /// The f32 lanes lp's powers are raised in, on each instruction set.
+    trait Floats: Copy {
+        /// The first lanes' bytes of `bytes`, as f32.
+        ///
+        /// # Safety
+        /// The CPU must have this type's instructions.
+        unsafe fn of_bytes(bytes: __m128i) -> Self;
+        /// # Safety
+        /// The CPU must have this type's instructions.
+        unsafe fn mul(self, other: Self) -> Self;
+        /// `x / sqrt(x)` with the approximate reciprocal square root (the
+        /// module doc), `max(x, 1)` under the root so that 0 stays 0.
+        ///
+        /// # Safety
+        /// The CPU must have this type's instructions.
+        unsafe fn root(self) -> Self;
+    }
+
+    impl Floats for __m512 {
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn of_bytes(bytes: __m128i) -> __m512 {
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes))
+        }
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn mul(self, other: __m512) -> __m512 {
+            _mm512_mul_ps(self, other)
+        }
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn root(self) -> __m512 {
+            _mm512_mul_ps(self, _mm512_rsqrt14_ps(_mm512_max_ps(self, _mm512_set1_ps(1.0))))
+        }
+    }
+
+    impl Floats for __m256 {
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        unsafe fn of_bytes(bytes: __m128i) -> __m256 {
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes))
+        }
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        unsafe fn mul(self, other: __m256) -> __m256 {
+            _mm256_mul_ps(self, other)
+        }
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        unsafe fn root(self) -> __m256 {
+            _mm256_mul_ps(self, _mm256_rsqrt_ps(_mm256_max_ps(self, _mm256_set1_ps(1.0))))
+        }
+    }
+
+    /// `s^p` of the integers `s` in the first lanes' bytes of `apart`, for
+    /// `p` of whole part `K` and `quarters` beyond: the whole power by
+    /// products, then the square and fourth roots (`Floats::root`).
+    ///
+    /// # Safety
+    /// The CPU must have `F`'s instructions.
+    #[inline(always)]
+    unsafe fn power<F: Floats, const K: u32>(apart: __m128i, quarters: u32) -> F {
+        // SAFETY: as the caller promises.
+        unsafe {
+            let s = F::of_bytes(apart);
+            let mut power = s;
+            for _ in 1..K {
+                power = power.mul(s);
+            }
+            if quarters != 0 {
+                let square = s.root();
+                if quarters & 2 != 0 {
+                    power = power.mul(square);
+                }
+                if quarters & 1 != 0 {
+                    power = power.mul(square.root());
+                }
+            }
+            power
+        }
     }
 
     /// The sum of four u64 lanes.
