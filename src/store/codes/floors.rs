@@ -47,15 +47,16 @@
 //! m 2^-24)` of the exact ones, linf within 2^-24, and Bray-Curtis's
 //! quotient adds one rounding of 2^-24.
 //!
-//! lp's kernel scales each pair by its largest difference `m`, so its sum
+//! lp's kernel scales each pair by its largest difference `w`, so its sum
 //! is of ratios at most 1, one of them 1: each ratio is within three
-//! roundings of `|x_i - q_i| / m`, and its power (at most three squarings,
+//! roundings of `|x_i - q_i| / w`, and its power (at most three squarings,
 //! four products and three square roots, each rounded once) within
 //! `(3 p + 15) 2^-24 <= 48 x 2^-24` of the ratio's power; terms that
-//! underflow lose less than 2^-140 of a sum of at least 1. `m` cancels
-//! from `m (sum)^(1/p)`, which is rounded to f32 once more. So its lp is at
-//! least `F = ((1 - 48 x 2^-24)(1 - g))^(1/p) (1 - 2^-23)` times the exact
-//! one. The first pass raises each `s_i` (at most 253) in f32: the whole
+//! underflow lose less than 2^-140 of a sum of at least 1. `w` cancels
+//! from `w (sum)^(1/p)`, which is rounded to f32 once more. So its lp is at
+//! least `L = ((1 - 48 x 2^-24)(1 - g))^(1/p) (1 - 2^-23)` times the exact
+//! one, and a row is ruled out when `a (S / slack)^(1/p) L` is strictly
+//! above the threshold. The first pass raises each `s_i` (at most 253) in f32: the whole
 //! power by products (exact below 2^24, each later one rounded), then
 //! `sqrt(s_i)` as `s_i / sqrt(s_i)` and the fourth root as `sqrt(sqrt(s_i))`
 //! the same way, with the CPU's approximate reciprocal square root
@@ -124,7 +125,7 @@ pub struct Grids {
     sides: Vec<(f64, f64, f64)>,
     /// `g` of the kernels' sums.
     relative: f64,
-    /// lp: `p`'s whole part, its quarters beyond, and `F`.
+    /// lp: `p`'s whole part, its quarters beyond, and `L`.
     whole: u32,
     quarters: u32,
     factor: f64,
@@ -221,8 +222,8 @@ impl Grids {
         ruled
     }
 
-    /// `rules_out` for lp: whether `a S^(1/p) F > threshold`, that is
-    /// `S > (threshold / (a F))^p` (the module doc), for each row of the
+    /// `rules_out` for lp: whether `a S^(1/p) L > threshold`, that is
+    /// `S > (threshold / (a L))^p` (the module doc), for each row of the
     /// `slots`.
     #[inline(always)]
     fn rules_out_lp<const R: usize>(
