@@ -19,7 +19,7 @@ SERVER_BIN  = target/native/release/quiver
 PYTHON     ?= python3
 PYENV       = target/pyenv
 
-.PHONY: run build test lint bench fuzz tools cargo-tools python-tools clean
+.PHONY: run build test lint bench bench-tools fuzz tools cargo-tools python-tools clean
 
 run: cargo-tools
 	$(NATIVE) $(CARGO) build --release --locked
@@ -61,9 +61,22 @@ lint: cargo-tools
 # The `exact` bench compares with FAISS, installed here from PyPI; it runs
 # twice, built for this CPU and as plain `cargo build` builds it.
 BENCHENV    = target/benchenv
-bench: cargo-tools python-tools $(BENCHENV)/.installed
+bench: cargo-tools python-tools bench-tools $(BENCHENV)/.installed
 	$(NATIVE) $(CARGO) bench --locked
 	$(CARGO) bench --locked --bench exact
+
+# The load bench's small-request rows run wrk against quiver and nginx:
+# installed here where apt-get can (as root on Debian); elsewhere those rows
+# say they are skipped.
+bench-tools:
+	@if ! command -v wrk >/dev/null 2>&1 || ! command -v nginx >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y -q wrk nginx-light >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null && apt-get install -y -q wrk nginx-light >/dev/null; }; \
+	  else \
+	    echo "make bench: wrk or nginx missing (apt-get install wrk nginx-light); the small-request rows will be skipped"; \
+	  fi; \
+	fi
 
 $(BENCHENV)/.installed: benches/requirements-bench.txt
 	$(PYTHON) -m venv $(BENCHENV)
