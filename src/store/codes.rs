@@ -317,6 +317,8 @@ impl Codes {
     pub fn of(dims: usize, grid: Grid, vectors: &[f32]) -> Option<Codes> {
         let mut codes = Codes::new(dims, grid)?;
         let rows = vectors.len() / dims;
+        // The buffer starts with the `SLACK` bytes `push` keeps past the
+        // last row, so this is all it will need.
         codes.bytes.reserve_exact(rows * codes.stride);
         codes.scales.reserve_exact(rows);
         codes.residuals.reserve_exact(rows);
@@ -363,6 +365,8 @@ impl Codes {
     pub fn push(&mut self, v: &[f32]) {
         let start = self.len() * self.stride;
         self.bytes.resize(start + self.stride + SLACK, 0);
+        // A scale of 0 counts in no exponent, so that `set` has none to
+        // take back.
         self.scales.push(0.0);
         self.residuals.push(0.0);
         self.set(self.len() - 1, v);

@@ -286,12 +286,7 @@ impl Index {
     /// `codes::floors` for coordinate distances), where this process runs
     /// the pass.
     fn code_grid(dims: usize, metric: Metric) -> Option<Grid> {
-        let grid = match metric {
-            Metric::Cosine | Metric::Ip | Metric::L2 => Grid::Fitted,
-            Metric::L1 | Metric::Linf | Metric::BrayCurtis => Grid::PowersOfTwo,
-            Metric::Lp(p) if super::codes::floors::Floor::lp(p.get()).is_some() => Grid::PowersOfTwo,
-            Metric::Lp(_) | Metric::Canberra | Metric::JensenShannon => return None,
-        };
+        let grid = scan::Bound::of(metric)?.grid();
         (dims <= super::codes::DIMS_MAX && super::cpu::paths().int8.is_some()).then_some(grid)
     }
 

@@ -132,9 +132,33 @@ enum CodedQueries<'a> {
 
 /// Which int8 first pass an index's searches take.
 #[derive(Clone, Copy)]
-enum Bound {
+pub(super) enum Bound {
     Products(codes::Shape),
     Floors(Floor),
+}
+
+impl Bound {
+    /// The first pass of `metric`'s searches, if a bound is proved for it.
+    pub(super) fn of(metric: Metric) -> Option<Bound> {
+        Some(match metric {
+            Metric::Cosine => Bound::Products(codes::Shape::Cosine),
+            Metric::Ip => Bound::Products(codes::Shape::Ip),
+            Metric::L2 => Bound::Products(codes::Shape::L2),
+            Metric::L1 => Bound::Floors(Floor::L1),
+            Metric::Linf => Bound::Floors(Floor::Linf),
+            Metric::BrayCurtis => Bound::Floors(Floor::BrayCurtis),
+            Metric::Lp(p) => Bound::Floors(Floor::lp(p.get())?),
+            Metric::Canberra | Metric::JensenShannon => return None,
+        })
+    }
+
+    /// The grid its codes are on.
+    pub(super) fn grid(self) -> codes::Grid {
+        match self {
+            Bound::Products(_) => codes::Grid::Fitted,
+            Bound::Floors(_) => codes::Grid::PowersOfTwo,
+        }
+    }
 }
 
 /// A lone search's query codes for either pass, their buffers kept from
@@ -253,17 +277,7 @@ impl Index {
     /// and the process runs the pass.
     fn coded_pass(&self) -> Option<(Bound, codes::Kernel)> {
         let (_, kernel) = (self.codes.as_ref()?, cpu::paths().int8?);
-        let bound = match self.metric {
-            Metric::Cosine => Bound::Products(codes::Shape::Cosine),
-            Metric::Ip => Bound::Products(codes::Shape::Ip),
-            Metric::L2 => Bound::Products(codes::Shape::L2),
-            Metric::L1 => Bound::Floors(Floor::L1),
-            Metric::Linf => Bound::Floors(Floor::Linf),
-            Metric::BrayCurtis => Bound::Floors(Floor::BrayCurtis),
-            Metric::Lp(p) => Bound::Floors(Floor::lp(p.get())?),
-            Metric::Canberra | Metric::JensenShannon => return None,
-        };
-        Some((bound, kernel))
+        Some((Bound::of(self.metric)?, kernel))
     }
 
     /// `search_many_split`, the threads taking `chunk` rows at a time, of
@@ -1860,6 +1874,47 @@ pub(crate) mod tests {
         if cpu::paths().int8.is_some() {
             assert!(Index::new(dims, Metric::Cosine).codes.is_some());
             assert!(Index::new(dims + 1, Metric::Cosine).codes.is_none());
+        }
+    }
+
+    /// The floors' integer sums at 65,536 dimensions with every difference
+    /// at its largest, 254 (codes of 127 against queries clamped to -127):
+    /// `D` and `P` of 254 x 65,536 and lp's sum of 253^8 x 65,536 fit
+    /// their u32 and f32, on every kernel.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_floors_hold_exactly_up_to_the_dimension_limit() {
+        let kernels = int8_kernels("the floors' dimension limit");
+        let dims = codes::DIMS_MAX;
+        // 127 is on its own scale, 1, with codes of 127.
+        let rows: Vec<f32> = [127.0f32, -127.0].iter().flat_map(|&x| vec![x; dims]).collect();
+        let codes = Codes::of(dims, codes::Grid::PowersOfTwo, &rows).expect("codes at the limit");
+        let query = vec![-1e30f32; dims];
+        for &kernel in &kernels {
+            let grids = Grids::of(Floor::BrayCurtis, &codes, &query);
+            assert_eq!(grids.spans_of(kernel, &codes, 0), (254 * dims as u32, 0), "{}", kernel.name());
+            assert_eq!(grids.spans_of(kernel, &codes, 1), (0, 254 * dims as u32), "{}", kernel.name());
+            let grids = Grids::of(Floor::Linf, &codes, &query);
+            assert_eq!(grids.spans_of(kernel, &codes, 0), (254, 0), "{}", kernel.name());
+            let grids = Grids::of(Floor::lp(8.0).unwrap(), &codes, &query);
+            let (sum, exact) = grids.powers_of(kernel, &codes, 0);
+            assert!(sum.is_finite() && (f64::from(sum) - exact).abs() <= exact * grids.sums_slack() - exact);
+        }
+    }
+
+    /// Which lp indexes take the floors' pass: p a multiple of 1/4 from 1
+    /// to 8 (p = 1 on l1's floor); any other p keeps the f32 scan and no
+    /// codes.
+    #[test]
+    fn lp_takes_the_floors_pass_only_where_its_bound_is_proved() {
+        assert_eq!(Floor::lp(1.0), Some(Floor::L1));
+        for p in [1.25f32, 2.0, 2.5, 7.75, 8.0] {
+            assert_eq!(Floor::lp(p), Some(Floor::Lp(p)));
+        }
+        for p in [0.25f32, 0.75, 0.99, 2.7, 8.25, 9.0] {
+            assert_eq!(Floor::lp(p), None, "p = {p}");
+            let index = Index::new(8, Metric::Lp(crate::store::Power::new(f64::from(p)).unwrap()));
+            assert!(index.codes.is_none() && index.coded_pass().is_none(), "p = {p}");
         }
     }
 }
