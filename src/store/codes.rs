@@ -66,6 +66,7 @@
 use super::screen;
 
 pub mod floors;
+pub mod ratios;
 
 /// Indexes of more dimensions keep no codes: a sum of `255 x 127` per
 /// dimension must fit an i32 (see the module doc).
@@ -192,6 +193,9 @@ pub enum Grid {
     /// The least power of two not below `m / 127`, and at least 2^-126 (a
     /// zero vector's too); residual bound: `sum |e_i|`.
     PowersOfTwo,
+    /// Canberra's (`ratios`): a level on a logarithmic scale and a sign bit
+    /// per value, under the least power of two not below `m`.
+    Logarithmic,
 }
 
 /// A vector's code: scale, sum of the codes, residual bound (the codes
@@ -214,6 +218,7 @@ fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, i8)) -> Encoded {
         }
         Grid::Fitted => f32_at_least(f64::from(largest) / 127.0).max(f32::from_bits(1)),
         Grid::PowersOfTwo => power_of_two_at_least(f32_at_least(f64::from(largest) / 127.0)),
+        Grid::Logarithmic => unreachable!("levels are coded by `ratios::encode`"),
     };
     let (mut sum, mut squares, mut magnitudes) = (0, 0.0f64, 0.0f64);
     for (i, &x) in v.iter().enumerate() {
@@ -228,6 +233,7 @@ fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, i8)) -> Encoded {
     let residual = match grid {
         Grid::Fitted => squares.sqrt(),
         Grid::PowersOfTwo => magnitudes,
+        Grid::Logarithmic => unreachable!("levels are coded by `ratios::encode`"),
     };
     Encoded { scale, sum, residual: f32_at_least(residual * (1.0 + 2f64.powi(-30))) }
 }
@@ -284,13 +290,15 @@ pub struct Codes {
     dims: usize,
     /// Bytes from one row's codes to the next: `dims` on the fitted grid;
     /// on powers of two, whole 32-byte blocks, padded with code 0, which
-    /// every query code also has there.
+    /// every query code also has there; on the logarithmic grid as many
+    /// levels (padded with level 0), then a sign bit for each.
     stride: usize,
     bytes: Vec<u8>,
     scales: Vec<f32>,
     residuals: Vec<f32>,
-    /// Powers of two only: how many rows have each exponent field
-    /// (`exponent_of`), so that a search codes its query only for those.
+    /// Powers of two and logarithmic only: how many rows have each exponent
+    /// field (`exponent_of`), so that a search codes its query only for
+    /// those.
     exponents: Vec<u32>,
 }
 
@@ -301,6 +309,7 @@ impl Codes {
         let (stride, exponents) = match grid {
             Grid::Fitted => (dims, Vec::new()),
             Grid::PowersOfTwo => (dims.next_multiple_of(BLOCK), vec![0; 256]),
+            Grid::Logarithmic => (dims.next_multiple_of(BLOCK) / 8 * 9, vec![0; 256]),
         };
         (dims <= DIMS_MAX).then(|| Codes {
             grid,
@@ -344,7 +353,17 @@ impl Codes {
         self.stride
     }
 
-    /// How many rows have each exponent field (powers of two only).
+    /// Bytes of levels in a row's codes on the logarithmic grid, before its
+    /// sign bits; on the other grids, the stride.
+    pub fn width(&self) -> usize {
+        match self.grid {
+            Grid::Logarithmic => self.stride / 9 * 8,
+            _ => self.stride,
+        }
+    }
+
+    /// How many rows have each exponent field (powers of two and
+    /// logarithmic only).
     pub fn exponents(&self) -> &[u32] {
         &self.exponents
     }
@@ -375,9 +394,14 @@ impl Codes {
     /// Replaces row `row`'s code.
     pub fn set(&mut self, row: usize, v: &[f32]) {
         let (dims, stride) = (self.dims, self.stride);
+        let width = self.width();
         let out = &mut self.bytes[row * stride..(row + 1) * stride];
-        out[dims..].fill(stored(0));
-        let encoded = encode(v, self.grid, |i, code| out[i] = stored(code));
+        let encoded = if self.grid == Grid::Logarithmic {
+            Encoded { scale: ratios::encode(v, width, out), sum: 0, residual: 0.0 }
+        } else {
+            out[dims..].fill(stored(0));
+            encode(v, self.grid, |i, code| out[i] = stored(code))
+        };
         self.count(row, false);
         self.scales[row] = encoded.scale;
         self.residuals[row] = encoded.residual;
@@ -387,7 +411,7 @@ impl Codes {
     /// Counts row `row`'s exponent in (or out of) `exponents`.
     fn count(&mut self, row: usize, add: bool) {
         let scale = self.scales[row];
-        if let (Grid::PowersOfTwo, true) = (self.grid, scale > 0.0) {
+        if self.grid != Grid::Fitted && scale > 0.0 {
             let count = &mut self.exponents[exponent_of(scale)];
             *count = if add { *count + 1 } else { *count - 1 };
         }

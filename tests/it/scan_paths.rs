@@ -51,7 +51,16 @@ fn hard_rows(rng: &mut Rng, dims: usize, count: usize) -> Vec<Vec<f32>> {
 fn load(server: &Server, seed: u64) -> Vec<(String, Metric, Model)> {
     let mut client = server.connect();
     let mut loaded = Vec::new();
-    for metric in [Metric::Cosine, Metric::Ip, Metric::L2, Metric::L1, Metric::Linf, Metric::Bc, Metric::Lp(2.5)] {
+    for metric in [
+        Metric::Cosine,
+        Metric::Ip,
+        Metric::L2,
+        Metric::L1,
+        Metric::Linf,
+        Metric::Bc,
+        Metric::Lp(2.5),
+        Metric::Canberra,
+    ] {
         for (dims, count) in [(5, 300), (64, 500), (768, 600)] {
             let index = format!("{}-{dims}", metric.label());
             metric.create(server, &index, dims);

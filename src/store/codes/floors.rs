@@ -10,6 +10,8 @@
 //! are powers of two (`Grid::PowersOfTwo`): one code of the query per scale
 //! then serves every row of that scale, and the distance between two codes
 //! is a sum of integers, which `vpsadbw` adds up 64 bytes at a time.
+//! Canberra's pass goes through `Grids` too, on the logarithmic codes and
+//! with the bound of `ratios`.
 //!
 //! # The codes
 //! A row `x` of `n` values with largest magnitude `m` has scale `a = 2^k`,
@@ -69,7 +71,7 @@
 //! distances about `40 n a` spread over a few percent: only rows near the
 //! k-th nearest are scored twice.
 
-use super::{exponent_of, stored, Codes, Grid, Kernel, BLOCK};
+use super::{exponent_of, ratios, stored, Codes, Grid, Kernel, BLOCK};
 
 /// The distances this pass bounds.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -79,6 +81,8 @@ pub enum Floor {
     BrayCurtis,
     /// lp with this `p` (`Floor::lp`).
     Lp(f32),
+    /// Canberra, on its logarithmic codes (`ratios`).
+    Canberra,
 }
 
 impl Floor {
@@ -125,10 +129,13 @@ pub struct Grids {
     sides: Vec<(f64, f64, f64)>,
     /// `g` of the kernels' sums.
     relative: f64,
-    /// lp: `p`'s whole part, its quarters beyond, and `L`.
+    /// lp: `p`'s whole part, its quarters beyond, and `L`; Canberra: its
+    /// kernel's least distance as a factor of the exact one, and the
+    /// subnormals' loss (`ratios`).
     whole: u32,
     quarters: u32,
     factor: f64,
+    absolute: f64,
 }
 
 impl Default for Grids {
@@ -143,6 +150,7 @@ impl Default for Grids {
             whole: 0,
             quarters: 0,
             factor: 0.0,
+            absolute: 0.0,
         }
     }
 }
@@ -156,9 +164,11 @@ impl Grids {
     }
 
     /// Makes these `query`'s codes for every scale of `codes`' rows (on
-    /// powers of two), for `floor`, in the buffers they have.
+    /// powers of two, or logarithmic for Canberra), for `floor`, in the
+    /// buffers they have.
     pub fn encode(&mut self, floor: Floor, codes: &Codes, query: &[f32]) {
-        assert!(codes.grid() == Grid::PowersOfTwo && query.len() == codes.dims());
+        let grid = if floor == Floor::Canberra { Grid::Logarithmic } else { Grid::PowersOfTwo };
+        assert!(codes.grid() == grid && query.len() == codes.dims());
         let stride = codes.stride();
         let width = if floor == Floor::BrayCurtis { 2 * stride } else { stride };
         self.floor = floor;
@@ -171,6 +181,12 @@ impl Grids {
             self.slots[exponent] = slot as u16;
             let scale = f64::from(f32::from_bits((exponent as u32) << 23));
             let start = self.bytes.len();
+            if floor == Floor::Canberra {
+                self.bytes.resize(start + width, 0);
+                ratios::encode_on(query, scale, codes.width(), &mut self.bytes[start..]);
+                self.sides.push((scale, 0.0, 0.0));
+                continue;
+            }
             self.bytes.resize(start + width, stored(0));
             let (mut near, mut far, mut all) = (0.0f64, 0.0f64, 0.0f64);
             for (i, &q) in query.iter().enumerate() {
@@ -194,6 +210,10 @@ impl Grids {
         }
         let m = (query.len() / 4 + 64) as f64 * 2f64.powi(-24);
         self.relative = m / (1.0 - m);
+        if floor == Floor::Canberra {
+            self.factor = (1.0 - 3.0 * 2f64.powi(-24)) * (1.0 - self.relative) * (1.0 - SURPLUS);
+            self.absolute = query.len() as f64 * 2f64.powi(-149);
+        }
         if let Floor::Lp(p) = floor {
             let quarters = (p * 4.0) as u32;
             (self.whole, self.quarters) = (quarters / 4, quarters % 4);
@@ -211,6 +231,11 @@ impl Grids {
         let slots = rows.map(|row| self.slot_of(codes, row));
         if let Floor::Lp(p) = self.floor {
             return self.rules_out_lp(f64::from(p), kernel, codes, (rows, slots), threshold);
+        }
+        if self.floor == Floor::Canberra {
+            let sums = self.ratio_sums(kernel, codes, rows, slots);
+            return (0..R)
+                .fold(0, |ruled, r| ruled | u32::from(self.canberra_floor(sums[r]) > f64::from(threshold)) << r);
         }
         let (spans, plus) = self.spans(kernel, codes, rows, slots);
         let mut ruled = 0;
@@ -248,6 +273,14 @@ impl Grids {
             ruled |= u32::from(sum > target.1) << r;
         }
         ruled
+    }
+
+    /// The least Canberra distance the kernel can find for a row whose
+    /// codes give `sums` (`ratios`).
+    #[inline(always)]
+    fn canberra_floor(&self, (bases, slopes): (u64, i64)) -> f64 {
+        let bound = bases as f64 / ratios::BASE_UNIT + slopes as f64 / ratios::SLOPE_UNIT;
+        bound * self.factor - self.absolute
     }
 
     /// The most the first pass's lp sum exceeds the exact one by, as a
@@ -289,6 +322,37 @@ impl Grids {
         powers!(1 2 3 4 5 6 7 8)
     }
 
+    /// Canberra's sums of bases and slopes (`ratios`) of `rows` against the
+    /// query's codes in `slots`.
+    #[inline(always)]
+    fn ratio_sums<const R: usize>(
+        &self,
+        kernel: Kernel,
+        codes: &Codes,
+        rows: [usize; R],
+        slots: [usize; R],
+    ) -> [(u64, i64); R] {
+        let (bytes, stride, width) = (codes.bytes(), self.stride, codes.width());
+        let starts = rows.map(|row| row * stride);
+        assert!(starts.iter().all(|&start| start + stride <= bytes.len()));
+        assert!(width.is_multiple_of(BLOCK) && stride == width + width / 8);
+        let queries = slots.map(|slot| self.query_at(slot));
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `spans`; each query holds `stride` bytes (sliced).
+        unsafe {
+            let table = &*ratios::TABLE;
+            match kernel {
+                Kernel::Vnni512 => ratios::x86::sums_avx512::<R>(table, bytes, starts, queries, width),
+                _ => ratios::x86::sums_avx2::<R>(table, bytes, starts, queries, (0, width), width),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (kernel, bytes, starts, queries, width);
+            unreachable!("no kernel is available off x86-64")
+        }
+    }
+
     /// `spans` of `rows` against the query's codes in `slots`.
     #[inline(always)]
     fn spans<const R: usize>(
@@ -307,6 +371,7 @@ impl Grids {
             Floor::Linf => spans(kernel, LINF, bytes, starts, queries, stride),
             Floor::BrayCurtis => spans(kernel, BRAY_CURTIS, bytes, starts, queries, stride),
             Floor::Lp(_) => unreachable!("lp's pass sums powers (`powers`)"),
+            Floor::Canberra => unreachable!("Canberra's pass sums bounds (`ratio_sums`)"),
         }
     }
 
@@ -327,6 +392,7 @@ impl Grids {
                 apart / sums * (1.0 - self.relative) / (1.0 + self.relative) * (1.0 - 2f64.powi(-23))
             }
             Floor::Lp(_) => unreachable!("lp's floor is `rules_out_lp`"),
+            Floor::Canberra => unreachable!("Canberra's floor is `canberra_floor`"),
         }
     }
 }
@@ -337,6 +403,17 @@ impl Grids {
     pub fn code_for(&self, codes: &Codes, row: usize) -> Vec<i8> {
         let query = self.query_at(self.slot_of(codes, row));
         query[..codes.dims()].iter().map(|&b| (b ^ 0x80) as i8).collect()
+    }
+
+    /// Canberra's sums of row `row` with `kernel`, as the kernel finds them
+    /// and as the scalar reference does; and the least distance the bound
+    /// allows from them.
+    pub fn ratio_sums_of(&self, kernel: Kernel, codes: &Codes, row: usize) -> ((u64, i64), (u64, i64), f64) {
+        let slot = self.slot_of(codes, row);
+        let [sums] = self.ratio_sums(kernel, codes, [row], [slot]);
+        let stride = codes.stride();
+        let want = ratios::sums_scalar(self.query_at(slot), &codes.bytes()[row * stride..], codes.width());
+        (sums, want, self.canberra_floor(sums))
     }
 
     /// `spans` of row `row` with `kernel`.

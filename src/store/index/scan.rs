@@ -148,7 +148,8 @@ impl Bound {
             Metric::Linf => Bound::Floors(Floor::Linf),
             Metric::BrayCurtis => Bound::Floors(Floor::BrayCurtis),
             Metric::Lp(p) => Bound::Floors(Floor::lp(p.get())?),
-            Metric::Canberra | Metric::JensenShannon => return None,
+            Metric::Canberra => Bound::Floors(Floor::Canberra),
+            Metric::JensenShannon => return None,
         })
     }
 
@@ -156,6 +157,7 @@ impl Bound {
     pub(super) fn grid(self) -> codes::Grid {
         match self {
             Bound::Products(_) => codes::Grid::Fitted,
+            Bound::Floors(Floor::Canberra) => codes::Grid::Logarithmic,
             Bound::Floors(_) => codes::Grid::PowersOfTwo,
         }
     }
@@ -1633,6 +1635,7 @@ pub(crate) mod tests {
             lp(1.5),
             lp(2.5),
             lp(3.0),
+            Metric::Canberra,
         ];
         for metric in metrics {
             for dims in [1, 3, 17, 64, 100, 768] {
@@ -1719,8 +1722,12 @@ pub(crate) mod tests {
     #[test]
     fn the_floors_never_rule_out_a_row_at_its_own_distance() {
         let kernels = int8_kernels("the floors' bound");
-        let mut floors =
-            vec![(Metric::L1, Floor::L1), (Metric::Linf, Floor::Linf), (Metric::BrayCurtis, Floor::BrayCurtis)];
+        let mut floors = vec![
+            (Metric::L1, Floor::L1),
+            (Metric::Linf, Floor::Linf),
+            (Metric::BrayCurtis, Floor::BrayCurtis),
+            (Metric::Canberra, Floor::Canberra),
+        ];
         for p in [1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 7.75, 8.0] {
             floors.push((Metric::Lp(crate::store::Power::new(p).unwrap()), Floor::lp(p as f32).unwrap()));
         }
@@ -1753,8 +1760,14 @@ pub(crate) mod tests {
                                     assert!(sum <= exact * slack && sum >= exact / slack, "{what}: {sum} for {exact}");
                                     (0, 0)
                                 }
+                                Floor::Canberra => {
+                                    let (sums, want, nearest) = grids.ratio_sums_of(kernel, codes, row);
+                                    assert_eq!(sums, want, "{what}");
+                                    assert!(nearest <= f64::from(exact), "{what}: {nearest} above {exact}");
+                                    (0, 0)
+                                }
                             };
-                            if !matches!(floor, Floor::Lp(_)) {
+                            if !matches!(floor, Floor::Lp(_) | Floor::Canberra) {
                                 assert_eq!(grids.spans_of(kernel, codes, row), want, "{what}");
                             }
                             let ruled = grids.rules_out(kernel, codes, [row], exact);
@@ -1773,10 +1786,17 @@ pub(crate) mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_floors_follow_upserts_and_deletes() {
+        for metric in [Metric::L1, Metric::Canberra] {
+            floors_follow_upserts_and_deletes(metric);
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn floors_follow_upserts_and_deletes(metric: Metric) {
         let (dims, magnitudes) = (40, [1e-30f32, 1e-3, 1.0, 7.0, 3e16]);
         let rows = random_vectors(11, dims, 300);
         let scaled = |n: usize, v: &[f32]| -> Vec<f32> { v.iter().map(|x| x * magnitudes[n % 5]).collect() };
-        let mut index = Index::new(dims, Metric::L1);
+        let mut index = Index::new(dims, metric);
         if index.codes.is_none() {
             return crate::testing::skip("the floors' codes", "this CPU has no int8 kernel");
         }
@@ -1800,7 +1820,7 @@ pub(crate) mod tests {
             let (mut got, mut want) = (TopK::new(), TopK::new());
             index.search(&query, 10, &mut got);
             index.search_f32(&query, 10, &mut want);
-            assert_eq!(got.sorted(), want.sorted(), "query {q}");
+            assert_eq!(got.sorted(), want.sorted(), "{metric:?}, query {q}");
         }
     }
 
@@ -1899,6 +1919,18 @@ pub(crate) mod tests {
             let grids = Grids::of(Floor::lp(8.0).unwrap(), &codes, &query);
             let (sum, exact) = grids.powers_of(kernel, &codes, 0);
             assert!(sum.is_finite() && (f64::from(sum) - exact).abs() <= exact * grids.sums_slack() - exact);
+        }
+        // Canberra: every sign apart (n = 255), or every level 255 from
+        // level 0 (n = 254), sums each table entry at its largest.
+        let codes = Codes::of(dims, codes::Grid::Logarithmic, &vec![1.0f32; dims]).expect("codes at the limit");
+        for query in [vec![-1.0f32; dims], vec![1e-30; dims]] {
+            let grids = Grids::of(Floor::Canberra, &codes, &query);
+            for &kernel in &kernels {
+                let (sums, want, nearest) = grids.ratio_sums_of(kernel, &codes, 0);
+                let what = format!("{}, {}: {nearest}", kernel.name(), query[0]);
+                assert_eq!(sums, want, "{what}");
+                assert!(nearest <= dims as f64 && nearest > 0.98 * dims as f64, "{what}");
+            }
         }
     }
 
