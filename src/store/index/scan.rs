@@ -28,6 +28,10 @@ const PREFETCH_TILES: usize = 4;
 /// How far ahead of the rows being decided the int8 pass asks for codes.
 const CODES_PREFETCH_ROWS: usize = 16;
 
+/// Pairs a first pass could not rule out wait this many more such pairs
+/// before they are scored (`Later`).
+const RESCORE_LAG: usize = 8;
+
 /// Rows a thread of a split scan takes at a time, in floats: 4 MiB, a few
 /// hundred microseconds of scanning for one query, so that the threads
 /// meet the chunk counter a few dozen times per scan of a large index.
@@ -128,6 +132,40 @@ enum CodedQueries<'a> {
     Products { codes: &'a [QueryCode], bounds: &'a [codes::Bounds] },
     /// l1, linf, Bray-Curtis, lp (`codes::floors`): each query's codes.
     Floors(&'a [Grids]),
+}
+
+/// Pairs (query, row) a first pass could not rule out, waiting to be
+/// scored exactly: each row's f32 values are asked for when it is queued,
+/// and scored only `RESCORE_LAG` such pairs later, so that they arrive
+/// while the pass goes on instead of stalling the scoring. The answer is
+/// the same in any order (`TopK` breaks ties by id); a threshold tightened
+/// a few pairs later only scores a few more.
+#[derive(Default)]
+struct Later {
+    pairs: [(usize, usize); RESCORE_LAG],
+    /// Pairs queued in all; the next goes to `pairs[queued % RESCORE_LAG]`.
+    queued: usize,
+    /// Pairs scored or to be, for `FirstPass`.
+    rescored: u64,
+}
+
+impl Later {
+    /// Queues `pair`; returns the pair queued `RESCORE_LAG` pairs before
+    /// it, if any, to be scored now.
+    #[inline(always)]
+    fn queue(&mut self, pair: (usize, usize)) -> Option<(usize, usize)> {
+        let slot = &mut self.pairs[self.queued % RESCORE_LAG];
+        let oldest = (self.queued >= RESCORE_LAG).then_some(*slot);
+        *slot = pair;
+        self.queued += 1;
+        oldest
+    }
+
+    /// The pairs still queued.
+    fn drain(&mut self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let waiting = self.queued.min(RESCORE_LAG);
+        (self.queued - waiting..self.queued).map(|n| self.pairs[n % RESCORE_LAG])
+    }
 }
 
 /// Which int8 first pass an index's searches take.
@@ -641,7 +679,7 @@ impl Index {
         tops: &mut [TopK],
     ) -> FirstPass {
         let codes = self.codes.as_ref().expect("a coded scan is of an index with codes");
-        let mut rescored = 0;
+        let mut later = Later::default();
         let mut row = rows.start;
         while row + codes::ROWS <= rows.end {
             let ahead: [usize; codes::ROWS] = std::array::from_fn(|r| row + CODES_PREFETCH_ROWS + r);
@@ -651,14 +689,17 @@ impl Index {
                 coded,
                 (codes, std::array::from_fn(|r| row + r), &ahead),
                 tops,
-                &mut rescored,
+                &mut later,
             );
             row += codes::ROWS;
         }
         for row in row..rows.end {
-            self.coded_rows(queries, scales, coded, (codes, [row], &[]), tops, &mut rescored);
+            self.coded_rows(queries, scales, coded, (codes, [row], &[]), tops, &mut later);
         }
-        FirstPass { rows: (rows.len() * queries.len()) as u64, rescored }
+        FirstPass {
+            rows: (rows.len() * queries.len()) as u64,
+            rescored: self.rescore_all((queries, scales), tops, later),
+        }
     }
 
     /// `scan_coded` of the rows of `mask` within `rows`, taken `ROWS` at a
@@ -679,7 +720,7 @@ impl Index {
         let mut matching = mask.iter();
         matching.advance_to(rows.start as u32);
         let mut matching = matching.map(|row| row as usize).take_while(|&row| row < rows.end);
-        let (mut block, mut passed, mut rescored) = ([0usize; BLOCK], 0, 0);
+        let (mut block, mut passed, mut later) = ([0usize; BLOCK], 0, Later::default());
         loop {
             let taken = block.iter_mut().zip(&mut matching).map(|(slot, row)| *slot = row).count();
             let block = &block[..taken];
@@ -695,25 +736,25 @@ impl Index {
                     coded,
                     (codes, std::array::from_fn(|r| block[at + r]), &ahead[..ahead.len().min(codes::ROWS)]),
                     tops,
-                    &mut rescored,
+                    &mut later,
                 );
                 at += codes::ROWS;
             }
             for &row in &block[at..] {
-                self.coded_rows(queries, scales, coded, (codes, [row], &[]), tops, &mut rescored);
+                self.coded_rows(queries, scales, coded, (codes, [row], &[]), tops, &mut later);
             }
             passed += block.len();
             if block.len() < BLOCK {
                 break;
             }
         }
-        FirstPass { rows: (passed * queries.len()) as u64, rescored }
+        FirstPass { rows: (passed * queries.len()) as u64, rescored: self.rescore_all((queries, scales), tops, later) }
     }
 
     /// The int8 pass of `rows` (of `codes`) for every query: their integer
     /// products, a tile of queries at a time (`Kernel::query_tile`), their
     /// bounds against each query's farthest kept, and the pairs those cannot
-    /// rule out scored exactly (counted in `rescored`). The codes of the rows
+    /// rule out scored exactly (`later`). The codes of the rows
     /// `ahead` are asked for meanwhile, one row per tile of queries (all at
     /// once stalls on the lines in flight) and the rest after the last.
     #[inline(always)]
@@ -724,7 +765,7 @@ impl Index {
         coded: &Coded,
         (codes, rows, ahead): (&Codes, [usize; R], &[usize]),
         tops: &mut [TopK],
-        rescored: &mut u64,
+        later: &mut Later,
     ) {
         let (query_codes, tile_bounds) = match coded.queries {
             CodedQueries::Products { codes, bounds } => (codes, bounds),
@@ -734,10 +775,10 @@ impl Index {
                 for &row in ahead {
                     codes.prefetch(row, 1);
                 }
-                for (q, (grids, top)) in grids.iter().zip(tops).enumerate() {
-                    let threshold = top.threshold().unwrap_or(f32::INFINITY);
+                for (q, grids) in grids.iter().enumerate() {
+                    let threshold = tops[q].threshold().unwrap_or(f32::INFINITY);
                     let ruled = grids.rules_out(coded.kernel, codes, rows, threshold);
-                    *rescored += self.rescore((queries, scales, q), rows, ruled, top);
+                    self.rescore_later((queries, scales, q), rows, ruled, tops, later);
                 }
                 return;
             }
@@ -755,71 +796,97 @@ impl Index {
             for &row in ahead {
                 codes.prefetch(row, 1);
             }
-            *rescored += self.coded_tile::<1, R>((queries, scales, query_codes, 0), (coded.kernel, bounds), rows, tops);
+            let [ruled] = self.coded_tile::<1, R>(query_codes, (coded.kernel, bounds), rows, tops);
+            self.rescore_later((queries, scales, 0), rows.1, ruled, tops, later);
             return;
         }
         let tile = coded.kernel.query_tile();
         let mut asked = 0;
-        for (at, (tops, bounds)) in tops.chunks_mut(tile).zip(tile_bounds).enumerate() {
+        for (at, bounds) in tile_bounds.iter().enumerate() {
             if let Some(&row) = ahead.get(at) {
                 codes.prefetch(row, 1);
                 asked += 1;
             }
-            let tile = (queries, scales, query_codes, at * tile);
+            let first = at * tile;
+            let (codes_of, tops_of) = (&query_codes[first..], &tops[first..tops.len().min(first + tile)]);
             let kernel = (coded.kernel, bounds);
-            *rescored += match tops.len() {
-                4 => self.coded_tile::<4, R>(tile, kernel, rows, tops),
-                3 => self.coded_tile::<3, R>(tile, kernel, rows, tops),
-                2 => self.coded_tile::<2, R>(tile, kernel, rows, tops),
-                _ => self.coded_tile::<1, R>(tile, kernel, rows, tops),
-            };
+            let mut ruled = [0u32; codes::QUERIES_MAX];
+            match tops_of.len() {
+                4 => ruled[..4].copy_from_slice(&self.coded_tile::<4, R>(codes_of, kernel, rows, tops_of)),
+                3 => ruled[..3].copy_from_slice(&self.coded_tile::<3, R>(codes_of, kernel, rows, tops_of)),
+                2 => ruled[..2].copy_from_slice(&self.coded_tile::<2, R>(codes_of, kernel, rows, tops_of)),
+                _ => ruled[..1].copy_from_slice(&self.coded_tile::<1, R>(codes_of, kernel, rows, tops_of)),
+            }
+            for (q, &ruled) in (first..).zip(&ruled[..tops_of.len()]) {
+                self.rescore_later((queries, scales, q), rows.1, ruled, tops, later);
+            }
         }
         for &row in ahead.get(asked..).unwrap_or_default() {
             codes.prefetch(row, 1);
         }
     }
 
-    /// `coded_rows` for the `Q` queries from `first` (of `codes`), whose
-    /// `tops` these are, with the `kernel` and their `bounds`. Returns how
-    /// many pairs it scored exactly.
+    /// `coded_rows` for the `Q` queries whose codes start `query_codes`
+    /// and whose `tops` these are, with the `kernel` and their `bounds`:
+    /// for each query, which of `rows` it rules out (bit `r` for `rows[r]`).
     #[inline(always)]
-    #[allow(clippy::type_complexity)]
     fn coded_tile<const Q: usize, const R: usize>(
         &self,
-        (queries, scales, query_codes, first): (&[&[f32]], &[f32], &[QueryCode], usize),
+        query_codes: &[QueryCode],
         (kernel, bounds): (codes::Kernel, &codes::Bounds),
         (codes, rows, norms, row_scales): (&Codes, [usize; R], [f32; R], [f32; R]),
-        tops: &mut [TopK],
-    ) -> u64 {
-        let tile: [&QueryCode; Q] = std::array::from_fn(|q| &query_codes[first + q]);
+        tops: &[TopK],
+    ) -> [u32; Q] {
+        let tile: [&QueryCode; Q] = std::array::from_fn(|q| &query_codes[q]);
         let dots = kernel.dots_tile(tile, codes, rows);
         // A query that keeps nothing yet rules nothing out.
         let thresholds: [f32; Q] = std::array::from_fn(|q| tops[q].threshold().unwrap_or(f32::INFINITY));
-        let ruled = bounds.rules_out(codes, rows, dots, (norms, row_scales), thresholds);
-        let tiles = ruled.into_iter().zip(tops).enumerate();
-        tiles.map(|(at, (ruled, top))| self.rescore((queries, scales, first + at), rows, ruled, top)).sum()
+        bounds.rules_out(codes, rows, dots, (norms, row_scales), thresholds)
     }
 
-    /// Scores query `q` exactly against each of `rows` a first pass could
-    /// not rule out (bit `r` of `ruled` clear), offering them to its `top`.
-    /// Returns how many it scored.
+    /// Queues query `q` with each of `rows` a first pass could not rule out
+    /// (bit `r` of `ruled` clear) to be scored exactly (`Later`), scoring
+    /// the pairs queued longest ago to make room.
     #[inline(always)]
-    fn rescore<const R: usize>(
+    fn rescore_later<const R: usize>(
         &self,
         (queries, scales, q): (&[&[f32]], &[f32], usize),
         rows: [usize; R],
         ruled: u32,
-        top: &mut TopK,
-    ) -> u64 {
+        tops: &mut [TopK],
+        later: &mut Later,
+    ) {
         let mut left = !ruled & ((1 << R) - 1);
-        let rescored = u64::from(left.count_ones());
+        later.rescored += u64::from(left.count_ones());
         while left != 0 {
             let row = rows[left.trailing_zeros() as usize];
             left &= left - 1;
-            let top = std::slice::from_mut(&mut *top);
-            self.scan_tile::<1, 1>(&queries[q..=q], &scales[q..=q], row..row + 1, top, &[]);
+            for line in self.vectors[row * self.dims..(row + 1) * self.dims].iter().step_by(kernels::LINE_FLOATS) {
+                #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+                safe_arch::prefetch_t0(line);
+                #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+                let _ = line;
+            }
+            if let Some((q, row)) = later.queue((q, row)) {
+                self.rescore((queries, scales), (q, row), tops);
+            }
         }
-        rescored
+    }
+
+    /// Scores every pair still queued in `later`; returns how many pairs it
+    /// queued in all.
+    fn rescore_all(&self, queries: (&[&[f32]], &[f32]), tops: &mut [TopK], mut later: Later) -> u64 {
+        for pair in later.drain() {
+            self.rescore(queries, pair, tops);
+        }
+        later.rescored
+    }
+
+    /// Scores query `q` exactly against row `row`, offering it to its top.
+    #[inline(always)]
+    fn rescore(&self, (queries, scales): (&[&[f32]], &[f32]), (q, row): (usize, usize), tops: &mut [TopK]) {
+        let top = std::slice::from_mut(&mut tops[q]);
+        self.scan_tile::<1, 1>(&queries[q..=q], &scales[q..=q], row..row + 1, top, &[]);
     }
 
     /// The rows of the tile `PREFETCH_TILES` ahead of the one of `tile_rows`
