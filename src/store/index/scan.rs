@@ -4,7 +4,7 @@
 //! scratch tops); callers say what to search and get the nearest rows.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use roaring::RoaringBitmap;
 
@@ -119,10 +119,58 @@ type CodedScan<'a, 'b> =
     (&'a [&'a [f32]], &'a [f32], &'a Coded<'a>, Option<&'a RoaringBitmap>, Range<usize>, &'b mut [TopK]);
 
 /// The int8 first pass of a search or a batch: the kernel its codes are
-/// read with, and the queries' side.
+/// read with, the queries' side, and each query's farthest kept as the
+/// threads of a split scan share it.
 struct Coded<'a> {
     kernel: codes::Kernel,
     queries: CodedQueries<'a>,
+    farthest: &'a [AtomicU32],
+}
+
+impl Coded<'_> {
+    /// The distance query `q`'s rows must beat to enter: the farthest its
+    /// `top` keeps, or any other thread's top for it, whichever is nearer
+    /// (infinite while none keeps k). A row farther than another thread's
+    /// farthest is farther than k rows that thread keeps, so it is not
+    /// among the k nearest either.
+    #[inline(always)]
+    fn threshold(&self, q: usize, top: &TopK) -> f32 {
+        let shared = distance_of_key(self.farthest[q].load(Ordering::Relaxed));
+        top.threshold().map_or(shared, |own| own.min(shared))
+    }
+
+    /// Shares `top`'s farthest kept for query `q`, if nearer than the one
+    /// shared (the line is written only then).
+    #[inline(always)]
+    fn share(&self, q: usize, top: &TopK) {
+        if let Some(own) = top.threshold() {
+            let key = key_of_distance(own);
+            if key < self.farthest[q].load(Ordering::Relaxed) {
+                self.farthest[q].fetch_min(key, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Farthest distances shared by the threads of a split scan, one per
+/// query, none kept yet.
+fn farthest_for(queries: usize) -> Vec<AtomicU32> {
+    (0..queries).map(|_| AtomicU32::new(key_of_distance(f32::INFINITY))).collect()
+}
+
+/// A distance (not NaN) as a u32 in the same order.
+fn key_of_distance(distance: f32) -> u32 {
+    let bits = distance.to_bits();
+    if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 1 << 31
+    }
+}
+
+/// The distance `key_of_distance` gave `key` for.
+fn distance_of_key(key: u32) -> f32 {
+    f32::from_bits(if key >> 31 == 1 { key & !(1 << 31) } else { !key })
 }
 
 /// The queries' side of an int8 first pass.
@@ -346,6 +394,8 @@ impl Index {
         let (one, many): ([f32; 1], Vec<f32>);
         let (one_bound, many_bounds, many_codes): ([codes::Bounds; 1], Vec<codes::Bounds>, Vec<QueryCode>);
         let many_grids: Vec<Grids>;
+        // Lone: on the stack, so that a lone search allocates nothing.
+        let (farthest_one, farthest_many): ([AtomicU32; 1], Vec<AtomicU32>);
         let (mut coded, mut screen) = (None, None);
         let pass = self.coded_pass();
         let scales: &[f32] = if let [query] = queries {
@@ -354,18 +404,21 @@ impl Index {
             let squared = std::cell::OnceCell::new();
             let squared_norm = || *squared.get_or_init(|| kernels::squared_norm(query));
             one = [self.query_scale(squared_norm)];
+            farthest_one = [AtomicU32::new(key_of_distance(f32::INFINITY))];
+            let farthest = &farthest_one;
             match pass {
                 Some((Bound::Products(shape), kernel)) => {
                     let code = &mut code.products;
                     code.encode(query);
                     one_bound = [codes::Bounds::new(shape, std::slice::from_ref(code), &[squared_norm()], &one)];
                     let queries = CodedQueries::Products { codes: std::slice::from_ref(code), bounds: &one_bound };
-                    coded = Some(Coded { kernel, queries });
+                    coded = Some(Coded { kernel, queries, farthest });
                 }
                 Some((Bound::Floors(floor), kernel)) => {
                     let codes = self.codes.as_ref().expect("a coded pass has codes");
                     code.floors.encode(floor, codes, query);
-                    coded = Some(Coded { kernel, queries: CodedQueries::Floors(std::slice::from_ref(&code.floors)) });
+                    let queries = CodedQueries::Floors(std::slice::from_ref(&code.floors));
+                    coded = Some(Coded { kernel, queries, farthest });
                 }
                 None => {}
             }
@@ -373,6 +426,8 @@ impl Index {
         } else {
             let squared_norms: Vec<f64> = queries.iter().map(|query| kernels::squared_norm(query)).collect();
             many = squared_norms.iter().map(|&squared| self.query_scale(|| squared)).collect();
+            farthest_many = farthest_for(queries.len());
+            let farthest = &farthest_many;
             let screen_min = match pass {
                 Some(_) if self.dims < SCREEN_OVER_CODES_DIMS_MAX => SCREEN_OVER_CODES_QUERIES_MIN,
                 Some(_) => usize::MAX,
@@ -389,12 +444,13 @@ impl Index {
                     coded = Some(Coded {
                         kernel,
                         queries: CodedQueries::Products { codes: &many_codes, bounds: &many_bounds },
+                        farthest,
                     });
                 }
                 (None, Some((Bound::Floors(floor), kernel))) => {
                     let codes = self.codes.as_ref().expect("a coded pass has codes");
                     many_grids = queries.iter().map(|query| Grids::of(floor, codes, query)).collect();
-                    coded = Some(Coded { kernel, queries: CodedQueries::Floors(&many_grids) });
+                    coded = Some(Coded { kernel, queries: CodedQueries::Floors(&many_grids), farthest });
                 }
                 _ => {}
             }
@@ -698,7 +754,7 @@ impl Index {
         }
         FirstPass {
             rows: (rows.len() * queries.len()) as u64,
-            rescored: self.rescore_all((queries, scales), tops, later),
+            rescored: self.rescore_all((queries, scales), tops, coded, later),
         }
     }
 
@@ -748,7 +804,10 @@ impl Index {
                 break;
             }
         }
-        FirstPass { rows: (passed * queries.len()) as u64, rescored: self.rescore_all((queries, scales), tops, later) }
+        FirstPass {
+            rows: (passed * queries.len()) as u64,
+            rescored: self.rescore_all((queries, scales), tops, coded, later),
+        }
     }
 
     /// The int8 pass of `rows` (of `codes`) for every query: their integer
@@ -776,9 +835,8 @@ impl Index {
                     codes.prefetch(row, 1);
                 }
                 for (q, grids) in grids.iter().enumerate() {
-                    let threshold = tops[q].threshold().unwrap_or(f32::INFINITY);
-                    let ruled = grids.rules_out(coded.kernel, codes, rows, threshold);
-                    self.rescore_later((queries, scales, q), rows, ruled, tops, later);
+                    let ruled = grids.rules_out(coded.kernel, codes, rows, coded.threshold(q, &tops[q]));
+                    self.rescore_later((queries, scales, q), rows, ruled, (tops, coded), later);
                 }
                 return;
             }
@@ -796,8 +854,9 @@ impl Index {
             for &row in ahead {
                 codes.prefetch(row, 1);
             }
-            let [ruled] = self.coded_tile::<1, R>(query_codes, (coded.kernel, bounds), rows, tops);
-            self.rescore_later((queries, scales, 0), rows.1, ruled, tops, later);
+            let thresholds = [coded.threshold(0, &tops[0])];
+            let [ruled] = self.coded_tile::<1, R>(query_codes, (coded.kernel, bounds), rows, thresholds);
+            self.rescore_later((queries, scales, 0), rows.1, ruled, (tops, coded), later);
             return;
         }
         let tile = coded.kernel.query_tile();
@@ -808,17 +867,25 @@ impl Index {
                 asked += 1;
             }
             let first = at * tile;
-            let (codes_of, tops_of) = (&query_codes[first..], &tops[first..tops.len().min(first + tile)]);
+            let (codes_of, in_tile) = (&query_codes[first..], tile.min(tops.len() - first));
             let kernel = (coded.kernel, bounds);
+            let t: [f32; codes::QUERIES_MAX] = std::array::from_fn(|q| {
+                tops.get(first + q).map_or(f32::INFINITY, |top| coded.threshold(first + q, top))
+            });
             let mut ruled = [0u32; codes::QUERIES_MAX];
-            match tops_of.len() {
-                4 => ruled[..4].copy_from_slice(&self.coded_tile::<4, R>(codes_of, kernel, rows, tops_of)),
-                3 => ruled[..3].copy_from_slice(&self.coded_tile::<3, R>(codes_of, kernel, rows, tops_of)),
-                2 => ruled[..2].copy_from_slice(&self.coded_tile::<2, R>(codes_of, kernel, rows, tops_of)),
-                _ => ruled[..1].copy_from_slice(&self.coded_tile::<1, R>(codes_of, kernel, rows, tops_of)),
+            match in_tile {
+                4 => ruled[..4].copy_from_slice(&self.coded_tile::<4, R>(
+                    codes_of,
+                    kernel,
+                    rows,
+                    [t[0], t[1], t[2], t[3]],
+                )),
+                3 => ruled[..3].copy_from_slice(&self.coded_tile::<3, R>(codes_of, kernel, rows, [t[0], t[1], t[2]])),
+                2 => ruled[..2].copy_from_slice(&self.coded_tile::<2, R>(codes_of, kernel, rows, [t[0], t[1]])),
+                _ => ruled[..1].copy_from_slice(&self.coded_tile::<1, R>(codes_of, kernel, rows, [t[0]])),
             }
-            for (q, &ruled) in (first..).zip(&ruled[..tops_of.len()]) {
-                self.rescore_later((queries, scales, q), rows.1, ruled, tops, later);
+            for (q, &ruled) in (first..).zip(&ruled[..in_tile]) {
+                self.rescore_later((queries, scales, q), rows.1, ruled, (tops, coded), later);
             }
         }
         for &row in ahead.get(asked..).unwrap_or_default() {
@@ -826,21 +893,20 @@ impl Index {
         }
     }
 
-    /// `coded_rows` for the `Q` queries whose codes start `query_codes`
-    /// and whose `tops` these are, with the `kernel` and their `bounds`:
-    /// for each query, which of `rows` it rules out (bit `r` for `rows[r]`).
+    /// `coded_rows` for the `Q` queries whose codes start `query_codes`,
+    /// with the `kernel` and their `bounds`, against the distances each
+    /// must beat (`Coded::threshold`): for each query, which of `rows` it
+    /// rules out (bit `r` for `rows[r]`).
     #[inline(always)]
     fn coded_tile<const Q: usize, const R: usize>(
         &self,
         query_codes: &[QueryCode],
         (kernel, bounds): (codes::Kernel, &codes::Bounds),
         (codes, rows, norms, row_scales): (&Codes, [usize; R], [f32; R], [f32; R]),
-        tops: &[TopK],
+        thresholds: [f32; Q],
     ) -> [u32; Q] {
         let tile: [&QueryCode; Q] = std::array::from_fn(|q| &query_codes[q]);
         let dots = kernel.dots_tile(tile, codes, rows);
-        // A query that keeps nothing yet rules nothing out.
-        let thresholds: [f32; Q] = std::array::from_fn(|q| tops[q].threshold().unwrap_or(f32::INFINITY));
         bounds.rules_out(codes, rows, dots, (norms, row_scales), thresholds)
     }
 
@@ -853,7 +919,7 @@ impl Index {
         (queries, scales, q): (&[&[f32]], &[f32], usize),
         rows: [usize; R],
         ruled: u32,
-        tops: &mut [TopK],
+        (tops, coded): (&mut [TopK], &Coded),
         later: &mut Later,
     ) {
         let mut left = !ruled & ((1 << R) - 1);
@@ -868,25 +934,33 @@ impl Index {
                 let _ = line;
             }
             if let Some((q, row)) = later.queue((q, row)) {
-                self.rescore((queries, scales), (q, row), tops);
+                self.rescore((queries, scales), (q, row), tops, coded);
             }
         }
     }
 
     /// Scores every pair still queued in `later`; returns how many pairs it
     /// queued in all.
-    fn rescore_all(&self, queries: (&[&[f32]], &[f32]), tops: &mut [TopK], mut later: Later) -> u64 {
+    fn rescore_all(&self, queries: (&[&[f32]], &[f32]), tops: &mut [TopK], coded: &Coded, mut later: Later) -> u64 {
         for pair in later.drain() {
-            self.rescore(queries, pair, tops);
+            self.rescore(queries, pair, tops, coded);
         }
         later.rescored
     }
 
-    /// Scores query `q` exactly against row `row`, offering it to its top.
+    /// Scores query `q` exactly against row `row`, offering it to its top,
+    /// and shares the top's farthest kept (`Coded::share`).
     #[inline(always)]
-    fn rescore(&self, (queries, scales): (&[&[f32]], &[f32]), (q, row): (usize, usize), tops: &mut [TopK]) {
+    fn rescore(
+        &self,
+        (queries, scales): (&[&[f32]], &[f32]),
+        (q, row): (usize, usize),
+        tops: &mut [TopK],
+        coded: &Coded,
+    ) {
         let top = std::slice::from_mut(&mut tops[q]);
         self.scan_tile::<1, 1>(&queries[q..=q], &scales[q..=q], row..row + 1, top, &[]);
+        coded.share(q, &tops[q]);
     }
 
     /// The rows of the tile `PREFETCH_TILES` ahead of the one of `tile_rows`
@@ -1605,6 +1679,7 @@ pub(crate) mod tests {
         grids: Vec<Grids>,
         scales: Vec<f32>,
         kernel: codes::Kernel,
+        farthest: Vec<AtomicU32>,
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -1622,7 +1697,7 @@ pub(crate) mod tests {
                     grids = queries.iter().map(|query| Grids::of(floor, rows, query)).collect();
                 }
             }
-            Pass { codes, bounds, grids, scales, kernel }
+            Pass { codes, bounds, grids, scales, kernel, farthest: farthest_for(queries.len()) }
         }
 
         fn coded(&self) -> Coded<'_> {
@@ -1631,7 +1706,7 @@ pub(crate) mod tests {
             } else {
                 CodedQueries::Floors(&self.grids)
             };
-            Coded { kernel: self.kernel, queries }
+            Coded { kernel: self.kernel, queries, farthest: &self.farthest }
         }
     }
 
