@@ -300,6 +300,9 @@ pub struct Codes {
     /// field (`exponent_of`), so that a search codes its query only for
     /// those.
     exponents: Vec<u32>,
+    /// Logarithmic only: how many rows hold a negative value (a sign bit),
+    /// so that searches of indexes without one skip the signs.
+    negatives: u32,
 }
 
 impl Codes {
@@ -319,6 +322,7 @@ impl Codes {
             scales: Vec::new(),
             residuals: Vec::new(),
             exponents,
+            negatives: 0,
         })
     }
 
@@ -395,6 +399,7 @@ impl Codes {
     pub fn set(&mut self, row: usize, v: &[f32]) {
         let (dims, stride) = (self.dims, self.stride);
         let width = self.width();
+        self.count(row, false);
         let out = &mut self.bytes[row * stride..(row + 1) * stride];
         let encoded = if self.grid == Grid::Logarithmic {
             Encoded { scale: ratios::encode(v, width, out), sum: 0, residual: 0.0 }
@@ -402,19 +407,28 @@ impl Codes {
             out[dims..].fill(stored(0));
             encode(v, self.grid, |i, code| out[i] = stored(code))
         };
-        self.count(row, false);
         self.scales[row] = encoded.scale;
         self.residuals[row] = encoded.residual;
         self.count(row, true);
     }
 
-    /// Counts row `row`'s exponent in (or out of) `exponents`.
+    /// Counts row `row`'s exponent in (or out of) `exponents`, and on the
+    /// logarithmic grid its negative values in `negatives`.
     fn count(&mut self, row: usize, add: bool) {
         let scale = self.scales[row];
         if self.grid != Grid::Fitted && scale > 0.0 {
             let count = &mut self.exponents[exponent_of(scale)];
             *count = if add { *count + 1 } else { *count - 1 };
         }
+        let signs = &self.bytes[row * self.stride + self.width()..(row + 1) * self.stride];
+        if self.grid == Grid::Logarithmic && signs.iter().any(|&bits| bits != 0) {
+            self.negatives = if add { self.negatives + 1 } else { self.negatives - 1 };
+        }
+    }
+
+    /// How many rows hold a negative value (logarithmic grid only).
+    pub fn negatives(&self) -> u32 {
+        self.negatives
     }
 
     /// Moves the last row's code into `row` and drops the last.

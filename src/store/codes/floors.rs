@@ -136,6 +136,9 @@ pub struct Grids {
     quarters: u32,
     factor: f64,
     absolute: f64,
+    /// Canberra: whether the query or a row holds a negative value, so
+    /// that the kernels must compare signs.
+    signed: bool,
 }
 
 impl Default for Grids {
@@ -151,6 +154,7 @@ impl Default for Grids {
             quarters: 0,
             factor: 0.0,
             absolute: 0.0,
+            signed: false,
         }
     }
 }
@@ -213,6 +217,7 @@ impl Grids {
         if floor == Floor::Canberra {
             self.factor = (1.0 - 3.0 * 2f64.powi(-24)) * (1.0 - self.relative) * (1.0 - SURPLUS);
             self.absolute = query.len() as f64 * 2f64.powi(-149);
+            self.signed = codes.negatives() > 0 || query.iter().any(|&q| q < 0.0);
         }
         if let Floor::Lp(p) = floor {
             let quarters = (p * 4.0) as u32;
@@ -278,8 +283,8 @@ impl Grids {
     /// The least Canberra distance the kernel can find for a row whose
     /// codes give `sums` (`ratios`).
     #[inline(always)]
-    fn canberra_floor(&self, (bases, slopes): (u64, i64)) -> f64 {
-        let bound = bases as f64 / ratios::BASE_UNIT + slopes as f64 / ratios::SLOPE_UNIT;
+    fn canberra_floor(&self, sums: (u64, i64)) -> f64 {
+        let bound = ratios::bound(sums, self.stride / 9 * 8);
         bound * self.factor - self.absolute
     }
 
@@ -341,9 +346,11 @@ impl Grids {
         // SAFETY: as in `spans`; each query holds `stride` bytes (sliced).
         unsafe {
             let table = &*ratios::TABLE;
-            match kernel {
-                Kernel::Vnni512 => ratios::x86::sums_avx512::<R>(table, bytes, starts, queries, width),
-                _ => ratios::x86::sums_avx2::<R>(table, bytes, starts, queries, (0, width), width),
+            match (kernel, self.signed) {
+                (Kernel::Vnni512, true) => ratios::x86::sums_avx512::<true, R>(table, bytes, starts, queries, width),
+                (Kernel::Vnni512, false) => ratios::x86::sums_avx512::<false, R>(table, bytes, starts, queries, width),
+                (_, true) => ratios::x86::sums_avx2::<true, R>(table, bytes, starts, queries, (0, width), width),
+                (_, false) => ratios::x86::sums_avx2::<false, R>(table, bytes, starts, queries, (0, width), width),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -414,6 +421,11 @@ impl Grids {
         let stride = codes.stride();
         let want = ratios::sums_scalar(self.query_at(slot), &codes.bytes()[row * stride..], codes.width());
         (sums, want, self.canberra_floor(sums))
+    }
+
+    /// Whether Canberra's kernels compare signs for this query.
+    pub fn signed(&self) -> bool {
+        self.signed
     }
 
     /// `spans` of row `row` with `kernel`.

@@ -1966,6 +1966,49 @@ pub(crate) mod tests {
         }
     }
 
+    /// Canberra's codes count the rows that hold a negative value; while
+    /// neither they nor the query hold one, the kernels skip the signs (all
+    /// 0), and find the same sums and the same answers.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn canberra_skips_the_signs_only_where_none_is_negative() {
+        let kernels = int8_kernels("Canberra's signs");
+        let dims = 100;
+        let positive = |v: &Vec<f32>| v.iter().map(|x| x.abs()).collect::<Vec<f32>>();
+        let rows: Vec<Vec<f32>> = hard_for_codes(5, dims, Metric::Canberra).iter().map(positive).collect();
+        let mut index = twins_of(&rows, Metric::Canberra);
+        let Some(codes) = index.codes.as_ref() else {
+            return crate::testing::skip("Canberra's signs", "this CPU has no int8 kernel");
+        };
+        assert_eq!(codes.negatives(), 0);
+        let queries = hard_for_codes(6, dims, Metric::Canberra);
+        for query in [positive(&queries[3]), queries[3].clone()] {
+            let grids = Grids::of(Floor::Canberra, codes, &query);
+            assert_eq!(grids.signed(), query.iter().any(|&x| x < 0.0));
+            for row in 0..index.len() {
+                for &kernel in &kernels {
+                    let (sums, want, _) = grids.ratio_sums_of(kernel, codes, row);
+                    assert_eq!(sums, want, "{}, row {row}", kernel.name());
+                }
+            }
+        }
+        // A row with a negative value turns the signs on for every query,
+        // and its delete (or its overwrite) off again.
+        let negative = queries[3].clone();
+        index.upsert(-1, &negative, b"");
+        index.upsert(-2, &negative, b"");
+        index.upsert(-2, &positive(&negative), b"");
+        let codes = index.codes.as_ref().expect("codes");
+        assert_eq!(codes.negatives(), 1);
+        assert!(Grids::of(Floor::Canberra, codes, &positive(&queries[4])).signed());
+        let (mut got, mut want) = (TopK::new(), TopK::new());
+        index.search(&positive(&queries[4]), 5, &mut got);
+        index.search_f32(&positive(&queries[4]), 5, &mut want);
+        assert_eq!(got.sorted(), want.sorted());
+        index.delete(-1);
+        assert_eq!(index.codes.as_ref().expect("codes").negatives(), 0);
+    }
+
     /// Every kernel's products of a tile of queries with a tile of rows, at
     /// every shape a scan uses (up to 4 x 4, where AVX-512 sums the 16 at
     /// once), against the scalar reference, pair by pair.
@@ -2062,8 +2105,8 @@ pub(crate) mod tests {
             let (sum, exact) = grids.powers_of(kernel, &codes, 0);
             assert!(sum.is_finite() && (f64::from(sum) - exact).abs() <= exact * grids.sums_slack() - exact);
         }
-        // Canberra: every sign apart (n = 255), or every level 255 from
-        // level 0 (n = 254), sums each table entry at its largest.
+        // Canberra: every sign apart, or every level 255 from level 0 (m =
+        // 255 either way), sums each table entry at its largest.
         let codes = Codes::of(dims, codes::Grid::Logarithmic, &vec![1.0f32; dims]).expect("codes at the limit");
         for query in [vec![-1.0f32; dims], vec![1e-30; dims]] {
             let grids = Grids::of(Floor::Canberra, &codes, &query);
