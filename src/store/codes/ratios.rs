@@ -81,6 +81,12 @@ pub const OFFSET: u64 = 1_024;
 static EDGES: LazyLock<[f64; PER_OCTAVE as usize]> =
     LazyLock::new(|| std::array::from_fn(|r| 2f64.powf(r as f64 / f64::from(PER_OCTAVE))));
 
+/// For each of 64 equal parts `[1 + j/64, 1 + (j+1)/64)` of an octave, how
+/// many edges lie below its start. Edges are more than 1/64 apart
+/// (`M[1] - M[0] > 0.0219`), so a part holds at most one, the next.
+static BELOW: LazyLock<[u8; 64]> =
+    LazyLock::new(|| std::array::from_fn(|j| EDGES.partition_point(|&edge| edge < 1.0 + j as f64 / 64.0) as u8));
+
 /// `B(m)` as the kernels look it up, by `h = m >> 4`: the base's low and
 /// high bytes, and the slope.
 #[derive(Debug)]
@@ -132,7 +138,8 @@ pub fn level_of(v: f64) -> u8 {
     let mantissa = f64::from_bits((bits & ((1 << 52) - 1)) | (1023 << 52));
     // How many edges of the octave lie below m: v > T(32 e + r) for exactly
     // those r in 0..32, and for every s below 32 e.
-    let below = EDGES.partition_point(|&edge| edge < mantissa) as i32;
+    let below = usize::from(BELOW[(bits >> 46) as usize & 63]);
+    let below = (below + usize::from(EDGES.get(below).is_some_and(|&edge| edge < mantissa))) as i32;
     let largest = PER_OCTAVE * exponent + below - 1;
     (largest + 256).clamp(0, 255) as u8
 }
