@@ -686,7 +686,7 @@ pub fn dot_scalar(query: &[i8], row: impl Iterator<Item = i8>) -> i32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     /// Sums `vpdpbusd(row, query)` over whole 64-byte blocks of each of `R`
@@ -827,7 +827,7 @@ mod x86 {
 
     /// The sum of a vector's eight i32 lanes.
     #[target_feature(enable = "avx2")]
-    fn sum256(v: __m256i) -> i32 {
+    pub(super) fn sum256(v: __m256i) -> i32 {
         let v = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
         let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
         let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b10_11_00_01>(v));

@@ -518,7 +518,7 @@ pub fn spans_scalar(query: &[i8], row: impl Iterator<Item = i8>) -> (u32, u32, u
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     use super::{BRAY_CURTIS, LINF};
@@ -806,7 +806,7 @@ mod x86 {
     /// The sum of four u64 lanes.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn sum_of(v: __m256i) -> u64 {
+    pub(in crate::store::codes) fn sum_of(v: __m256i) -> u64 {
         let v = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
         (_mm_cvtsi128_si64(v) + _mm_extract_epi64::<1>(v)) as u64
     }

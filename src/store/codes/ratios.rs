@@ -200,6 +200,8 @@ pub fn bound_of(m: u8) -> f64 {
 pub mod x86 {
     use std::arch::x86_64::*;
 
+    use super::super::floors::x86::sum_of;
+    use super::super::x86::sum256;
     use super::Table;
 
     /// Each row's `sum base[h]` and `sum m slope[h]` (the module doc), of the codes at `starts` in `bytes` against `queries`, over
@@ -316,24 +318,7 @@ pub mod x86 {
                 sloped[r] = _mm256_add_epi32(sloped[r], _mm256_madd_epi16(products, pairs));
             }
         }
-        std::array::from_fn(|r| (sum64(bases[r].0) + 256 * sum64(bases[r].1), i64::from(sum32(sloped[r]))))
-    }
-
-    /// The sum of four u64 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn sum64(v: __m256i) -> u64 {
-        let v = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-        (_mm_cvtsi128_si64(v) + _mm_extract_epi64::<1>(v)) as u64
-    }
-
-    /// The sum of eight i32 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    fn sum32(v: __m256i) -> i32 {
-        let v = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-        let v = _mm_add_epi32(v, _mm_srli_si128::<8>(v));
-        _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_srli_si128::<4>(v)))
+        std::array::from_fn(|r| (sum_of(bases[r].0) + 256 * sum_of(bases[r].1), i64::from(sum256(sloped[r]))))
     }
 }
 
