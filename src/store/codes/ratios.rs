@@ -58,11 +58,12 @@
 //! within 2^-150) and adds the terms as `floors` says, within `g` of their
 //! sum. So the kernel's distance is at least `(1 - 3 x 2^-24)(1 - g)` times
 //! the exact one, less `n 2^-149`, and a row is ruled out when that floor
-//! of `sum B(n_i)` is strictly above the threshold.
+//! of `sum B(m_i)` is strictly above the threshold.
 //!
-//! For random data in [0, 1) of 768 dimensions the bound is within about
-//! 3% of the distance, against distances spread over about 2%: 0.7% of
-//! the rows are scored exactly.
+//! For random data in [0, 1) of 768 dimensions the bound is about 3% below
+//! the distance (10 of about 300), against distances spread over about 2%
+//! (6.6): a search on one thread scores 1.7% of 100,000 rows exactly, most
+//! of them before its k nearest settle.
 
 use std::sync::LazyLock;
 
