@@ -1896,10 +1896,13 @@ pub(crate) mod tests {
                                 Floor::BrayCurtis => (d, p),
                                 Floor::Lp(_) => {
                                     // The sum within the slack the bound
-                                    // allows for (above) and as much below.
-                                    let (sum, exact) = grids.powers_of(kernel, codes, row);
-                                    let (sum, slack) = (f64::from(sum), grids.sums_slack());
+                                    // allows for (above) and as much below:
+                                    // none for p = 2 and 3, in integers.
+                                    let (sum, exact, slack) = grids.powers_of(kernel, codes, row);
                                     assert!(sum <= exact * slack && sum >= exact / slack, "{what}: {sum} for {exact}");
+                                    if slack == 1.0 {
+                                        assert_eq!(sum, exact, "{what}");
+                                    }
                                     (0, 0)
                                 }
                                 Floor::Canberra => {
@@ -2102,8 +2105,17 @@ pub(crate) mod tests {
             let grids = Grids::of(Floor::Linf, &codes, &query);
             assert_eq!(grids.spans_of(kernel, &codes, 0), (254, 0), "{}", kernel.name());
             let grids = Grids::of(Floor::lp(8.0).unwrap(), &codes, &query);
-            let (sum, exact) = grids.powers_of(kernel, &codes, 0);
-            assert!(sum.is_finite() && (f64::from(sum) - exact).abs() <= exact * grids.sums_slack() - exact);
+            let (sum, exact, slack) = grids.powers_of(kernel, &codes, 0);
+            assert!(sum.is_finite() && (sum - exact).abs() <= exact * slack - exact);
+            // p = 2 and 3 sum in integers, spilled from 32-bit lanes: exact
+            // at the limit, every difference at its largest (253, lowered to
+            // 181 for p = 3).
+            for (p, s) in [(2.0, 253u64), (3.0, 181)] {
+                let grids = Grids::of(Floor::lp(p).unwrap(), &codes, &query);
+                let (sum, exact, slack) = grids.powers_of(kernel, &codes, 0);
+                assert_eq!((sum, slack), (exact, 1.0), "{}, p {p}", kernel.name());
+                assert_eq!(sum, (dims as u64 * s.pow(p as u32)) as f64, "{}, p {p}", kernel.name());
+            }
         }
         // Canberra: every sign apart, or every level 255 from level 0 (m =
         // 255 either way), sums each table entry at its largest.
