@@ -109,6 +109,10 @@ impl Floor {
 /// The largest whole part of lp's `p` the first pass raises to.
 const WHOLE_MAX: u32 = 8;
 
+/// For p = 3, each `s_i` is lowered to this, whose square fits an i16
+/// (the module doc).
+const CUBED_MAX: u8 = 181;
+
 /// `Floor` as the kernels' compile-time parameter.
 const L1: u8 = 0;
 const LINF: u8 = 1;
@@ -472,7 +476,7 @@ impl Grids {
         let ([sum], slack) = self.powers(kernel, codes, [row], [self.slot_of(codes, row)]);
         let query = self.code_for(codes, row);
         let p = f64::from(self.whole) + f64::from(self.quarters) / 4.0;
-        let highest = if self.quarters == 0 && self.whole == 3 { 181 } else { u32::MAX };
+        let highest = if self.quarters == 0 && self.whole == 3 { u32::from(CUBED_MAX) } else { u32::MAX };
         let exact = (query.iter().zip(codes.row(row)))
             .map(|(&d, c)| {
                 f64::from((i32::from(c) - i32::from(d)).unsigned_abs().saturating_sub(1).min(highest)).powf(p)
@@ -556,7 +560,7 @@ pub fn spans_scalar(query: &[i8], row: impl Iterator<Item = i8>) -> (u32, u32, u
 pub(super) mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{BRAY_CURTIS, LINF};
+    use super::{BRAY_CURTIS, CUBED_MAX, LINF};
 
     /// `spans` on 64-byte blocks, and a last one of 32, with AVX-512BW.
     ///
@@ -684,7 +688,6 @@ pub(super) mod x86 {
         queries: [&[u8]; R],
         (stride, quarters): (usize, u32),
     ) -> [f32; R] {
-        let one = _mm512_set1_epi8(1);
         let mut sums = [_mm512_setzero_ps(); R];
         // SAFETY: the CPU has AVX-512F.
         let mut add = |r: usize, apart: __m128i| unsafe {
@@ -700,7 +703,7 @@ pub(super) mod x86 {
                         _mm512_loadu_si512(queries[r].as_ptr().add(at).cast()),
                     )
                 };
-                let apart = _mm512_subs_epu8(_mm512_or_si512(_mm512_subs_epu8(x, q), _mm512_subs_epu8(q, x)), one);
+                let apart = steps_512(x, q);
                 add(r, _mm512_castsi512_si128(apart));
                 add(r, _mm512_extracti32x4_epi32::<1>(apart));
                 add(r, _mm512_extracti32x4_epi32::<2>(apart));
@@ -726,7 +729,6 @@ pub(super) mod x86 {
         (at, len): (usize, usize),
         quarters: u32,
     ) -> [f32; R] {
-        let one = _mm256_set1_epi8(1);
         let mut sums = [_mm256_setzero_ps(); R];
         // SAFETY: the CPU has AVX2.
         let mut add = |r: usize, apart: __m128i| unsafe {
@@ -741,7 +743,7 @@ pub(super) mod x86 {
                         _mm256_loadu_si256(queries[r].as_ptr().add(step).cast()),
                     )
                 };
-                let apart = _mm256_subs_epu8(_mm256_or_si256(_mm256_subs_epu8(x, q), _mm256_subs_epu8(q, x)), one);
+                let apart = steps_256(x, q);
                 let (apart, apart_high) = (_mm256_castsi256_si128(apart), _mm256_extracti128_si256::<1>(apart));
                 add(r, apart);
                 add(r, _mm_srli_si128::<8>(apart));
@@ -756,6 +758,21 @@ pub(super) mod x86 {
         })
     }
 
+    /// lp's `s_i = max(|c_i - d_i| - 1, 0)` of 64 stored codes `x` and a
+    /// query's `q` (the module doc), with AVX-512BW.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn steps_512(x: __m512i, q: __m512i) -> __m512i {
+        _mm512_subs_epu8(_mm512_or_si512(_mm512_subs_epu8(x, q), _mm512_subs_epu8(q, x)), _mm512_set1_epi8(1))
+    }
+
+    /// `steps_512` of 32 codes, with AVX2.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn steps_256(x: __m256i, q: __m256i) -> __m256i {
+        _mm256_subs_epu8(_mm256_or_si256(_mm256_subs_epu8(x, q), _mm256_subs_epu8(q, x)), _mm256_set1_epi8(1))
+    }
+
     /// lp's `S` for p = `K`, 2 or 3, in integers (the module doc), on
     /// 64-byte blocks and a last one of 32, with AVX-512BW.
     ///
@@ -768,7 +785,7 @@ pub(super) mod x86 {
         queries: [&[u8]; R],
         stride: usize,
     ) -> [u64; R] {
-        let (one, highest) = (_mm512_set1_epi8(1), _mm512_set1_epi8(if K == 3 { 181u8 as i8 } else { -1 }));
+        let highest = _mm512_set1_epi8(if K == 3 { CUBED_MAX as i8 } else { -1 });
         let (mut lanes, mut sums) = ([_mm512_setzero_si512(); R], [0u64; R]);
         let mut at = 0;
         while at + 64 <= stride {
@@ -780,7 +797,7 @@ pub(super) mod x86 {
                         _mm512_loadu_si512(queries[r].as_ptr().add(at).cast()),
                     )
                 };
-                let apart = _mm512_subs_epu8(_mm512_or_si512(_mm512_subs_epu8(x, q), _mm512_subs_epu8(q, x)), one);
+                let apart = steps_512(x, q);
                 let s = _mm512_min_epu8(apart, highest);
                 for half in [_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s)] {
                     let s = _mm512_cvtepu8_epi16(half);
@@ -825,7 +842,7 @@ pub(super) mod x86 {
         queries: [&[u8]; R],
         (at, len): (usize, usize),
     ) -> [u64; R] {
-        let (one, highest) = (_mm256_set1_epi8(1), _mm256_set1_epi8(if K == 3 { 181u8 as i8 } else { -1 }));
+        let highest = _mm256_set1_epi8(if K == 3 { CUBED_MAX as i8 } else { -1 });
         let (mut lanes, mut sums) = ([_mm256_setzero_si256(); R], [0u64; R]);
         for (n, step) in (at..at + len).step_by(32).enumerate() {
             for r in 0..R {
@@ -836,7 +853,7 @@ pub(super) mod x86 {
                         _mm256_loadu_si256(queries[r].as_ptr().add(step).cast()),
                     )
                 };
-                let apart = _mm256_subs_epu8(_mm256_or_si256(_mm256_subs_epu8(x, q), _mm256_subs_epu8(q, x)), one);
+                let apart = steps_256(x, q);
                 let s = _mm256_min_epu8(apart, highest);
                 for half in [_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s)] {
                     let s = _mm256_cvtepu8_epi16(half);

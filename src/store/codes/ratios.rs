@@ -85,8 +85,10 @@ static EDGES: LazyLock<[f64; PER_OCTAVE as usize]> =
 /// For each of 64 equal parts `[1 + j/64, 1 + (j+1)/64)` of an octave, how
 /// many edges lie below its start. Edges are more than 1/64 apart
 /// (`M[1] - M[0] > 0.0219`), so a part holds at most one, the next.
-static BELOW: LazyLock<[u8; 64]> =
-    LazyLock::new(|| std::array::from_fn(|j| EDGES.partition_point(|&edge| edge < 1.0 + j as f64 / 64.0) as u8));
+static BELOW: LazyLock<[u8; 64]> = LazyLock::new(|| {
+    assert!(EDGES.windows(2).all(|pair| pair[1] - pair[0] > 1.0 / 64.0), "at most one edge a part");
+    std::array::from_fn(|j| EDGES.partition_point(|&edge| edge < 1.0 + j as f64 / 64.0) as u8)
+});
 
 /// `B(m)` as the kernels look it up, by `h = m >> 4`: the base's low and
 /// high bytes, and the slope.

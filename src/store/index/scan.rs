@@ -135,42 +135,27 @@ impl Coded<'_> {
     /// among the k nearest either.
     #[inline(always)]
     fn threshold(&self, q: usize, top: &TopK) -> f32 {
-        let shared = distance_of_key(self.farthest[q].load(Ordering::Relaxed));
+        let shared = f32::from_bits(self.farthest[q].load(Ordering::Relaxed));
         top.threshold().map_or(shared, |own| own.min(shared))
     }
 
     /// Shares `top`'s farthest kept for query `q`, if nearer than the one
-    /// shared (the line is written only then).
+    /// shared (the line is written only then). Kept distances are never
+    /// NaN (`TopK` ranks it as +inf).
     #[inline(always)]
     fn share(&self, q: usize, top: &TopK) {
         if let Some(own) = top.threshold() {
-            let key = key_of_distance(own);
-            if key < self.farthest[q].load(Ordering::Relaxed) {
-                self.farthest[q].fetch_min(key, Ordering::Relaxed);
-            }
+            let _ = self.farthest[q].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |shared| {
+                (own < f32::from_bits(shared)).then_some(own.to_bits())
+            });
         }
     }
 }
 
-/// Farthest distances shared by the threads of a split scan, one per
-/// query, none kept yet.
+/// Farthest distances (f32 bits) shared by the threads of a split scan,
+/// one per query, none kept yet.
 fn farthest_for(queries: usize) -> Vec<AtomicU32> {
-    (0..queries).map(|_| AtomicU32::new(key_of_distance(f32::INFINITY))).collect()
-}
-
-/// A distance (not NaN) as a u32 in the same order.
-fn key_of_distance(distance: f32) -> u32 {
-    let bits = distance.to_bits();
-    if bits >> 31 == 1 {
-        !bits
-    } else {
-        bits | 1 << 31
-    }
-}
-
-/// The distance `key_of_distance` gave `key` for.
-fn distance_of_key(key: u32) -> f32 {
-    f32::from_bits(if key >> 31 == 1 { key & !(1 << 31) } else { !key })
+    (0..queries).map(|_| AtomicU32::new(f32::INFINITY.to_bits())).collect()
 }
 
 /// The queries' side of an int8 first pass.
@@ -404,7 +389,7 @@ impl Index {
             let squared = std::cell::OnceCell::new();
             let squared_norm = || *squared.get_or_init(|| kernels::squared_norm(query));
             one = [self.query_scale(squared_norm)];
-            farthest_one = [AtomicU32::new(key_of_distance(f32::INFINITY))];
+            farthest_one = [AtomicU32::new(f32::INFINITY.to_bits())];
             let farthest = &farthest_one;
             match pass {
                 Some((Bound::Products(shape), kernel)) => {
