@@ -191,8 +191,10 @@ pub enum Grid {
     /// The least f32 not below `m / 127`; residual bound: `|e|`.
     Fitted,
     /// The least power of two not below `m / 127`, and at least 2^-126 (a
-    /// zero vector's too); residual bound: `sum |e_i|`.
-    PowersOfTwo,
+    /// zero vector's too); residual bound: the norm `(sum |e_i|^p)^(1/p)`
+    /// for `p` of this many quarters (lp's `p`; 4, `sum |e_i|`, for the
+    /// other metrics).
+    PowersOfTwo { quarters: u8 },
     /// Canberra's (`ratios`): a level on a logarithmic scale and a sign bit
     /// per value, under the least power of two not below `m`.
     Logarithmic,
@@ -217,25 +219,55 @@ fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, i8)) -> Encoded {
             return Encoded { scale: 0.0, sum: 0, residual: 0.0 };
         }
         Grid::Fitted => f32_at_least(f64::from(largest) / 127.0).max(f32::from_bits(1)),
-        Grid::PowersOfTwo => power_of_two_at_least(f32_at_least(f64::from(largest) / 127.0)),
+        Grid::PowersOfTwo { .. } => power_of_two_at_least(f32_at_least(f64::from(largest) / 127.0)),
         Grid::Logarithmic => unreachable!("levels are coded by `ratios::encode`"),
     };
-    let (mut sum, mut squares, mut magnitudes) = (0, 0.0f64, 0.0f64);
+    let quarters = match grid {
+        Grid::PowersOfTwo { quarters } => u32::from(quarters),
+        _ => 8,
+    };
+    let (mut sum, mut powers) = (0, 0.0f64);
     for (i, &x) in v.iter().enumerate() {
         let code = (f64::from(x) / f64::from(scale)).round().clamp(-127.0, 127.0);
         let residual = f64::from(x) - f64::from(scale) * code;
-        squares += residual * residual;
-        magnitudes += residual.abs();
+        powers += power_of(residual.abs(), quarters);
         put(i, code as i8);
         sum += code as i32;
     }
-    // Either sum is off by at most n 2^-53 of itself.
-    let residual = match grid {
-        Grid::Fitted => squares.sqrt(),
-        Grid::PowersOfTwo => magnitudes,
-        Grid::Logarithmic => unreachable!("levels are coded by `ratios::encode`"),
-    };
+    // The sum is off by at most n 2^-53 of itself, each power by at most
+    // 12 roundings of 2^-53 (`power_of`), the root by a few more.
+    let residual = norm_of(powers, quarters);
     Encoded { scale, sum, residual: f32_at_least(residual * (1.0 + 2f64.powi(-30))) }
+}
+
+/// `x^(quarters / 4)` for `x >= 0`, `quarters` from 1 to 32: the whole
+/// power by products, then times `sqrt(x)` and `sqrt(sqrt(x))` as the
+/// quarters ask; each of at most 11 operations is correctly rounded.
+pub fn power_of(x: f64, quarters: u32) -> f64 {
+    let (mut power, mut square, mut whole) = (1.0, x, quarters / 4);
+    while whole > 0 {
+        if whole & 1 == 1 {
+            power *= square;
+        }
+        square *= square;
+        whole >>= 1;
+    }
+    if quarters & 2 != 0 {
+        power *= x.sqrt();
+    }
+    if quarters & 1 != 0 {
+        power *= x.sqrt().sqrt();
+    }
+    power
+}
+
+/// `sum^(4 / quarters)`: the norm whose `power_of` terms `sum` adds up.
+pub fn norm_of(sum: f64, quarters: u32) -> f64 {
+    match quarters {
+        4 => sum,
+        8 => sum.sqrt(),
+        _ => sum.powf(4.0 / f64::from(quarters)),
+    }
 }
 
 /// The least power of two not below `x` (a finite f32 at least 0), and at
@@ -311,7 +343,7 @@ impl Codes {
     pub fn new(dims: usize, grid: Grid) -> Option<Codes> {
         let (stride, exponents) = match grid {
             Grid::Fitted => (dims, Vec::new()),
-            Grid::PowersOfTwo => (dims.next_multiple_of(BLOCK), vec![0; 256]),
+            Grid::PowersOfTwo { .. } => (dims.next_multiple_of(BLOCK), vec![0; 256]),
             Grid::Logarithmic => (dims.next_multiple_of(BLOCK) / 8 * 9, vec![0; 256]),
         };
         (dims <= DIMS_MAX).then(|| Codes {

@@ -18,9 +18,11 @@
 //! the least power of two not below `m / 127` (and at least 2^-126), codes
 //! `c_i = round(x_i / a)` (at most 127 in magnitude, `x_i / a` being exact)
 //! and residuals `e_i = x_i - a c_i`, each at most `a / 2` in magnitude;
-//! `E >= sum |e_i|` is kept, rounded up. For each scale `a` the index's
-//! rows have, the query `q` gets codes `d_i = round(q_i / a)` clamped to
-//! [-127, 127] and residuals `f_i = q_i - a d_i`.
+//! their norm `E >= sum |e_i|` is kept, rounded up (for lp, the norm of
+//! its `p`, `E >= (sum |e_i|^p)^(1/p)`: `Grid::PowersOfTwo`'s quarters).
+//! For each scale `a` the index's rows have, the query `q` gets codes
+//! `d_i = round(q_i / a)` clamped to [-127, 127] and residuals
+//! `f_i = q_i - a d_i`.
 //!
 //! # Why a ruled-out row cannot belong in the answer
 //! For every `i`, `|x_i - q_i| >= a |c_i - d_i| - |e_i| - φ_i`, where:
@@ -37,9 +39,15 @@
 //! - linf `= max |x_i - q_i| >= a M - max (|e_i| + φ_i) >= a (M - 1)`;
 //! - `sum |x_i + q_i| <= a P + E + G`, so Bray-Curtis
 //!   `>= (a D - E - F) / (a P + E + G)` where the numerator is positive;
-//! - lp: since `|e_i| + φ_i <= a`, `|x_i - q_i| >= a s_i` with the integer
-//!   `s_i = max(|c_i - d_i| - 1, 0)`, so lp `>= a S^(1/p)`, where
-//!   `S = sum s_i^p`.
+//! - lp: `x - q = g + e - f'`, where `f'` keeps the `f_i` of the
+//!   coordinates not clamped (0 elsewhere) and `g_i` is `a (c_i - d_i)`,
+//!   less `f_i` where `d_i` was clamped: a term of the same sign (above),
+//!   so `|g_i| >= a s_i` with the integer `s_i = |c_i - d_i|`. By
+//!   Minkowski's inequality, lp is at least `|g|_p - |e|_p - |f'|_p`, so
+//!   at least `a S^(1/p) - E - H`, where `S = sum s_i^p` and `H >= |f'|_p`
+//!   (rounded up). The residuals' norms grow as `n^(1/p)`, as the
+//!   distances do, from a random half step each: a bound value by value
+//!   (`|x_i - q_i| >= a (s_i - 1)`) would lose a whole step in each.
 //!
 //! The f32 kernels (`kernels::distances`) add non-negative terms, each off
 //! by at most 2^-24 of itself, in at most `m = n / 4 + 64` roundings per
@@ -57,28 +65,36 @@
 //! underflow lose less than 2^-140 of a sum of at least 1. `w` cancels
 //! from `w (sum)^(1/p)`, which is rounded to f32 once more. So its lp is at
 //! least `L = ((1 - 48 x 2^-24)(1 - g))^(1/p) (1 - 2^-23)` times the exact
-//! one, and a row is ruled out when `a (S / slack)^(1/p) L` is strictly
-//! above the threshold. The first pass raises each `s_i` (at most 253) in f32: the whole
-//! power by products (exact below 2^24, each later one rounded), then
-//! `sqrt(s_i)` as `s_i / sqrt(s_i)` and the fourth root as `sqrt(sqrt(s_i))`
-//! the same way, with the CPU's approximate reciprocal square root
-//! (`vrsqrt14ps`, within 2^-14; `vrsqrtps`, within 1.5 x 2^-12), so each
-//! term is at most `(1 + 2^-10)` times `s_i^p`; summed in at most `m`
-//! roundings, `S` as found is at most `(1 + 2^-10)(1 + g)` times the exact
-//! one, and is divided by that before use.
+//! one, and a row is ruled out when `(a (S / slack)^(1/p) - E - H) L` is
+//! strictly above the threshold (`Grids::rules_out_lp` tests that without
+//! a root for each row). The first pass raises each `s_i` (at most 254)
+//! in f32: the whole power by products (exact below 2^24, each later one
+//! rounded), then `sqrt(s_i)` as `s_i / sqrt(s_i)` and the fourth root as
+//! `sqrt(sqrt(s_i))` the same way, with the CPU's approximate reciprocal
+//! square root (`vrsqrt14ps`, within 2^-14; `vrsqrtps`, within 1.5 x
+//! 2^-12), so each term is at most `(1 + 2^-10)` times `s_i^p`; summed in
+//! at most `m` roundings, `S` as found is at most `(1 + 2^-10)(1 + g)`
+//! times the exact one, and is divided by that before use.
 //!
 //! For p = 2 and p = 3 the first pass finds `S` exactly instead, in
-//! integers: `s_i^2` and `s_i^3` by 16-bit products summed into 32-bit
-//! lanes (`vpmullw`, `vpmaddwd`), spilled to 64 bits often enough that no
-//! lane overflows. For p = 3 each `s_i` is first lowered to at most 181, so
-//! that its square fits an i16: a lower `s_i` only lowers `S`, and the bound
-//! holds. Then `S` needs no slack.
+//! integers: `s_i^2` and `s_i^3` by byte or 16-bit products summed into
+//! 32-bit lanes (`vpdpbusd`; `vpmullw` and `vpdpwssd` or `vpmaddwd`),
+//! spilled to 64 bits often enough that no lane overflows. Each `s_i` is
+//! first lowered to at most 127 for p = 2, so that it fits a signed byte,
+//! and to at most 181 for p = 3, so that its square fits an i16: a lower
+//! `s_i` only lowers `S`, and the bound holds. Then `S` needs no slack.
+//! (Differences that large arise only between values of opposite signs.)
 //!
 //! For random data of 768 dimensions `E + F` is about `n a / 2`, against l1
 //! distances about `40 n a` spread over a few percent: only rows near the
-//! k-th nearest are scored twice.
+//! k-th nearest are scored twice. For lp at p = 3 on values in [0, 1),
+//! `E` and `H` are about `3 a` each against distances of about `270 a`:
+//! 1.6% of 100,000 rows are scored twice (2.6% with the bound value by
+//! value).
 
-use super::{exponent_of, ratios, stored, Codes, Grid, Kernel, BLOCK};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{exponent_of, norm_of, power_of, ratios, stored, Codes, Grid, Kernel, BLOCK};
 
 /// The distances this pass bounds.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -106,12 +122,28 @@ impl Floor {
     }
 }
 
+impl Floor {
+    /// The grid its codes are on: Canberra's logarithmic; the others' on
+    /// powers of two, keeping the residual's norm of lp's `p` (else of 1).
+    pub fn grid(self) -> Grid {
+        match self {
+            Floor::Canberra => Grid::Logarithmic,
+            Floor::Lp(p) => Grid::PowersOfTwo { quarters: (p * 4.0) as u8 },
+            _ => Grid::PowersOfTwo { quarters: 4 },
+        }
+    }
+}
+
 /// The largest whole part of lp's `p` the first pass raises to.
 const WHOLE_MAX: u32 = 8;
 
 /// For p = 3, each `s_i` is lowered to this, whose square fits an i16
 /// (the module doc).
 const CUBED_MAX: u8 = 181;
+
+/// For p = 2, each `s_i` is lowered to this, a signed byte's largest, as
+/// `vpdpbusd` multiplies by (the module doc).
+const SQUARED_MAX: u8 = 127;
 
 /// `Floor` as the kernels' compile-time parameter.
 const L1: u8 = 0;
@@ -120,6 +152,10 @@ const BRAY_CURTIS: u8 = 2;
 
 /// No query code for a scale: the index has no row of it.
 const NO_SLOT: u16 = u16::MAX;
+
+/// No limit memoized yet (`Grids::limits`): a threshold of NaN's bits,
+/// which no search holds rows against.
+const NO_LIMIT: u64 = u64::MAX;
 
 /// The surplus that covers evaluating the bound in f64 (the parent's).
 const SURPLUS: f64 = 1.0 / (1u64 << 40) as f64;
@@ -136,8 +172,15 @@ pub struct Grids {
     /// code 0 as the rows are; for Bray-Curtis then `128 - d_i`, whose
     /// distance to a row's stored code is `|c_i + d_i|`.
     bytes: Vec<u8>,
-    /// Per slot: `a`, `F` and `G`, the last two rounded up.
+    /// Per slot: `a`, `F` and `G`, the last two rounded up (for lp: `a`,
+    /// `H` and 0).
     sides: Vec<(f64, f64, f64)>,
+    /// lp, per slot: the last threshold a row of that scale was held
+    /// against (its f32 bits, high) and `S`'s limit for it (`rules_out_lp`,
+    /// rounded up to an f32, low), in one word, so that threads sharing
+    /// these codes always read a pair that belongs together. The threshold
+    /// seldom changes; the power it takes costs as much as a row's pass.
+    limits: Vec<AtomicU64>,
     /// `g` of the kernels' sums.
     relative: f64,
     /// lp: `p`'s whole part, its quarters beyond, and `L`; Canberra: its
@@ -160,6 +203,7 @@ impl Default for Grids {
             slots: [NO_SLOT; 256],
             bytes: Vec::new(),
             sides: Vec::new(),
+            limits: Vec::new(),
             relative: 0.0,
             whole: 0,
             quarters: 0,
@@ -182,8 +226,7 @@ impl Grids {
     /// powers of two, or logarithmic for Canberra), for `floor`, in the
     /// buffers they have.
     pub fn encode(&mut self, floor: Floor, codes: &Codes, query: &[f32]) {
-        let grid = if floor == Floor::Canberra { Grid::Logarithmic } else { Grid::PowersOfTwo };
-        assert!(codes.grid() == grid && query.len() == codes.dims());
+        assert!(codes.grid() == floor.grid() && query.len() == codes.dims());
         let stride = codes.stride();
         let width = if floor == Floor::BrayCurtis { 2 * stride } else { stride };
         self.floor = floor;
@@ -191,6 +234,10 @@ impl Grids {
         self.slots = [NO_SLOT; 256];
         self.bytes.clear();
         self.sides.clear();
+        self.limits.clear();
+        // lp's `p` in quarters, for `F` (1 for the others, whose `F` is a
+        // sum).
+        let quarters = if let Floor::Lp(p) = floor { (p * 4.0) as u32 } else { 4 };
         let present = codes.exponents().iter().enumerate().filter(|&(_, &rows)| rows > 0);
         for (slot, (exponent, _)) in present.enumerate() {
             self.slots[exponent] = slot as u16;
@@ -203,7 +250,7 @@ impl Grids {
                 continue;
             }
             self.bytes.resize(start + width, stored(0));
-            let (mut near, mut far, mut all) = (0.0f64, 0.0f64, 0.0f64);
+            let (mut near, mut far, mut all, mut powered) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
             for (i, &q) in query.iter().enumerate() {
                 let q = f64::from(q);
                 let unclamped = (q / scale).round();
@@ -211,6 +258,7 @@ impl Grids {
                 let f = (q - scale * d).abs();
                 if d == unclamped {
                     near += f;
+                    powered += power_of(f, quarters);
                 } else {
                     far += f;
                 }
@@ -221,7 +269,14 @@ impl Grids {
                 }
             }
             let surplus = all * 2f64.powi(-30);
-            self.sides.push((scale, near - far + surplus, all + surplus));
+            if let Floor::Lp(_) = floor {
+                // lp's `H`, rounded up as the rows' norms are
+                // (`codes::encode`).
+                self.sides.push((scale, norm_of(powered, quarters) * (1.0 + 2f64.powi(-30)), 0.0));
+            } else {
+                self.sides.push((scale, near - far + surplus, all + surplus));
+            }
+            self.limits.push(AtomicU64::new(NO_LIMIT));
         }
         let m = (query.len() / 4 + 64) as f64 * 2f64.powi(-24);
         self.relative = m / (1.0 - m);
@@ -263,9 +318,12 @@ impl Grids {
         ruled
     }
 
-    /// `rules_out` for lp: whether `a S^(1/p) L > threshold`, that is
-    /// `S > (threshold / (a L))^p` (the module doc), for each row of the
-    /// `slots`.
+    /// `rules_out` for lp: whether `(a S^(1/p) - E - H) L > threshold`
+    /// (the module doc), for each row of the `slots`. With
+    /// `t = threshold / L + H`, that is `S > (t / a)^p (1 + E / t)^p`; as
+    /// `(1 + u)^p <= e^(p u) <= 1 / (1 - p u)` for `0 <= p u < 1`, a row
+    /// is ruled out when `S (1 - p E / t) > (t / a)^p`, the power shared by
+    /// every row of a scale (`limit_lp`).
     #[inline(always)]
     fn rules_out_lp<const R: usize>(
         &self,
@@ -276,19 +334,39 @@ impl Grids {
         threshold: f32,
     ) -> u32 {
         let (sums, slack) = self.powers(kernel, codes, rows, slots);
-        // Rows of one scale share the power of the threshold.
-        let mut target = (usize::MAX, 0.0);
         let mut ruled = 0;
         for r in 0..R {
-            if target.0 != slots[r] {
-                let (scale, _, _) = self.sides[slots[r]];
-                let power = (f64::from(threshold) / (scale * self.factor)).powf(p);
-                target = (slots[r], power * (1.0 + SURPLUS));
-            }
-            let sum = sums[r] / slack;
-            ruled |= u32::from(sum > target.1) << r;
+            let (_, near, _) = self.sides[slots[r]];
+            let t = f64::from(threshold) / self.factor + near;
+            let (_, residual) = codes.scale_and_residual(rows[r]);
+            // Rounded up, as `1 - p u` is then rounded down: within the
+            // surplus the limit carries. A NaN rules nothing out.
+            let u = p * f64::from(residual) / t * (1.0 + SURPLUS);
+            let kept = sums[r] / slack * (1.0 - u);
+            ruled |= u32::from(u < 1.0 && kept > self.limit_lp(p, slots[r], threshold, t)) << r;
         }
         ruled
+    }
+
+    /// `(t / a)^p` for the scale of `slot` and `t` as `rules_out_lp` finds
+    /// it from `threshold`, with the surplus, rounded up (`limits`).
+    #[inline(always)]
+    fn limit_lp(&self, p: f64, slot: usize, threshold: f32, t: f64) -> f64 {
+        let memo = &self.limits[slot];
+        let last = memo.load(Ordering::Relaxed);
+        if (last >> 32) as u32 == threshold.to_bits() {
+            return f64::from(f32::from_bits(last as u32));
+        }
+        let (scale, _, _) = self.sides[slot];
+        let limit = (t / scale).powf(p) * (1.0 + SURPLUS);
+        // Up to the next f32 at or above: never below the exact limit, so
+        // it rules out no row the f64 one would not.
+        let mut rounded = limit as f32;
+        if f64::from(rounded) < limit {
+            rounded = rounded.next_up();
+        }
+        memo.store(u64::from(threshold.to_bits()) << 32 | u64::from(rounded.to_bits()), Ordering::Relaxed);
+        f64::from(rounded)
     }
 
     /// The least Canberra distance the kernel can find for a row whose
@@ -347,7 +425,7 @@ impl Grids {
             };
             #[cfg(not(target_arch = "x86_64"))]
             let sums: [u64; R] = unreachable!("no kernel is available off x86-64");
-            // Exact: below 2^53 (at most 65,536 x 253^2 or 181^3).
+            // Exact: below 2^53 (at most 65,536 x 127^2 or 181^3).
             return (sums.map(|sum| sum as f64), 1.0);
         }
         macro_rules! powers {
@@ -476,11 +554,13 @@ impl Grids {
         let ([sum], slack) = self.powers(kernel, codes, [row], [self.slot_of(codes, row)]);
         let query = self.code_for(codes, row);
         let p = f64::from(self.whole) + f64::from(self.quarters) / 4.0;
-        let highest = if self.quarters == 0 && self.whole == 3 { u32::from(CUBED_MAX) } else { u32::MAX };
+        let highest = match (self.quarters, self.whole) {
+            (0, 2) => u32::from(SQUARED_MAX),
+            (0, 3) => u32::from(CUBED_MAX),
+            _ => u32::MAX,
+        };
         let exact = (query.iter().zip(codes.row(row)))
-            .map(|(&d, c)| {
-                f64::from((i32::from(c) - i32::from(d)).unsigned_abs().saturating_sub(1).min(highest)).powf(p)
-            })
+            .map(|(&d, c)| f64::from((i32::from(c) - i32::from(d)).unsigned_abs().min(highest)).powf(p))
             .sum::<f64>();
         (sum, exact, slack)
     }
@@ -560,7 +640,7 @@ pub fn spans_scalar(query: &[i8], row: impl Iterator<Item = i8>) -> (u32, u32, u
 pub(super) mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{BRAY_CURTIS, CUBED_MAX, LINF};
+    use super::{BRAY_CURTIS, CUBED_MAX, LINF, SQUARED_MAX};
 
     /// `spans` on 64-byte blocks, and a last one of 32, with AVX-512BW.
     ///
@@ -758,35 +838,39 @@ pub(super) mod x86 {
         })
     }
 
-    /// lp's `s_i = max(|c_i - d_i| - 1, 0)` of 64 stored codes `x` and a
-    /// query's `q` (the module doc), with AVX-512BW.
+    /// lp's `s_i = |c_i - d_i|` of 64 stored codes `x` and a query's `q`
+    /// (the module doc), with AVX-512BW.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     fn steps_512(x: __m512i, q: __m512i) -> __m512i {
-        _mm512_subs_epu8(_mm512_or_si512(_mm512_subs_epu8(x, q), _mm512_subs_epu8(q, x)), _mm512_set1_epi8(1))
+        _mm512_or_si512(_mm512_subs_epu8(x, q), _mm512_subs_epu8(q, x))
     }
 
     /// `steps_512` of 32 codes, with AVX2.
     #[inline]
     #[target_feature(enable = "avx2")]
     fn steps_256(x: __m256i, q: __m256i) -> __m256i {
-        _mm256_subs_epu8(_mm256_or_si256(_mm256_subs_epu8(x, q), _mm256_subs_epu8(q, x)), _mm256_set1_epi8(1))
+        _mm256_or_si256(_mm256_subs_epu8(x, q), _mm256_subs_epu8(q, x))
     }
 
     /// lp's `S` for p = `K`, 2 or 3, in integers (the module doc), on
-    /// 64-byte blocks and a last one of 32, with AVX-512BW.
+    /// 64-byte blocks and a last one of 32, with AVX-512BW and VNNI: for
+    /// p = 2, `s_i^2` by `vpdpbusd` (a byte times a signed byte, so `s_i`
+    /// at most 127); for p = 3, `s_i^2` by `vpmullw`, times `s_i` by
+    /// `vpdpwssd`.
     ///
     /// # Safety
-    /// The CPU must have AVX-512F and BW; bounds as `spans_avx512`.
-    #[target_feature(enable = "avx512f,avx512bw")]
+    /// The CPU must have AVX-512F, BW and VNNI; bounds as `spans_avx512`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub unsafe fn whole_avx512<const K: u32, const R: usize>(
         bytes: &[u8],
         starts: [usize; R],
         queries: [&[u8]; R],
         stride: usize,
     ) -> [u64; R] {
-        let highest = _mm512_set1_epi8(if K == 3 { CUBED_MAX as i8 } else { -1 });
-        let (mut lanes, mut sums) = ([_mm512_setzero_si512(); R], [0u64; R]);
+        let highest = _mm512_set1_epi8(if K == 3 { CUBED_MAX as i8 } else { SQUARED_MAX as i8 });
+        let zero = _mm512_setzero_si512();
+        let (mut lanes, mut sums) = ([zero; R], [0u64; R]);
         let mut at = 0;
         while at + 64 <= stride {
             for r in 0..R {
@@ -798,21 +882,26 @@ pub(super) mod x86 {
                     )
                 };
                 let apart = steps_512(x, q);
-                let s = _mm512_min_epu8(apart, highest);
-                for half in [_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s)] {
-                    let s = _mm512_cvtepu8_epi16(half);
-                    let terms =
-                        if K == 3 { _mm512_madd_epi16(_mm512_mullo_epi16(s, s), s) } else { _mm512_madd_epi16(s, s) };
-                    lanes[r] = _mm512_add_epi32(lanes[r], terms);
-                }
+                let low = _mm512_min_epu8(apart, highest);
+                lanes[r] = if K == 3 {
+                    // The bytes widened to 16 bits in another order, which
+                    // a sum does not mind.
+                    let mut lane = lanes[r];
+                    for s in [_mm512_unpacklo_epi8(low, zero), _mm512_unpackhi_epi8(low, zero)] {
+                        lane = _mm512_dpwssd_epi32(lane, _mm512_mullo_epi16(s, s), s);
+                    }
+                    lane
+                } else {
+                    _mm512_dpbusd_epi32(lanes[r], low, low)
+                };
             }
             at += 64;
-            // Each lane takes at most 4 x 181^3 (or 4 x 253^2) a block: 64
+            // Each lane takes at most 4 x 181^3 (or 4 x 127^2) a block: 64
             // blocks stay below 2^31.
             if (at / 64).is_multiple_of(64) {
                 for r in 0..R {
                     sums[r] += sum_lanes(lanes[r]);
-                    lanes[r] = _mm512_setzero_si512();
+                    lanes[r] = zero;
                 }
             }
         }
@@ -842,8 +931,9 @@ pub(super) mod x86 {
         queries: [&[u8]; R],
         (at, len): (usize, usize),
     ) -> [u64; R] {
-        let highest = _mm256_set1_epi8(if K == 3 { CUBED_MAX as i8 } else { -1 });
-        let (mut lanes, mut sums) = ([_mm256_setzero_si256(); R], [0u64; R]);
+        let highest = _mm256_set1_epi8(if K == 3 { CUBED_MAX as i8 } else { SQUARED_MAX as i8 });
+        let zero = _mm256_setzero_si256();
+        let (mut lanes, mut sums) = ([zero; R], [0u64; R]);
         for (n, step) in (at..at + len).step_by(32).enumerate() {
             for r in 0..R {
                 // SAFETY: in bounds, as the caller promises.
@@ -854,16 +944,17 @@ pub(super) mod x86 {
                     )
                 };
                 let apart = steps_256(x, q);
-                let s = _mm256_min_epu8(apart, highest);
-                for half in [_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s)] {
-                    let s = _mm256_cvtepu8_epi16(half);
+                let low = _mm256_min_epu8(apart, highest);
+                // The bytes widened to 16 bits in another order, which a
+                // sum does not mind.
+                for s in [_mm256_unpacklo_epi8(low, zero), _mm256_unpackhi_epi8(low, zero)] {
                     let terms =
                         if K == 3 { _mm256_madd_epi16(_mm256_mullo_epi16(s, s), s) } else { _mm256_madd_epi16(s, s) };
                     lanes[r] = _mm256_add_epi32(lanes[r], terms);
                 }
             }
-            // Each lane takes at most 4 x 181^3 a block: 64 blocks stay
-            // below 2^31.
+            // Each lane takes at most 4 x 181^3 (or 4 x 127^2) a block: 64
+            // blocks stay below 2^31.
             if (n + 1).is_multiple_of(64) {
                 for r in 0..R {
                     sums[r] += sum_lanes_avx2(lanes[r]);

@@ -228,8 +228,7 @@ impl Bound {
     pub(super) fn grid(self) -> codes::Grid {
         match self {
             Bound::Products(_) => codes::Grid::Fitted,
-            Bound::Floors(Floor::Canberra) => codes::Grid::Logarithmic,
-            Bound::Floors(_) => codes::Grid::PowersOfTwo,
+            Bound::Floors(floor) => floor.grid(),
         }
     }
 }
@@ -2072,7 +2071,7 @@ pub(crate) mod tests {
 
     /// The floors' integer sums at 65,536 dimensions with every difference
     /// at its largest, 254 (codes of 127 against queries clamped to -127):
-    /// `D` and `P` of 254 x 65,536 and lp's sum of 253^8 x 65,536 fit
+    /// `D` and `P` of 254 x 65,536 and lp's sum of 254^8 x 65,536 fit
     /// their u32 and f32, on every kernel.
     #[cfg(target_arch = "x86_64")]
     #[test]
@@ -2081,22 +2080,26 @@ pub(crate) mod tests {
         let dims = codes::DIMS_MAX;
         // 127 is on its own scale, 1, with codes of 127.
         let rows: Vec<f32> = [127.0f32, -127.0].iter().flat_map(|&x| vec![x; dims]).collect();
-        let codes = Codes::of(dims, codes::Grid::PowersOfTwo, &rows).expect("codes at the limit");
+        let codes_of = |floor: Floor| Codes::of(dims, floor.grid(), &rows).expect("codes at the limit");
         let query = vec![-1e30f32; dims];
+        let (l1_codes, lp8) = (codes_of(Floor::L1), Floor::lp(8.0).unwrap());
+        let lp8_codes = codes_of(lp8);
         for &kernel in &kernels {
-            let grids = Grids::of(Floor::BrayCurtis, &codes, &query);
-            assert_eq!(grids.spans_of(kernel, &codes, 0), (254 * dims as u32, 0), "{}", kernel.name());
-            assert_eq!(grids.spans_of(kernel, &codes, 1), (0, 254 * dims as u32), "{}", kernel.name());
-            let grids = Grids::of(Floor::Linf, &codes, &query);
-            assert_eq!(grids.spans_of(kernel, &codes, 0), (254, 0), "{}", kernel.name());
-            let grids = Grids::of(Floor::lp(8.0).unwrap(), &codes, &query);
-            let (sum, exact, slack) = grids.powers_of(kernel, &codes, 0);
+            let grids = Grids::of(Floor::BrayCurtis, &l1_codes, &query);
+            assert_eq!(grids.spans_of(kernel, &l1_codes, 0), (254 * dims as u32, 0), "{}", kernel.name());
+            assert_eq!(grids.spans_of(kernel, &l1_codes, 1), (0, 254 * dims as u32), "{}", kernel.name());
+            let grids = Grids::of(Floor::Linf, &l1_codes, &query);
+            assert_eq!(grids.spans_of(kernel, &l1_codes, 0), (254, 0), "{}", kernel.name());
+            let grids = Grids::of(lp8, &lp8_codes, &query);
+            let (sum, exact, slack) = grids.powers_of(kernel, &lp8_codes, 0);
             assert!(sum.is_finite() && (sum - exact).abs() <= exact * slack - exact);
             // p = 2 and 3 sum in integers, spilled from 32-bit lanes: exact
-            // at the limit, every difference at its largest (253, lowered to
-            // 181 for p = 3).
-            for (p, s) in [(2.0, 253u64), (3.0, 181)] {
-                let grids = Grids::of(Floor::lp(p).unwrap(), &codes, &query);
+            // at the limit, every difference at its largest (254, lowered to
+            // 127 for p = 2 and 181 for p = 3).
+            for (p, s) in [(2.0, 127u64), (3.0, 181)] {
+                let floor = Floor::lp(p).unwrap();
+                let codes = codes_of(floor);
+                let grids = Grids::of(floor, &codes, &query);
                 let (sum, exact, slack) = grids.powers_of(kernel, &codes, 0);
                 assert_eq!((sum, slack), (exact, 1.0), "{}, p {p}", kernel.name());
                 assert_eq!(sum, (dims as u64 * s.pow(p as u32)) as f64, "{}, p {p}", kernel.name());
