@@ -23,6 +23,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use harness::Rng;
+use quiver::store::aligned::Aligned;
 use quiver::store::cpu;
 use quiver::store::topk::TopK;
 use quiver::store::{Index, Metric, Scanner};
@@ -125,8 +126,9 @@ fn main() {
         let (vectors, queries) = data.split_at(rows * dims);
         for (&metric, &theirs) in metrics.iter().zip(&reference) {
             let ids: Vec<i64> = (0..rows as i64).collect();
-            let index = Index::from_parts(dims, metric, ids, vectors.to_vec(), vec![Default::default(); rows])
-                .expect("an index from the rows");
+            let index =
+                Index::from_parts(dims, metric, ids, Aligned::from_slice(vectors), vec![Default::default(); rows])
+                    .expect("an index from the rows");
             let queries: Vec<Vec<f32>> = queries
                 .chunks_exact(dims)
                 .map(|q| {

@@ -22,6 +22,7 @@ use std::io::{self, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::files::{self, sync_dir};
+use crate::store::aligned::Aligned;
 use crate::store::index::Text;
 use crate::store::{Index, Metric, Store};
 
@@ -177,7 +178,7 @@ pub fn load_index(path: &Path, progress: &mut crate::log::Progress) -> Result<In
         let mut ids = vec![0i64; count];
         input.fill(bytemuck::cast_slice_mut(&mut ids))?;
         progress.advance(count as u64 * 8);
-        let mut vectors = vec![0f32; count * dims];
+        let mut vectors = Aligned::<f32>::zeroed(count * dims);
         for chunk in vectors.chunks_mut(LOAD_CHUNK_FLOATS) {
             input.fill(bytemuck::cast_slice_mut(chunk))?;
             progress.advance(chunk.len() as u64 * 4);

@@ -63,6 +63,7 @@
 //! cosines spread over about 0.036: only rows near the k-th nearest are
 //! scored twice.
 
+use super::aligned::Aligned;
 use super::screen;
 
 pub mod floors;
@@ -150,7 +151,7 @@ impl Kernel {
         codes: &Codes,
         rows: [usize; R],
     ) -> [[i32; R]; Q] {
-        let (dims, bytes) = (codes.dims, &codes.bytes[..]);
+        let (dims, bytes) = (codes.dims, codes.bytes());
         assert_eq!(codes.grid, Grid::Fitted, "products of fitted codes");
         let starts = rows.map(|row| row * dims);
         // Each row and whole blocks past it: within the slack every row has.
@@ -325,7 +326,9 @@ pub struct Codes {
     /// every query code also has there; on the logarithmic grid as many
     /// levels (padded with level 0), then a sign bit for each.
     stride: usize,
-    bytes: Vec<u8>,
+    /// In whole cache lines (`Aligned`): with a stride of whole blocks,
+    /// a 64-byte load of a row reads one line.
+    bytes: Aligned<u8>,
     scales: Vec<f32>,
     residuals: Vec<f32>,
     /// Powers of two and logarithmic only: how many rows have each exponent
@@ -350,7 +353,7 @@ impl Codes {
             grid,
             dims,
             stride,
-            bytes: vec![0; SLACK],
+            bytes: Aligned::zeroed(SLACK),
             scales: Vec::new(),
             residuals: Vec::new(),
             exponents,
@@ -364,7 +367,7 @@ impl Codes {
         let rows = vectors.len() / dims;
         // The buffer starts with the `SLACK` bytes `push` keeps past the
         // last row, so this is all it will need.
-        codes.bytes.reserve_exact(rows * codes.stride);
+        codes.bytes.reserve_exact(rows * codes.stride + SLACK);
         codes.scales.reserve_exact(rows);
         codes.residuals.reserve_exact(rows);
         for v in vectors.chunks_exact(dims) {
@@ -419,7 +422,7 @@ impl Codes {
     /// Adds a row's code at the end.
     pub fn push(&mut self, v: &[f32]) {
         let start = self.len() * self.stride;
-        self.bytes.resize(start + self.stride + SLACK, 0);
+        self.bytes.resize(start + self.stride + SLACK);
         // A scale of 0 counts in no exponent, so that `set` has none to
         // take back.
         self.scales.push(0.0);
@@ -469,7 +472,7 @@ impl Codes {
         self.count(row, false);
         self.bytes.copy_within(last * stride..(last + 1) * stride, row * stride);
         self.bytes.truncate(last * stride);
-        self.bytes.resize(last * stride + SLACK, 0);
+        self.bytes.resize(last * stride + SLACK);
         self.scales.swap_remove(row);
         self.residuals.swap_remove(row);
     }

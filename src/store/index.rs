@@ -14,6 +14,7 @@ use std::fmt;
 use roaring::RoaringBitmap;
 use smallvec::SmallVec;
 
+use super::aligned::Aligned;
 use super::codes::{Codes, Grid};
 use super::filter::Filter;
 use super::kernels;
@@ -232,7 +233,9 @@ pub type Parts<'a> = (&'a [i64], &'a [f32], &'a [Text]);
 pub struct Index {
     dims: usize,
     metric: Metric,
-    vectors: Vec<f32>,
+    /// In whole cache lines (`Aligned`): where `dims` is a multiple of 16,
+    /// every row starts a line.
+    vectors: Aligned<f32>,
     /// Cosine only: 1/|v| per row, so the stored vector stays exactly as given.
     inverse_norms: Vec<f32>,
     /// An upper bound on |v| per row, for the first passes' error bounds.
@@ -266,7 +269,7 @@ impl Index {
         Index {
             dims,
             metric,
-            vectors: Vec::new(),
+            vectors: Aligned::new(),
             inverse_norms: Vec::new(),
             norms: Vec::new(),
             codes: Index::code_grid(dims, metric).and_then(|grid| Codes::new(dims, grid)),
@@ -471,7 +474,7 @@ impl Index {
         dims: usize,
         metric: Metric,
         ids: Vec<i64>,
-        vectors: Vec<f32>,
+        vectors: Aligned<f32>,
         metadata: Vec<Text>,
     ) -> Result<Index, String> {
         if dims == 0 || vectors.len() != ids.len() * dims || metadata.len() != ids.len() {

@@ -5,6 +5,7 @@
 //! write-ahead log can record exactly what is applied, in the order applied.
 //! This module knows nothing of HTTP, JSON or sockets.
 
+pub mod aligned;
 pub mod codes;
 pub mod cpu;
 pub mod filter;
