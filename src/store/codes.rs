@@ -324,11 +324,15 @@ pub struct Codes {
     /// Bytes from one row's codes to the next: `dims` on the fitted grid;
     /// on powers of two, whole 32-byte blocks, padded with code 0, which
     /// every query code also has there; on the logarithmic grid as many
-    /// levels (padded with level 0), then a sign bit for each.
+    /// levels (padded with level 0).
     stride: usize,
     /// In whole cache lines (`Aligned`): with a stride of whole blocks,
     /// a 64-byte load of a row reads one line.
     bytes: Aligned<u8>,
+    /// Logarithmic only: each row's sign bits, one per level, row `r`'s
+    /// from `r * stride / 8`. Apart from the levels, so that a search of
+    /// an index without negative values (most) streams only the levels.
+    signs: Vec<u8>,
     scales: Vec<f32>,
     residuals: Vec<f32>,
     /// Powers of two and logarithmic only: how many rows have each exponent
@@ -347,13 +351,14 @@ impl Codes {
         let (stride, exponents) = match grid {
             Grid::Fitted => (dims, Vec::new()),
             Grid::PowersOfTwo { .. } => (dims.next_multiple_of(BLOCK), vec![0; 256]),
-            Grid::Logarithmic => (dims.next_multiple_of(BLOCK) / 8 * 9, vec![0; 256]),
+            Grid::Logarithmic => (dims.next_multiple_of(BLOCK), vec![0; 256]),
         };
         (dims <= DIMS_MAX).then(|| Codes {
             grid,
             dims,
             stride,
             bytes: Aligned::zeroed(SLACK),
+            signs: Vec::new(),
             scales: Vec::new(),
             residuals: Vec::new(),
             exponents,
@@ -368,6 +373,9 @@ impl Codes {
         // The buffer starts with the `SLACK` bytes `push` keeps past the
         // last row, so this is all it will need.
         codes.bytes.reserve_exact(rows * codes.stride + SLACK);
+        if grid == Grid::Logarithmic {
+            codes.signs.reserve_exact(rows * codes.stride / 8);
+        }
         codes.scales.reserve_exact(rows);
         codes.residuals.reserve_exact(rows);
         for v in vectors.chunks_exact(dims) {
@@ -392,15 +400,6 @@ impl Codes {
         self.stride
     }
 
-    /// Bytes of levels in a row's codes on the logarithmic grid, before its
-    /// sign bits; on the other grids, the stride.
-    pub fn width(&self) -> usize {
-        match self.grid {
-            Grid::Logarithmic => self.stride / 9 * 8,
-            _ => self.stride,
-        }
-    }
-
     /// How many rows have each exponent field (powers of two and
     /// logarithmic only).
     pub fn exponents(&self) -> &[u32] {
@@ -419,10 +418,19 @@ impl Codes {
         &self.bytes
     }
 
+    /// The logarithmic grid's sign bits, row `r`'s from `r * stride / 8`.
+    #[inline(always)]
+    pub fn signs(&self) -> &[u8] {
+        &self.signs
+    }
+
     /// Adds a row's code at the end.
     pub fn push(&mut self, v: &[f32]) {
         let start = self.len() * self.stride;
         self.bytes.resize(start + self.stride + SLACK);
+        if self.grid == Grid::Logarithmic {
+            self.signs.resize(self.signs.len() + self.stride / 8, 0);
+        }
         // A scale of 0 counts in no exponent, so that `set` has none to
         // take back.
         self.scales.push(0.0);
@@ -433,11 +441,11 @@ impl Codes {
     /// Replaces row `row`'s code.
     pub fn set(&mut self, row: usize, v: &[f32]) {
         let (dims, stride) = (self.dims, self.stride);
-        let width = self.width();
         self.count(row, false);
         let out = &mut self.bytes[row * stride..(row + 1) * stride];
         let encoded = if self.grid == Grid::Logarithmic {
-            Encoded { scale: ratios::encode(v, width, out), sum: 0, residual: 0.0 }
+            let signs = &mut self.signs[row * stride / 8..(row + 1) * stride / 8];
+            Encoded { scale: ratios::encode(v, out, signs), sum: 0, residual: 0.0 }
         } else {
             out[dims..].fill(stored(0));
             encode(v, self.grid, |i, code| out[i] = stored(code))
@@ -455,8 +463,8 @@ impl Codes {
             let count = &mut self.exponents[exponent_of(scale)];
             *count = if add { *count + 1 } else { *count - 1 };
         }
-        let signs = &self.bytes[row * self.stride + self.width()..(row + 1) * self.stride];
-        if self.grid == Grid::Logarithmic && signs.iter().any(|&bits| bits != 0) {
+        let signs = self.signs.get(row * self.stride / 8..(row + 1) * self.stride / 8).unwrap_or_default();
+        if signs.iter().any(|&bits| bits != 0) {
             self.negatives = if add { self.negatives + 1 } else { self.negatives - 1 };
         }
     }
@@ -473,6 +481,11 @@ impl Codes {
         self.bytes.copy_within(last * stride..(last + 1) * stride, row * stride);
         self.bytes.truncate(last * stride);
         self.bytes.resize(last * stride + SLACK);
+        if self.grid == Grid::Logarithmic {
+            let bits = stride / 8;
+            self.signs.copy_within(last * bits..(last + 1) * bits, row * bits);
+            self.signs.truncate(last * bits);
+        }
         self.scales.swap_remove(row);
         self.residuals.swap_remove(row);
     }
@@ -483,6 +496,9 @@ impl Codes {
     pub fn prefetch(&self, row: usize, rows: usize) {
         let start = (row * self.stride).min(self.bytes.len());
         let end = ((row + rows) * self.stride).min(self.bytes.len());
+        // The logarithmic grid's sign bits are left to the hardware's
+        // prefetcher: the scans read them in order, and only where a value
+        // is negative; a test here costs every scan of every grid.
         #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
         for line in self.bytes[start..end].iter().step_by(64) {
             safe_arch::prefetch_t0(line);
@@ -505,7 +521,8 @@ impl Codes {
 
     /// Bytes held per row, for the memory formula.
     pub fn bytes_per_row(&self) -> usize {
-        self.stride + 8
+        let signs = if self.grid == Grid::Logarithmic { self.stride / 8 } else { 0 };
+        self.stride + signs + 8
     }
 }
 

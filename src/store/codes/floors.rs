@@ -228,9 +228,9 @@ impl Grids {
     pub fn encode(&mut self, floor: Floor, codes: &Codes, query: &[f32]) {
         assert!(codes.grid() == floor.grid() && query.len() == codes.dims());
         let stride = codes.stride();
-        let width = if floor == Floor::BrayCurtis { 2 * stride } else { stride };
         self.floor = floor;
         self.stride = stride;
+        let width = self.query_width();
         self.slots = [NO_SLOT; 256];
         self.bytes.clear();
         self.sides.clear();
@@ -245,7 +245,8 @@ impl Grids {
             let start = self.bytes.len();
             if floor == Floor::Canberra {
                 self.bytes.resize(start + width, 0);
-                ratios::encode_on(query, scale, codes.width(), &mut self.bytes[start..]);
+                let (levels, signs) = self.bytes[start..].split_at_mut(stride);
+                ratios::encode_on(query, scale, levels, signs);
                 self.sides.push((scale, 0.0, 0.0));
                 continue;
             }
@@ -373,7 +374,7 @@ impl Grids {
     /// codes give `sums` (`ratios`).
     #[inline(always)]
     fn canberra_floor(&self, sums: (u64, i64)) -> f64 {
-        let bound = ratios::bound(sums, self.stride / 9 * 8);
+        let bound = ratios::bound(sums, self.stride);
         bound * self.factor - self.absolute
     }
 
@@ -392,8 +393,19 @@ impl Grids {
     /// The query's code in `slot` (with its negation, for Bray-Curtis).
     #[inline(always)]
     fn query_at(&self, slot: usize) -> &[u8] {
-        let width = if self.floor == Floor::BrayCurtis { 2 * self.stride } else { self.stride };
+        let width = self.query_width();
         &self.bytes[slot * width..(slot + 1) * width]
+    }
+
+    /// Bytes of the query's code for each slot: the rows' stride, twice
+    /// for Bray-Curtis (with its negation), and for Canberra its sign bits
+    /// after its levels.
+    fn query_width(&self) -> usize {
+        match self.floor {
+            Floor::BrayCurtis => 2 * self.stride,
+            Floor::Canberra => self.stride + self.stride / 8,
+            _ => self.stride,
+        }
     }
 
     /// `S` (lp, the module doc) of `rows` against the query's codes in
@@ -449,25 +461,26 @@ impl Grids {
         rows: [usize; R],
         slots: [usize; R],
     ) -> [(u64, i64); R] {
-        let (bytes, stride, width) = (codes.bytes(), self.stride, codes.width());
-        let starts = rows.map(|row| row * stride);
-        assert!(starts.iter().all(|&start| start + stride <= bytes.len()));
-        assert!(width.is_multiple_of(BLOCK) && stride == width + width / 8);
+        let (codes, width) = ((codes.bytes(), codes.signs()), self.stride);
+        let starts = rows.map(|row| row * width);
+        assert!(width.is_multiple_of(BLOCK) && starts.iter().all(|&start| start + width <= codes.0.len()));
+        assert!(!self.signed || starts.iter().all(|&start| (start + width) / 8 <= codes.1.len()));
         let queries = slots.map(|slot| self.query_at(slot));
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as in `spans`; each query holds `stride` bytes (sliced).
+        // SAFETY: as in `spans`; each query holds `width + width / 8` bytes
+        // (sliced); the signs are read only where `signed` (asserted).
         unsafe {
             let table = &*ratios::TABLE;
             match (kernel, self.signed) {
-                (Kernel::Vnni512, true) => ratios::x86::sums_avx512::<true, R>(table, bytes, starts, queries, width),
-                (Kernel::Vnni512, false) => ratios::x86::sums_avx512::<false, R>(table, bytes, starts, queries, width),
-                (_, true) => ratios::x86::sums_avx2::<true, R>(table, bytes, starts, queries, (0, width), width),
-                (_, false) => ratios::x86::sums_avx2::<false, R>(table, bytes, starts, queries, (0, width), width),
+                (Kernel::Vnni512, true) => ratios::x86::sums_avx512::<true, R>(table, codes, starts, queries, width),
+                (Kernel::Vnni512, false) => ratios::x86::sums_avx512::<false, R>(table, codes, starts, queries, width),
+                (_, true) => ratios::x86::sums_avx2::<true, R>(table, codes, starts, queries, (0, width), width),
+                (_, false) => ratios::x86::sums_avx2::<false, R>(table, codes, starts, queries, (0, width), width),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (kernel, bytes, starts, queries, width);
+            let _ = (kernel, codes, starts, queries, width);
             unreachable!("no kernel is available off x86-64")
         }
     }
@@ -530,8 +543,9 @@ impl Grids {
     pub fn ratio_sums_of(&self, kernel: Kernel, codes: &Codes, row: usize) -> ((u64, i64), (u64, i64), f64) {
         let slot = self.slot_of(codes, row);
         let [sums] = self.ratio_sums(kernel, codes, [row], [slot]);
-        let stride = codes.stride();
-        let want = ratios::sums_scalar(self.query_at(slot), &codes.bytes()[row * stride..], codes.width());
+        let width = codes.stride();
+        let row_codes = (&codes.bytes()[row * width..], &codes.signs()[row * width / 8..]);
+        let want = ratios::sums_scalar(self.query_at(slot), row_codes, width);
         (sums, want, self.canberra_floor(sums))
     }
 

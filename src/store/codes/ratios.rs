@@ -147,19 +147,20 @@ pub fn level_of(v: f64) -> u8 {
     (largest + 256).clamp(0, 255) as u8
 }
 
-/// Codes `v` into `out`: its levels over `width` bytes (padded with level
-/// 0), then its sign bits over `width / 8` bytes. Returns its scale.
-pub fn encode(v: &[f32], width: usize, out: &mut [u8]) -> f32 {
-    assert!(width.is_multiple_of(BLOCK) && v.len() <= width && out.len() == width + width / 8);
+/// Codes `v` into `levels` (padded with level 0, a whole number of
+/// blocks) and its sign bits into `signs`, one for each level. Returns its
+/// scale.
+pub fn encode(v: &[f32], levels: &mut [u8], signs: &mut [u8]) -> f32 {
     let largest = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     let scale = power_of_two_at_least(largest);
-    encode_on(v, f64::from(scale), width, out);
+    encode_on(v, f64::from(scale), levels, signs);
     scale
 }
 
-/// Codes `v` into `out` (as `encode`) on the scale `scale`, a power of two.
-pub fn encode_on(v: &[f32], scale: f64, width: usize, out: &mut [u8]) {
-    let (levels, signs) = out.split_at_mut(width);
+/// Codes `v` (as `encode`) on the scale `scale`, a power of two.
+pub fn encode_on(v: &[f32], scale: f64, levels: &mut [u8], signs: &mut [u8]) {
+    let width = levels.len();
+    assert!(width.is_multiple_of(BLOCK) && v.len() <= width && signs.len() == width / 8);
     levels.fill(0);
     signs.fill(0);
     for (i, &x) in v.iter().enumerate() {
@@ -175,14 +176,14 @@ pub fn bound((bases, slopes): (u64, i64), width: usize) -> f64 {
     (bases as f64 - (width as u64 * OFFSET) as f64) / BASE_UNIT + slopes as f64 / SLOPE_UNIT
 }
 
-/// `sum base[h]` and `sum m slope[h]` of a query's code and a row's (`out`
-/// of `encode` each), one value at a time: the reference the kernels must
-/// agree with.
+/// `sum base[h]` and `sum m slope[h]` of a query's code (its `width`
+/// levels, then their sign bits) and a row's levels and sign bits, one
+/// value at a time: the reference the kernels must agree with.
 #[cfg(test)]
-pub fn sums_scalar(query: &[u8], row: &[u8], width: usize) -> (u64, i64) {
+pub fn sums_scalar(query: &[u8], (row, row_signs): (&[u8], &[u8]), width: usize) -> (u64, i64) {
     let table = &*TABLE;
     (0..width).fold((0, 0), |(base, slope), i| {
-        let differ = (query[width + i / 8] ^ row[width + i / 8]) >> (i % 8) & 1 == 1;
+        let differ = (query[width + i / 8] ^ row_signs[i / 8]) >> (i % 8) & 1 == 1;
         let m = if differ { 255 } else { query[i].abs_diff(row[i]) };
         let h = usize::from(m >> 4);
         let b = u64::from(table.low[h]) + 256 * u64::from(table.high[h]);
@@ -207,20 +208,22 @@ pub mod x86 {
     use super::super::x86::sum256;
     use super::Table;
 
-    /// Each row's `sum base[h]` and `sum m slope[h]` (the module doc), of the codes at `starts` in `bytes` against `queries`, over
-    /// `width` levels and their sign bits after them, on 64-byte blocks
-    /// and a last one of 32, with AVX-512BW and VNNI's `vpdpbusd` to add up
-    /// bytes and their products. Without `SIGNS` (no value of the query or
-    /// of any row is negative: every sign bit is 0) the signs are not read.
+    /// Each row's `sum base[h]` and `sum m slope[h]` (the module doc), of
+    /// the levels at `starts` in `bytes` and their sign bits from
+    /// `starts / 8` in `signs`, against `queries` (each `width` levels,
+    /// then their sign bits), on 64-byte blocks and a last one of 32, with
+    /// AVX-512BW and VNNI's `vpdpbusd` to add up bytes and their products.
+    /// Without `SIGNS` (no value of the query or of any row is negative:
+    /// every sign bit is 0) the signs are not read.
     ///
     /// # Safety
-    /// The CPU must have AVX-512F, BW and VNNI; `bytes` must hold `width +
-    /// width / 8` bytes from each start, each query as many; `width` a
-    /// multiple of 32.
+    /// The CPU must have AVX-512F, BW and VNNI; `bytes` must hold `width`
+    /// bytes from each start, `signs` `width / 8` from each start's eighth,
+    /// each query `width + width / 8`; `width` a multiple of 32.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub unsafe fn sums_avx512<const SIGNS: bool, const R: usize>(
         table: &Table,
-        bytes: &[u8],
+        (bytes, signs): (&[u8], &[u8]),
         starts: [usize; R],
         queries: [&[u8]; R],
         width: usize,
@@ -246,7 +249,7 @@ pub mod x86 {
                 if SIGNS {
                     // SAFETY: in bounds, as the caller promises.
                     let differ = unsafe {
-                        let x_signs = row.add(width + at / 8).cast::<u64>().read_unaligned();
+                        let x_signs = signs.as_ptr().add((starts[r] + at) / 8).cast::<u64>().read_unaligned();
                         x_signs ^ query.add(width + at / 8).cast::<u64>().read_unaligned()
                     };
                     m = _mm512_mask_mov_epi8(m, differ, _mm512_set1_epi8(-1));
@@ -259,7 +262,7 @@ pub mod x86 {
             at += 64;
         }
         // SAFETY: the same bounds, for the last 32 bytes if any.
-        let tail = unsafe { sums_avx2::<SIGNS, R>(table, bytes, starts, queries, (at, width - at), width) };
+        let tail = unsafe { sums_avx2::<SIGNS, R>(table, (bytes, signs), starts, queries, (at, width - at), width) };
         std::array::from_fn(|r| {
             let base = _mm512_reduce_add_epi32(bases[r].0) as u32 as u64
                 + 256 * _mm512_reduce_add_epi32(bases[r].1) as u32 as u64;
@@ -275,7 +278,7 @@ pub mod x86 {
     #[target_feature(enable = "avx2")]
     pub unsafe fn sums_avx2<const SIGNS: bool, const R: usize>(
         table: &Table,
-        bytes: &[u8],
+        (bytes, signs): (&[u8], &[u8]),
         starts: [usize; R],
         queries: [&[u8]; R],
         (at, len): (usize, usize),
@@ -306,7 +309,7 @@ pub mod x86 {
                 if SIGNS {
                     // SAFETY: in bounds, as the caller promises.
                     let differ = unsafe {
-                        let x_signs = row.add(width + step / 8).cast::<u32>().read_unaligned();
+                        let x_signs = signs.as_ptr().add((starts[r] + step) / 8).cast::<u32>().read_unaligned();
                         x_signs ^ query.add(width + step / 8).cast::<u32>().read_unaligned()
                     };
                     let differ = _mm256_shuffle_epi8(_mm256_set1_epi32(differ as i32), spread);
