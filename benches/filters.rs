@@ -321,9 +321,9 @@ fn delete_by_filter(table: &mut Table) {
 }
 
 /// Target 6: lone search with each of the six metrics beyond the
-/// interface's, each timed right after l2 on the same rows (random values
-/// in [0, 1), which js needs non-negative), so that each ratio is of two
-/// neighbouring measurements.
+/// interface's against l2 on the same rows (random values in [0, 1),
+/// which js needs non-negative), each query searched with l2 right before
+/// (`paired`), so that each ratio is of two neighbouring measurements.
 fn metrics(table: &mut Table) {
     let server = Server::start();
     let mut client = server.connect();
@@ -349,15 +349,38 @@ fn metrics(table: &mut Table) {
         load_vectors(&mut client, name, &vectors);
     }
     for (name, body) in &metrics[1..] {
-        let l2 = timed(&mut client, "m-l2", &queries, &Value::Null);
-        let took = timed(&mut client, name, &queries, &Value::Null);
+        let (l2, took, ratio) = paired(&mut client, ("m-l2", name), &queries);
         let p = body.get("p").map_or(String::new(), |p| format!(" (p = {p})"));
         table.add(
-            &format!("6. lone search, {}{p}, 100,000 x 768, k=10 (median of 32)", body["metric"].as_str().unwrap()),
+            &format!("6. lone search, {}{p}, 100,000 x 768, k=10 (median of 64)", body["metric"].as_str().unwrap()),
             ms(took),
-            format!("l2 just before: {}; goal 1.5 x", ms(l2)),
-            took.as_secs_f64() / l2.as_secs_f64(),
+            format!("l2, each query right before: {} (ratio: the median pair's); goal 1.5 x", ms(l2)),
+            ratio,
             "<= 1.5",
         );
     }
+}
+
+/// Each of `queries` searched twice in `reference`, then in `index`, one
+/// right after the other: the median times of each, and the median of the
+/// 64 ratios of pairs. A pair's two searches are milliseconds apart, where
+/// the host's slow spells last seconds.
+fn paired(client: &mut Client, (reference, index): (&str, &str), queries: &[Vec<f32>]) -> (Duration, Duration, f64) {
+    let bodies: Vec<String> = queries.iter().map(|q| search_body(q, &Value::Null)).collect();
+    let mut search = |index: &str, body: &str| {
+        let started = Instant::now();
+        let r = client.call("POST", &format!("/api/v1/embeddings/{index}/search"), Some(body));
+        assert_eq!(r.status, 200, "{r:?}");
+        started.elapsed()
+    };
+    for body in bodies.iter().take(3) {
+        search(reference, body);
+        search(index, body);
+    }
+    let pairs: Vec<(Duration, Duration)> =
+        bodies.iter().chain(&bodies).map(|body| (search(reference, body), search(index, body))).collect();
+    let mut ratios: Vec<f64> = pairs.iter().map(|(a, b)| b.as_secs_f64() / a.as_secs_f64()).collect();
+    ratios.sort_by(f64::total_cmp);
+    let (a, b): (Vec<Duration>, Vec<Duration>) = pairs.into_iter().unzip();
+    (median(a), median(b), ratios[ratios.len() / 2])
 }
