@@ -274,10 +274,10 @@ impl Grids {
                 // lp's `H`, rounded up as the rows' norms are
                 // (`codes::encode`).
                 self.sides.push((scale, norm_of(powered, quarters) * (1.0 + 2f64.powi(-30)), 0.0));
+                self.limits.push(AtomicU64::new(NO_LIMIT));
             } else {
                 self.sides.push((scale, near - far + surplus, all + surplus));
             }
-            self.limits.push(AtomicU64::new(NO_LIMIT));
         }
         let m = (query.len() / 4 + 64) as f64 * 2f64.powi(-24);
         self.relative = m / (1.0 - m);
@@ -337,8 +337,8 @@ impl Grids {
         let (sums, slack) = self.powers(kernel, codes, rows, slots);
         let mut ruled = 0;
         for r in 0..R {
-            let (_, near, _) = self.sides[slots[r]];
-            let t = f64::from(threshold) / self.factor + near;
+            let (_, h, _) = self.sides[slots[r]];
+            let t = f64::from(threshold) / self.factor + h;
             let (_, residual) = codes.scale_and_residual(rows[r]);
             // Rounded up, as `1 - p u` is then rounded down: within the
             // surplus the limit carries. A NaN rules nothing out.
@@ -791,13 +791,7 @@ pub(super) mod x86 {
         while at + 64 <= stride {
             for r in 0..R {
                 // SAFETY: in bounds, as the caller promises.
-                let (x, q) = unsafe {
-                    (
-                        _mm512_loadu_si512(bytes.as_ptr().add(starts[r] + at).cast()),
-                        _mm512_loadu_si512(queries[r].as_ptr().add(at).cast()),
-                    )
-                };
-                let apart = steps_512(x, q);
+                let apart = unsafe { steps_512(bytes, starts[r] + at, queries[r], at) };
                 add(r, _mm512_castsi512_si128(apart));
                 add(r, _mm512_extracti32x4_epi32::<1>(apart));
                 add(r, _mm512_extracti32x4_epi32::<2>(apart));
@@ -831,13 +825,7 @@ pub(super) mod x86 {
         for step in (at..at + len).step_by(32) {
             for r in 0..R {
                 // SAFETY: in bounds, as the caller promises.
-                let (x, q) = unsafe {
-                    (
-                        _mm256_loadu_si256(bytes.as_ptr().add(starts[r] + step).cast()),
-                        _mm256_loadu_si256(queries[r].as_ptr().add(step).cast()),
-                    )
-                };
-                let apart = steps_256(x, q);
+                let apart = unsafe { steps_256(bytes, starts[r] + step, queries[r], step) };
                 let (apart, apart_high) = (_mm256_castsi256_si128(apart), _mm256_extracti128_si256::<1>(apart));
                 add(r, apart);
                 add(r, _mm_srli_si128::<8>(apart));
@@ -852,18 +840,32 @@ pub(super) mod x86 {
         })
     }
 
-    /// lp's `s_i = |c_i - d_i|` of 64 stored codes `x` and a query's `q`
-    /// (the module doc), with AVX-512BW.
+    /// lp's `s_i = |c_i - d_i|` (the module doc) of the 64 stored codes at
+    /// `bytes[row..]` and the query's at `query[at..]`, with AVX-512BW.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512BW; both must hold 64 bytes there.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    fn steps_512(x: __m512i, q: __m512i) -> __m512i {
+    unsafe fn steps_512(bytes: &[u8], row: usize, query: &[u8], at: usize) -> __m512i {
+        // SAFETY: in bounds, as the caller promises.
+        let (x, q) = unsafe {
+            (_mm512_loadu_si512(bytes.as_ptr().add(row).cast()), _mm512_loadu_si512(query.as_ptr().add(at).cast()))
+        };
         _mm512_or_si512(_mm512_subs_epu8(x, q), _mm512_subs_epu8(q, x))
     }
 
     /// `steps_512` of 32 codes, with AVX2.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; both must hold 32 bytes there.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn steps_256(x: __m256i, q: __m256i) -> __m256i {
+    unsafe fn steps_256(bytes: &[u8], row: usize, query: &[u8], at: usize) -> __m256i {
+        // SAFETY: in bounds, as the caller promises.
+        let (x, q) = unsafe {
+            (_mm256_loadu_si256(bytes.as_ptr().add(row).cast()), _mm256_loadu_si256(query.as_ptr().add(at).cast()))
+        };
         _mm256_or_si256(_mm256_subs_epu8(x, q), _mm256_subs_epu8(q, x))
     }
 
@@ -889,13 +891,7 @@ pub(super) mod x86 {
         while at + 64 <= stride {
             for r in 0..R {
                 // SAFETY: in bounds, as the caller promises.
-                let (x, q) = unsafe {
-                    (
-                        _mm512_loadu_si512(bytes.as_ptr().add(starts[r] + at).cast()),
-                        _mm512_loadu_si512(queries[r].as_ptr().add(at).cast()),
-                    )
-                };
-                let apart = steps_512(x, q);
+                let apart = unsafe { steps_512(bytes, starts[r] + at, queries[r], at) };
                 let low = _mm512_min_epu8(apart, highest);
                 lanes[r] = if K == 3 {
                     // The bytes widened to 16 bits in another order, which
@@ -951,13 +947,7 @@ pub(super) mod x86 {
         for (n, step) in (at..at + len).step_by(32).enumerate() {
             for r in 0..R {
                 // SAFETY: in bounds, as the caller promises.
-                let (x, q) = unsafe {
-                    (
-                        _mm256_loadu_si256(bytes.as_ptr().add(starts[r] + step).cast()),
-                        _mm256_loadu_si256(queries[r].as_ptr().add(step).cast()),
-                    )
-                };
-                let apart = steps_256(x, q);
+                let apart = unsafe { steps_256(bytes, starts[r] + step, queries[r], step) };
                 let low = _mm256_min_epu8(apart, highest);
                 // The bytes widened to 16 bits in another order, which a
                 // sum does not mind.
