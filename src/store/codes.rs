@@ -68,6 +68,7 @@ use super::screen;
 
 pub mod floors;
 pub mod ratios;
+pub mod shannon;
 
 /// Indexes of more dimensions keep no codes: a sum of `255 x 127` per
 /// dimension must fit an i32 (see the module doc).
@@ -196,9 +197,10 @@ pub enum Grid {
     /// for `p` of this many quarters (lp's `p`; 4, `sum |e_i|`, for the
     /// other metrics).
     PowersOfTwo { quarters: u8 },
-    /// Canberra's (`ratios`): a level on a logarithmic scale and a sign bit
-    /// per value, under the least power of two not below `m`.
-    Logarithmic,
+    /// Canberra's (`ratios`): a level on a logarithmic scale and, with
+    /// `signs`, a sign bit per value, under the least power of two not
+    /// below `m`. js's values are never negative: it keeps no signs.
+    Logarithmic { signs: bool },
 }
 
 /// A vector's code: scale, sum of the codes, residual bound (the codes
@@ -221,7 +223,7 @@ fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, i8)) -> Encoded {
         }
         Grid::Fitted => f32_at_least(f64::from(largest) / 127.0).max(f32::from_bits(1)),
         Grid::PowersOfTwo { .. } => power_of_two_at_least(f32_at_least(f64::from(largest) / 127.0)),
-        Grid::Logarithmic => unreachable!("levels are coded by `ratios::encode`"),
+        Grid::Logarithmic { .. } => unreachable!("levels are coded by `ratios::encode`"),
     };
     let quarters = match grid {
         Grid::PowersOfTwo { quarters } => u32::from(quarters),
@@ -351,7 +353,7 @@ impl Codes {
         let (stride, exponents) = match grid {
             Grid::Fitted => (dims, Vec::new()),
             Grid::PowersOfTwo { .. } => (dims.next_multiple_of(BLOCK), vec![0; 256]),
-            Grid::Logarithmic => (dims.next_multiple_of(BLOCK), vec![0; 256]),
+            Grid::Logarithmic { .. } => (dims.next_multiple_of(BLOCK), vec![0; 256]),
         };
         (dims <= DIMS_MAX).then(|| Codes {
             grid,
@@ -373,7 +375,7 @@ impl Codes {
         // The buffer starts with the `SLACK` bytes `push` keeps past the
         // last row, so this is all it will need.
         codes.bytes.reserve_exact(rows * codes.stride + SLACK);
-        if grid == Grid::Logarithmic {
+        if grid == (Grid::Logarithmic { signs: true }) {
             codes.signs.reserve_exact(rows * codes.stride / 8);
         }
         codes.scales.reserve_exact(rows);
@@ -428,7 +430,7 @@ impl Codes {
     pub fn push(&mut self, v: &[f32]) {
         let start = self.len() * self.stride;
         self.bytes.resize(start + self.stride + SLACK);
-        if self.grid == Grid::Logarithmic {
+        if self.grid == (Grid::Logarithmic { signs: true }) {
             self.signs.resize(self.signs.len() + self.stride / 8, 0);
         }
         // A scale of 0 counts in no exponent, so that `set` has none to
@@ -443,8 +445,8 @@ impl Codes {
         let (dims, stride) = (self.dims, self.stride);
         self.count(row, false);
         let out = &mut self.bytes[row * stride..(row + 1) * stride];
-        let encoded = if self.grid == Grid::Logarithmic {
-            let signs = &mut self.signs[row * stride / 8..(row + 1) * stride / 8];
+        let encoded = if let Grid::Logarithmic { signs } = self.grid {
+            let signs = if signs { &mut self.signs[row * stride / 8..(row + 1) * stride / 8] } else { &mut [][..] };
             Encoded { scale: ratios::encode(v, out, signs), sum: 0, residual: 0.0 }
         } else {
             out[dims..].fill(stored(0));
@@ -481,7 +483,7 @@ impl Codes {
         self.bytes.copy_within(last * stride..(last + 1) * stride, row * stride);
         self.bytes.truncate(last * stride);
         self.bytes.resize(last * stride + SLACK);
-        if self.grid == Grid::Logarithmic {
+        if self.grid == (Grid::Logarithmic { signs: true }) {
             let bits = stride / 8;
             self.signs.copy_within(last * bits..(last + 1) * bits, row * bits);
             self.signs.truncate(last * bits);
@@ -521,7 +523,7 @@ impl Codes {
 
     /// Bytes held per row, for the memory formula.
     pub fn bytes_per_row(&self) -> usize {
-        let signs = if self.grid == Grid::Logarithmic { self.stride / 8 } else { 0 };
+        let signs = if self.grid == (Grid::Logarithmic { signs: true }) { self.stride / 8 } else { 0 };
         self.stride + signs + 8
     }
 }

@@ -11,7 +11,8 @@
 //! then serves every row of that scale, and the distance between two codes
 //! is a sum of integers, which `vpsadbw` adds up 64 bytes at a time.
 //! Canberra's pass goes through `Grids` too, on the logarithmic codes and
-//! with the bound of `ratios`.
+//! with the bound of `ratios`, and so does js's, on the same codes with the
+//! bound of `shannon`.
 //!
 //! # The codes
 //! A row `x` of `n` values with largest magnitude `m` has scale `a = 2^k`,
@@ -94,7 +95,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{exponent_of, norm_of, power_of, ratios, stored, Codes, Grid, Kernel, BLOCK};
+use super::{exponent_of, norm_of, power_of, ratios, shannon, stored, Codes, Grid, Kernel, BLOCK};
 
 /// The distances this pass bounds.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -106,6 +107,8 @@ pub enum Floor {
     Lp(f32),
     /// Canberra, on its logarithmic codes (`ratios`).
     Canberra,
+    /// Jensen-Shannon, on Canberra's codes (`shannon`).
+    JensenShannon,
 }
 
 impl Floor {
@@ -127,7 +130,8 @@ impl Floor {
     /// powers of two, keeping the residual's norm of lp's `p` (else of 1).
     pub fn grid(self) -> Grid {
         match self {
-            Floor::Canberra => Grid::Logarithmic,
+            Floor::Canberra => Grid::Logarithmic { signs: true },
+            Floor::JensenShannon => Grid::Logarithmic { signs: false },
             Floor::Lp(p) => Grid::PowersOfTwo { quarters: (p * 4.0) as u8 },
             _ => Grid::PowersOfTwo { quarters: 4 },
         }
@@ -193,6 +197,8 @@ pub struct Grids {
     /// Canberra: whether the query or a row holds a negative value, so
     /// that the kernels must compare signs.
     signed: bool,
+    /// js: whether the CPU has AVX-512 VBMI's byte lookups.
+    vbmi: bool,
 }
 
 impl Default for Grids {
@@ -210,6 +216,7 @@ impl Default for Grids {
             factor: 0.0,
             absolute: 0.0,
             signed: false,
+            vbmi: false,
         }
     }
 }
@@ -243,7 +250,7 @@ impl Grids {
             self.slots[exponent] = slot as u16;
             let scale = f64::from(f32::from_bits((exponent as u32) << 23));
             let start = self.bytes.len();
-            if floor == Floor::Canberra {
+            if matches!(floor, Floor::Canberra | Floor::JensenShannon) {
                 self.bytes.resize(start + width, 0);
                 let (levels, signs) = self.bytes[start..].split_at_mut(stride);
                 ratios::encode_on(query, scale, levels, signs);
@@ -286,6 +293,14 @@ impl Grids {
             self.absolute = query.len() as f64 * 2f64.powi(-149);
             self.signed = codes.negatives() > 0 || query.iter().any(|&q| q < 0.0);
         }
+        if floor == Floor::JensenShannon {
+            self.factor = (1.0 - 2f64.powi(-15)) * (1.0 - self.relative) * (1.0 - SURPLUS);
+            self.absolute = query.len() as f64 * 2f64.powi(-148);
+            #[cfg(target_arch = "x86_64")]
+            {
+                self.vbmi = std::arch::is_x86_feature_detected!("avx512vbmi");
+            }
+        }
         if let Floor::Lp(p) = floor {
             let quarters = (p * 4.0) as u32;
             (self.whole, self.quarters) = (quarters / 4, quarters % 4);
@@ -308,6 +323,12 @@ impl Grids {
             let sums = self.ratio_sums(kernel, codes, rows, slots);
             return (0..R)
                 .fold(0, |ruled, r| ruled | u32::from(self.canberra_floor(sums[r]) > f64::from(threshold)) << r);
+        }
+        if self.floor == Floor::JensenShannon {
+            let sums = self.shannon_sums(kernel, codes, rows, slots);
+            return (0..R).fold(0, |ruled, r| {
+                ruled | u32::from(self.shannon_floor(sums[r], slots[r]) > f64::from(threshold)) << r
+            });
         }
         let (spans, plus) = self.spans(kernel, codes, rows, slots);
         let mut ruled = 0;
@@ -376,6 +397,13 @@ impl Grids {
     fn canberra_floor(&self, sums: (u64, i64)) -> f64 {
         let bound = ratios::bound(sums, self.stride);
         bound * self.factor - self.absolute
+    }
+
+    /// The least js distance the kernel can find for a row of the scale in
+    /// `slot` whose codes give `sum` (`shannon`).
+    #[inline(always)]
+    fn shannon_floor(&self, sum: u64, slot: usize) -> f64 {
+        sum as f64 * shannon::unit(self.sides[slot].0) * self.factor - self.absolute
     }
 
     /// The most the first pass's lp sum exceeds the exact one by, as a
@@ -485,6 +513,39 @@ impl Grids {
         }
     }
 
+    /// js's sums of `V` (`shannon`) of `rows` against the query's codes in
+    /// `slots`: with `vpermi2b` where the CPU has AVX-512 VBMI (and the
+    /// widest kernel runs), else with AVX2's gathers.
+    #[inline(always)]
+    fn shannon_sums<const R: usize>(
+        &self,
+        kernel: Kernel,
+        codes: &Codes,
+        rows: [usize; R],
+        slots: [usize; R],
+    ) -> [u64; R] {
+        let (bytes, width) = (codes.bytes(), self.stride);
+        let starts = rows.map(|row| row * width);
+        assert!(width.is_multiple_of(BLOCK) && starts.iter().all(|&start| start + width <= bytes.len()));
+        let queries = slots.map(|slot| self.query_at(slot));
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `spans`, VBMI asked for where it is used; each query
+        // holds at least `width` bytes (sliced).
+        unsafe {
+            let table = &*shannon::TABLE;
+            if kernel == Kernel::Vnni512 && self.vbmi {
+                shannon::x86::sums_vbmi::<R>(table, bytes, starts, queries, width)
+            } else {
+                shannon::x86::sums_avx2::<R>(table, bytes, starts, queries, (0, width))
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (kernel, bytes, starts, queries, width);
+            unreachable!("no kernel is available off x86-64")
+        }
+    }
+
     /// `spans` of `rows` against the query's codes in `slots`.
     #[inline(always)]
     fn spans<const R: usize>(
@@ -504,6 +565,7 @@ impl Grids {
             Floor::BrayCurtis => spans(kernel, BRAY_CURTIS, bytes, starts, queries, stride),
             Floor::Lp(_) => unreachable!("lp's pass sums powers (`powers`)"),
             Floor::Canberra => unreachable!("Canberra's pass sums bounds (`ratio_sums`)"),
+            Floor::JensenShannon => unreachable!("js's pass sums bounds (`shannon_sums`)"),
         }
     }
 
@@ -525,6 +587,7 @@ impl Grids {
             }
             Floor::Lp(_) => unreachable!("lp's floor is `rules_out_lp`"),
             Floor::Canberra => unreachable!("Canberra's floor is `canberra_floor`"),
+            Floor::JensenShannon => unreachable!("js's floor is `shannon_floor`"),
         }
     }
 }
@@ -547,6 +610,17 @@ impl Grids {
         let row_codes = (&codes.bytes()[row * width..], &codes.signs()[row * width / 8..]);
         let want = ratios::sums_scalar(self.query_at(slot), row_codes, width);
         (sums, want, self.canberra_floor(sums))
+    }
+
+    /// js's sum of row `row` with `kernel`, as the kernel finds it and as
+    /// the scalar reference does; and the least distance the bound allows
+    /// from it.
+    pub fn shannon_sums_of(&self, kernel: Kernel, codes: &Codes, row: usize) -> (u64, u64, f64) {
+        let slot = self.slot_of(codes, row);
+        let [sum] = self.shannon_sums(kernel, codes, [row], [slot]);
+        let width = codes.stride();
+        let want = shannon::sums_scalar(self.query_at(slot), &codes.bytes()[row * width..], width);
+        (sum, want, self.shannon_floor(sum, slot))
     }
 
     /// Whether Canberra's kernels compare signs for this query.

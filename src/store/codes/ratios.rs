@@ -148,8 +148,8 @@ pub fn level_of(v: f64) -> u8 {
 }
 
 /// Codes `v` into `levels` (padded with level 0, a whole number of
-/// blocks) and its sign bits into `signs`, one for each level. Returns its
-/// scale.
+/// blocks) and its sign bits into `signs`, one for each level (none where
+/// `signs` is empty: js's codes). Returns its scale.
 pub fn encode(v: &[f32], levels: &mut [u8], signs: &mut [u8]) -> f32 {
     let largest = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     let scale = power_of_two_at_least(largest);
@@ -160,12 +160,14 @@ pub fn encode(v: &[f32], levels: &mut [u8], signs: &mut [u8]) -> f32 {
 /// Codes `v` (as `encode`) on the scale `scale`, a power of two.
 pub fn encode_on(v: &[f32], scale: f64, levels: &mut [u8], signs: &mut [u8]) {
     let width = levels.len();
-    assert!(width.is_multiple_of(BLOCK) && v.len() <= width && signs.len() == width / 8);
+    assert!(width.is_multiple_of(BLOCK) && v.len() <= width && (signs.is_empty() || signs.len() == width / 8));
     levels.fill(0);
     signs.fill(0);
     for (i, &x) in v.iter().enumerate() {
         levels[i] = level_of(f64::from(x.abs()) / scale);
-        signs[i / 8] |= u8::from(x < 0.0) << (i % 8);
+        if let Some(bits) = signs.get_mut(i / 8) {
+            *bits |= u8::from(x < 0.0) << (i % 8);
+        }
     }
 }
 

@@ -366,6 +366,34 @@ mod tests {
         }
     }
 
+    /// js's far lanes (`t > 1/2`) take the logarithm of `1 + t`, any f32
+    /// in [1.5, 2], and of `1 - t`, a multiple of 2^-24 in (0, 1/2): on
+    /// every one of them, `wide`'s `ln` (these lanes') and the standard
+    /// library's (the tail's) are within 2 x 2^-24 of the logarithm, as
+    /// the js first pass's proof takes them to be (`codes::shannon`).
+    #[test]
+    fn js_logarithms_are_within_two_roundings_on_every_far_input() {
+        let ups = (0..=1u32 << 22).map(|k| 1.5 + k as f32 * 2f32.powi(-23));
+        let downs = (1..1u32 << 23).map(|k| k as f32 * 2f32.powi(-24));
+        let inputs: Vec<f32> = ups.chain(downs).collect();
+        let error = |got: f32, v: f32| {
+            let want = f64::from(v).ln();
+            (f64::from(got) - want).abs() / want.abs() / 2f64.powi(-24)
+        };
+        let mut worst: f64 = 0.0;
+        let (blocks, tail) = inputs.as_chunks::<LANES>();
+        for block in blocks {
+            let got = Lanes::new(*block).ln().to_array();
+            for (&v, &got) in block.iter().zip(&got) {
+                worst = worst.max(error(got, v)).max(error(v.ln(), v));
+            }
+        }
+        for &v in tail {
+            worst = worst.max(error(v.ln(), v));
+        }
+        assert!(worst <= 2.0, "{worst} roundings");
+    }
+
     #[test]
     fn the_edges_the_definitions_name() {
         // canberra: a 0/0 term counts 0.
