@@ -43,6 +43,11 @@ impl TopK {
         }
     }
 
+    /// How many candidates it keeps at most.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
     /// The distance a candidate must beat to enter, once the heap is full.
     #[inline]
     pub fn threshold(&self) -> Option<f32> {

@@ -126,6 +126,13 @@ impl Floor {
 }
 
 impl Floor {
+    /// Whether a lone search finds every row's bound first and scores rows
+    /// in their order (`Grids::nearest_of`): all but lp, whose rule tests a
+    /// row without the root its bound would take.
+    pub fn in_order(self) -> bool {
+        !matches!(self, Floor::Lp(_))
+    }
+
     /// The grid its codes are on: Canberra's logarithmic; the others' on
     /// powers of two, keeping the residual's norm of lp's `p` (else of 1).
     pub fn grid(self) -> Grid {
@@ -308,6 +315,47 @@ impl Grids {
             let factor = ((1.0 - 48.0 * 2f64.powi(-24)) * (1.0 - self.relative)).powf(1.0 / p) * (1.0 - 2f64.powi(-23));
             self.factor = factor * (1.0 - SURPLUS);
         }
+    }
+
+    /// The floor these codes are for.
+    pub fn floor(&self) -> Floor {
+        self.floor
+    }
+
+    /// The nearest each of `R` rows of `codes` can be, rounded down to an
+    /// f32 (-inf where the bound is NaN: it rules nothing out), for the
+    /// floors that `Floor::in_order`.
+    #[inline(always)]
+    pub fn nearest_of<const R: usize>(&self, kernel: Kernel, codes: &Codes, rows: [usize; R]) -> [f32; R] {
+        let slots = rows.map(|row| self.slot_of(codes, row));
+        let nearest: [f64; R] = match self.floor {
+            Floor::Lp(_) => unreachable!("lp's rule takes no root (`Floor::in_order`)"),
+            Floor::Canberra => {
+                let sums = self.ratio_sums(kernel, codes, rows, slots);
+                std::array::from_fn(|r| self.canberra_floor(sums[r]))
+            }
+            Floor::JensenShannon => {
+                let sums = self.shannon_sums(kernel, codes, rows, slots);
+                std::array::from_fn(|r| self.shannon_floor(sums[r], slots[r]))
+            }
+            _ => {
+                let (spans, plus) = self.spans(kernel, codes, rows, slots);
+                std::array::from_fn(|r| {
+                    let (_, residual) = codes.scale_and_residual(rows[r]);
+                    self.nearest(self.sides[slots[r]], f64::from(residual), spans[r], plus[r])
+                })
+            }
+        };
+        nearest.map(|nearest| {
+            let rounded = nearest as f32;
+            if nearest.is_nan() {
+                f32::NEG_INFINITY
+            } else if f64::from(rounded) > nearest {
+                rounded.next_down()
+            } else {
+                rounded
+            }
+        })
     }
 
     /// Which of `R` rows of `codes` are strictly farther than `threshold`
