@@ -77,6 +77,15 @@
 //! at most `m` roundings, `S` as found is at most `(1 + 2^-10)(1 + g)`
 //! times the exact one, and is divided by that before use.
 //!
+//! Where the CPU has AVX-512 VBMI, the first pass looks each `s_i^p` up
+//! instead (`PowerTable`): `T(s) = ⌊s^p κ (1 - 2^-40)⌋` for every step `s`,
+//! with `κ = (2^24 - 1) / 254^p (1 - 2^-40)` so that `T(254)` fits 24 bits,
+//! as three tables of bytes, each looked up 64 steps at a time
+//! (`vpermi2b`) and summed exactly in integers. Each `T(s)` is at most
+//! `s^p κ` (the margins cover `powf`'s rounding), so `sum T(s_i) / κ` is
+//! at most `S`, and at least `S - n / κ`: a few parts in a million of
+//! distances of random data. Its only slack is the quotient's rounding.
+//!
 //! For p = 2 and p = 3 the first pass finds `S` exactly instead, in
 //! integers: `s_i^2` and `s_i^3` by byte or 16-bit products summed into
 //! 32-bit lanes (`vpdpbusd`; `vpmullw` and `vpdpwssd` or `vpmaddwd`),
@@ -204,8 +213,42 @@ pub struct Grids {
     /// Canberra: whether the query or a row holds a negative value, so
     /// that the kernels must compare signs.
     signed: bool,
-    /// js: whether the CPU has AVX-512 VBMI's byte lookups.
+    /// js and lp: whether the CPU has AVX-512 VBMI's byte lookups.
     vbmi: bool,
+    /// lp where `vbmi`, but for p = 2 and 3: the powers of every step.
+    table: PowerTable,
+}
+
+/// lp's `T(s) = ⌊s^p κ⌋` for every step `s` from 0 to 255, 24-bit
+/// integers as three tables of bytes (low, middle, high) for AVX-512
+/// VBMI's lookups, with `κ` such that `T(254)` fits (the module doc).
+#[derive(Debug)]
+struct PowerTable {
+    /// The `p` the tables are for (NaN: none yet).
+    p: f32,
+    bytes: [[u8; 256]; 3],
+    kappa: f64,
+}
+
+impl PowerTable {
+    fn new(p: f32) -> PowerTable {
+        let p64 = f64::from(p);
+        let kappa = f64::from((1u32 << 24) - 1) / 254f64.powf(p64) * (1.0 - 2f64.powi(-40));
+        // Steps reach 254 (codes within [-127, 127]); the 256th entry, never
+        // read, repeats the 255th.
+        let powers: [u32; 256] = std::array::from_fn(|s| {
+            (f64::from(s.min(254) as u32).powf(p64) * kappa * (1.0 - 2f64.powi(-40))).floor() as u32
+        });
+        assert!(powers[0] == 0 && powers[254] < 1 << 24, "24 bits");
+        let bytes = [0, 8, 16].map(|shift| powers.map(|power| (power >> shift) as u8));
+        PowerTable { p, bytes, kappa }
+    }
+
+    /// `T(s)`.
+    fn power(&self, s: u8) -> u64 {
+        let s = usize::from(s);
+        u64::from(self.bytes[0][s]) | u64::from(self.bytes[1][s]) << 8 | u64::from(self.bytes[2][s]) << 16
+    }
 }
 
 impl Default for Grids {
@@ -224,6 +267,7 @@ impl Default for Grids {
             absolute: 0.0,
             signed: false,
             vbmi: false,
+            table: PowerTable { p: f32::NAN, bytes: [[0; 256]; 3], kappa: 1.0 },
         }
     }
 }
@@ -311,6 +355,13 @@ impl Grids {
         if let Floor::Lp(p) = floor {
             let quarters = (p * 4.0) as u32;
             (self.whole, self.quarters) = (quarters / 4, quarters % 4);
+            #[cfg(target_arch = "x86_64")]
+            {
+                self.vbmi = std::arch::is_x86_feature_detected!("avx512vbmi");
+            }
+            if self.vbmi && self.table.p != p {
+                self.table = PowerTable::new(p);
+            }
             let p = f64::from(p);
             let factor = ((1.0 - 48.0 * 2f64.powi(-24)) * (1.0 - self.relative)).powf(1.0 / p) * (1.0 - 2f64.powi(-23));
             self.factor = factor * (1.0 - SURPLUS);
@@ -516,6 +567,16 @@ impl Grids {
             // Exact: below 2^53 (at most 65,536 x 127^2 or 181^3).
             return (sums.map(|sum| sum as f64), 1.0);
         }
+        if kernel == Kernel::Vnni512 && self.vbmi {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as in `spans`, VBMI asked for where it is used.
+            let sums = unsafe { x86::table_avx512::<R>(&self.table, bytes, starts, queries, stride) };
+            #[cfg(not(target_arch = "x86_64"))]
+            let sums: [u64; R] = unreachable!("no kernel is available off x86-64");
+            // Each `T(s)` is at most `s^p κ`: the sum over `κ`, exact but
+            // for the quotient's rounding, is at most `S`.
+            return (sums.map(|sum| sum as f64 / self.table.kappa), 1.0 + SURPLUS);
+        }
         macro_rules! powers {
             ($($k:literal)*) => {
                 match self.whole {
@@ -686,19 +747,27 @@ impl Grids {
     /// exact one, and the slack between them the bound allows; for p = 2
     /// and 3, the exact one of the lowered `s_i` (the module doc), which the
     /// kernel must find with no slack.
-    pub fn powers_of(&self, kernel: Kernel, codes: &Codes, row: usize) -> (f64, f64, f64) {
+    pub fn powers_of(&self, kernel: Kernel, codes: &Codes, row: usize) -> (f64, f64, f64, f64) {
         let ([sum], slack) = self.powers(kernel, codes, [row], [self.slot_of(codes, row)]);
         let query = self.code_for(codes, row);
         let p = f64::from(self.whole) + f64::from(self.quarters) / 4.0;
+        let integers = self.quarters == 0 && (self.whole == 2 || self.whole == 3);
         let highest = match (self.quarters, self.whole) {
             (0, 2) => u32::from(SQUARED_MAX),
             (0, 3) => u32::from(CUBED_MAX),
             _ => u32::MAX,
         };
-        let exact = (query.iter().zip(codes.row(row)))
-            .map(|(&d, c)| f64::from((i32::from(c) - i32::from(d)).unsigned_abs().min(highest)).powf(p))
-            .sum::<f64>();
-        (sum, exact, slack)
+        let steps = || (query.iter().zip(codes.row(row))).map(|(&d, c)| (i32::from(c) - i32::from(d)).unsigned_abs());
+        let exact = steps().map(|s| f64::from(s.min(highest)).powf(p)).sum::<f64>();
+        if !integers && kernel == Kernel::Vnni512 && self.vbmi {
+            // The table's sum, as the scalar reference finds it.
+            let table = steps().map(|s| self.table.power(s as u8)).sum::<u64>() as f64 / self.table.kappa;
+            assert_eq!(sum, table, "the table's sum");
+            // Each `T(s)` within 1 of `s^p κ`, below it.
+            let least = (exact - codes.dims() as f64 / self.table.kappa) / slack;
+            return (sum, exact, slack, least);
+        }
+        (sum, exact, slack, if slack == 1.0 { exact } else { exact / slack })
     }
 }
 
@@ -776,7 +845,7 @@ pub fn spans_scalar(query: &[i8], row: impl Iterator<Item = i8>) -> (u32, u32, u
 pub(super) mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{BRAY_CURTIS, CUBED_MAX, LINF, SQUARED_MAX};
+    use super::{PowerTable, BRAY_CURTIS, CUBED_MAX, LINF, SQUARED_MAX};
 
     /// `spans` on 64-byte blocks, and a last one of 32, with AVX-512BW.
     ///
@@ -1040,6 +1109,58 @@ pub(super) mod x86 {
         // SAFETY: the same bounds, for the last 32 bytes if any.
         let tail = unsafe { whole_avx2::<K, R>(bytes, starts, queries, (at, stride - at)) };
         std::array::from_fn(|r| sums[r] + sum_lanes(lanes[r]) + tail[r])
+    }
+
+    /// lp's `sum T(s_i)` (`PowerTable`) of each row against its query, on
+    /// 64-byte blocks with AVX-512 VBMI's byte lookups (two `vpermi2b` and
+    /// a blend for each of the three bytes of `T`), summed by `vpdpbusd`,
+    /// and a last block of 32 one value at a time.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F, BW, VBMI and VNNI; bounds as
+    /// `spans_avx512`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni")]
+    pub(super) unsafe fn table_avx512<const R: usize>(
+        table: &PowerTable,
+        bytes: &[u8],
+        starts: [usize; R],
+        queries: [&[u8]; R],
+        stride: usize,
+    ) -> [u64; R] {
+        let quarters = |t: &[u8; 256]| -> [__m512i; 4] {
+            // SAFETY: 4 x 64 bytes.
+            std::array::from_fn(|i| unsafe { _mm512_loadu_si512(t.as_ptr().add(64 * i).cast()) })
+        };
+        let tables = table.bytes.each_ref().map(quarters);
+        let (one, zero) = (_mm512_set1_epi8(1), _mm512_setzero_si512());
+        let mut sums = [[zero; 3]; R];
+        let mut at = 0;
+        while at + 64 <= stride {
+            for r in 0..R {
+                // SAFETY: in bounds, as the caller promises.
+                let apart = unsafe { steps_512(bytes, starts[r] + at, queries[r], at) };
+                let above = _mm512_movepi8_mask(apart);
+                for (sum, t) in sums[r].iter_mut().zip(&tables) {
+                    let (below, high) =
+                        (_mm512_permutex2var_epi8(t[0], apart, t[1]), _mm512_permutex2var_epi8(t[2], apart, t[3]));
+                    *sum = _mm512_dpbusd_epi32(*sum, _mm512_mask_blend_epi8(above, below, high), one);
+                }
+            }
+            at += 64;
+        }
+        // Each lane adds at most 4 x 255 a block: below 2^31 for 65,536
+        // values.
+        std::array::from_fn(|r| {
+            let [low, middle, high] = sums[r].map(|sum| _mm512_reduce_add_epi32(sum) as u32 as u64);
+            let tail: u64 = (at..stride)
+                .map(|i| {
+                    // SAFETY: in bounds, as the caller promises.
+                    let (x, q) = unsafe { (*bytes.get_unchecked(starts[r] + i), *queries[r].get_unchecked(i)) };
+                    table.power(x.abs_diff(q))
+                })
+                .sum();
+            low + (middle << 8) + (high << 16) + tail
+        })
     }
 
     /// The sum of sixteen non-negative i32 lanes, in 64 bits.
