@@ -68,7 +68,26 @@
 //! least `L = ((1 - 48 x 2^-24)(1 - g))^(1/p) (1 - 2^-23)` times the exact
 //! one, and a row is ruled out when `(a (S / slack)^(1/p) - E - H) L` is
 //! strictly above the threshold (`Grids::rules_out_lp` tests that without
-//! a root for each row). The first pass raises each `s_i` (at most 254)
+//! a root for each row).
+//!
+//! Any other `p` from 1 to 8 has a first pass where the CPU has AVX-512
+//! VBMI's lookups (below), which raise to any `p`. Its kernel raises each
+//! ratio `r` (at least `ρ (1 - 2^-23)`, for the exact ratio `ρ`) as
+//! `e^z`, `z` the product of `p` and `wide`'s `ln r` rounded: `ln` is
+//! within `2.5 x 2^-24` of `|ln r|` for every normal `r` (a subnormal one
+//! gives -inf, a term of 0 for one below 2^-126), and `exp` within
+//! `2 x 2^-24` where `e^z` is normal, below 2^-126 elsewhere; both checked
+//! on every input they can take (`kernels::distances`' tests). So `z` is
+//! within `3.6 x 2^-24 p |ln r|` of `p ln r`, and the term is at least
+//! `r^p (1 - 2^-23)` less `3.6 x 2^-24 r^p p |ln r| <= 1.33 x 2^-24` (as
+//! `r^p p |ln r| <= 1 / e`), less 2^-126: at least
+//! `ρ^p (1 - 2^-23)^(p + 1) - 1.34 x 2^-24`. With the sum at least 1,
+//! the `n` terms lose at most `1 - (1 - 2^-23)^(p + 1) + 1.34 n 2^-24`
+//! of it, which takes the place of `48 x 2^-24` in `L`. The codes' norms
+//! `E` and `H` are then those of `p' = ⌊4 p⌋ / 4`, at most 1/4 below `p`:
+//! `|e|_p <= |e|_p'`, so each is still at least the norm of `p`.
+//!
+//! The first pass raises each `s_i` (at most 254)
 //! in f32: the whole power by products (exact below 2^24, each later one
 //! rounded), then `sqrt(s_i)` as `s_i / sqrt(s_i)` and the fourth root as
 //! `sqrt(sqrt(s_i))` the same way, with the CPU's approximate reciprocal
@@ -121,17 +140,47 @@ pub enum Floor {
 }
 
 impl Floor {
-    /// lp's floor, where `p` is one whose kernel error the module doc
-    /// bounds, a multiple of 1/4 up to 8, and at least 1 (the first pass
-    /// raises to the whole part by products, at least one).
+    /// lp's floor, for `p` from 1 (Minkowski's inequality) to 8: any such
+    /// `p` where this process's first pass looks powers up (`lookups`),
+    /// else a multiple of 1/4, which the f32 first pass raises to by
+    /// products and square roots.
     pub fn lp(p: f32) -> Option<Floor> {
-        let quarters = p * 4.0;
         if p == 1.0 {
             // lp's kernel is then l1's.
             return Some(Floor::L1);
         }
-        (quarters == quarters.trunc() && (4.0..=32.0).contains(&quarters)).then_some(Floor::Lp(p))
+        ((1.0..=8.0).contains(&p) && (is_quarter(p) || lookups())).then_some(Floor::Lp(p))
     }
+
+    /// Whether its first pass can run with `kernel`: any but lp with a `p`
+    /// not a multiple of 1/4, which only the lookups raise to.
+    pub fn runs_on(self, kernel: Kernel) -> bool {
+        match self {
+            Floor::Lp(p) if !is_quarter(p) => kernel == Kernel::Vnni512 && vbmi(),
+            _ => true,
+        }
+    }
+}
+
+/// Whether `p` is a multiple of 1/4 (lp's kernels raise to those by
+/// products and square roots).
+fn is_quarter(p: f32) -> bool {
+    let quarters = p * 4.0;
+    quarters == quarters.trunc()
+}
+
+/// Whether the CPU has AVX-512 VBMI's byte lookups.
+fn vbmi() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx512vbmi");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether this process's first passes look powers up: the widest int8
+/// kernel, and VBMI.
+fn lookups() -> bool {
+    crate::store::cpu::paths().int8 == Some(Kernel::Vnni512) && vbmi()
 }
 
 impl Floor {
@@ -347,23 +396,26 @@ impl Grids {
         if floor == Floor::JensenShannon {
             self.factor = (1.0 - 2f64.powi(-15)) * (1.0 - self.relative) * (1.0 - SURPLUS);
             self.absolute = query.len() as f64 * 2f64.powi(-148);
-            #[cfg(target_arch = "x86_64")]
-            {
-                self.vbmi = std::arch::is_x86_feature_detected!("avx512vbmi");
-            }
+            self.vbmi = vbmi();
         }
         if let Floor::Lp(p) = floor {
             let quarters = (p * 4.0) as u32;
             (self.whole, self.quarters) = (quarters / 4, quarters % 4);
-            #[cfg(target_arch = "x86_64")]
-            {
-                self.vbmi = std::arch::is_x86_feature_detected!("avx512vbmi");
-            }
+            self.vbmi = vbmi();
             if self.vbmi && self.table.p != p {
                 self.table = PowerTable::new(p);
             }
+            // Each term's loss (the module doc): for a multiple of 1/4, at
+            // most 48 roundings of itself; for any other p, `(p + 1) 2^-23`
+            // of itself and `1.34 x 2^-24`, at most that of the sum (at
+            // least 1) for each of the `n` terms.
+            let lost = if is_quarter(p) {
+                48.0 * 2f64.powi(-24)
+            } else {
+                1.0 - (1.0 - 2f64.powi(-23)).powf(f64::from(p) + 1.0) + 1.34 * query.len() as f64 * 2f64.powi(-24)
+            };
             let p = f64::from(p);
-            let factor = ((1.0 - 48.0 * 2f64.powi(-24)) * (1.0 - self.relative)).powf(1.0 / p) * (1.0 - 2f64.powi(-23));
+            let factor = ((1.0 - lost) * (1.0 - self.relative)).powf(1.0 / p) * (1.0 - 2f64.powi(-23));
             self.factor = factor * (1.0 - SURPLUS);
         }
     }
@@ -371,6 +423,20 @@ impl Grids {
     /// The floor these codes are for.
     pub fn floor(&self) -> Floor {
         self.floor
+    }
+
+    /// Whether lp's first pass finds `S` in integers: p = 2 or 3.
+    fn integers(&self) -> bool {
+        matches!(self.floor, Floor::Lp(p) if p == 2.0 || p == 3.0)
+    }
+
+    /// lp's `p` (NaN for the other floors).
+    fn floor_p(&self) -> f32 {
+        if let Floor::Lp(p) = self.floor {
+            p
+        } else {
+            f32::NAN
+        }
     }
 
     /// The nearest each of `R` rows of `codes` can be, rounded down to an
@@ -551,7 +617,7 @@ impl Grids {
         assert!(starts.iter().all(|&start| start + stride <= bytes.len()) && stride.is_multiple_of(BLOCK));
         assert!((1..=WHOLE_MAX).contains(&self.whole) && self.quarters < 4);
         let queries = slots.map(|slot| self.query_at(slot));
-        if self.quarters == 0 && (self.whole == 2 || self.whole == 3) {
+        if self.integers() {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as in `spans`.
             let sums = unsafe {
@@ -568,6 +634,7 @@ impl Grids {
             return (sums.map(|sum| sum as f64), 1.0);
         }
         if kernel == Kernel::Vnni512 && self.vbmi {
+            assert_eq!(self.table.p, self.floor_p(), "the table is the floor's");
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as in `spans`, VBMI asked for where it is used.
             let sums = unsafe { x86::table_avx512::<R>(&self.table, bytes, starts, queries, stride) };
@@ -577,6 +644,7 @@ impl Grids {
             // for the quotient's rounding, is at most `S`.
             return (sums.map(|sum| sum as f64 / self.table.kappa), 1.0 + SURPLUS);
         }
+        assert!(is_quarter(self.floor_p()), "only the lookups raise to a p not a multiple of 1/4 (`Floor::runs_on`)");
         macro_rules! powers {
             ($($k:literal)*) => {
                 match self.whole {
@@ -750,11 +818,11 @@ impl Grids {
     pub fn powers_of(&self, kernel: Kernel, codes: &Codes, row: usize) -> (f64, f64, f64, f64) {
         let ([sum], slack) = self.powers(kernel, codes, [row], [self.slot_of(codes, row)]);
         let query = self.code_for(codes, row);
-        let p = f64::from(self.whole) + f64::from(self.quarters) / 4.0;
-        let integers = self.quarters == 0 && (self.whole == 2 || self.whole == 3);
-        let highest = match (self.quarters, self.whole) {
-            (0, 2) => u32::from(SQUARED_MAX),
-            (0, 3) => u32::from(CUBED_MAX),
+        let p = f64::from(self.floor_p());
+        let integers = self.integers();
+        let highest = match (integers, self.whole) {
+            (true, 2) => u32::from(SQUARED_MAX),
+            (true, _) => u32::from(CUBED_MAX),
             _ => u32::MAX,
         };
         let steps = || (query.iter().zip(codes.row(row))).map(|(&d, c)| (i32::from(c) - i32::from(d)).unsigned_abs());

@@ -1914,8 +1914,17 @@ pub(crate) mod tests {
             lp(3.0),
             Metric::Canberra,
             Metric::JensenShannon,
+            lp(2.7),
         ];
         for metric in metrics {
+            let Some(bound) = Bound::of(metric) else {
+                crate::testing::skip("the int8 pass, lp with p = 2.7", "this CPU has no AVX-512 VBMI lookups");
+                continue;
+            };
+            // lp with a p not a multiple of 1/4 on the lookups' kernel only.
+            let kernels: Vec<codes::Kernel> = (kernels.iter().copied())
+                .filter(|&kernel| !matches!(bound, Bound::Floors(floor) if !floor.runs_on(kernel)))
+                .collect();
             for dims in [1, 3, 17, 64, 100, 768] {
                 let mut rows = hard_for_codes(dims as u64, dims, metric);
                 rows.extend(fit_for(metric, random_vectors(7, dims, 2000)));
@@ -2014,6 +2023,12 @@ pub(crate) mod tests {
         for p in [1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 7.75, 8.0] {
             floors.push((Metric::Lp(crate::store::Power::new(p).unwrap()), Floor::lp(p as f32).unwrap()));
         }
+        // Any other p where the powers are looked up.
+        for p in [1.1, 2.7, 7.99] {
+            if let Some(floor) = Floor::lp(p as f32) {
+                floors.push((Metric::Lp(crate::store::Power::new(p).unwrap()), floor));
+            }
+        }
         for (metric, floor) in floors {
             for dims in (1..=64).chain([65, 127, 768, 1536]) {
                 let rows = hard_for_codes(dims as u64, dims, metric);
@@ -2029,7 +2044,7 @@ pub(crate) mod tests {
                         index.scan_exact(&[query], &[1.0], None, row..row + 1, std::slice::from_mut(&mut top));
                         let exact = top.sorted()[0].distance;
                         let (d, m, p) = codes::floors::spans_scalar(&grids.code_for(codes, row), codes.row(row));
-                        for &kernel in &kernels {
+                        for &kernel in kernels.iter().filter(|&&kernel| floor.runs_on(kernel)) {
                             let what = format!("{metric:?}, {dims} dims, query {q}, row {row}, {}", kernel.name());
                             let want = match floor {
                                 Floor::L1 => (d, 0),
@@ -2340,7 +2355,8 @@ pub(crate) mod tests {
     }
 
     /// Which lp indexes take the floors' pass: p a multiple of 1/4 from 1
-    /// to 8 (p = 1 on l1's floor); any other p keeps the f32 scan and no
+    /// to 8 (p = 1 on l1's floor), and any other p from 1 to 8 where the
+    /// first pass looks powers up; any other p keeps the f32 scan and no
     /// codes.
     #[test]
     fn lp_takes_the_floors_pass_only_where_its_bound_is_proved() {
@@ -2348,7 +2364,14 @@ pub(crate) mod tests {
         for p in [1.25f32, 2.0, 2.5, 7.75, 8.0] {
             assert_eq!(Floor::lp(p), Some(Floor::Lp(p)));
         }
-        for p in [0.25f32, 0.75, 0.99, 2.7, 8.25, 9.0] {
+        let lookups = Floor::lp(2.7).is_some();
+        for p in [1.1f32, 2.7, std::f32::consts::PI, 7.99] {
+            assert_eq!(Floor::lp(p), lookups.then_some(Floor::Lp(p)));
+            if lookups {
+                assert!(Floor::Lp(p).runs_on(codes::Kernel::Vnni512) && !Floor::Lp(p).runs_on(codes::Kernel::Avx2));
+            }
+        }
+        for p in [0.25f32, 0.75, 0.99, 8.25, 9.0] {
             assert_eq!(Floor::lp(p), None, "p = {p}");
             let index = Index::new(8, Metric::Lp(crate::store::Power::new(f64::from(p)).unwrap()));
             assert!(index.codes.is_none() && index.coded_pass().is_none(), "p = {p}");
