@@ -887,4 +887,23 @@ pub(super) mod x86 {
         let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b10_11_00_01>(v));
         _mm_cvtsi128_si32(v)
     }
+
+    /// A table of 256 bytes as four registers, for `look_up`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn registers(table: &[u8; 256]) -> [__m512i; 4] {
+        // SAFETY: 4 x 64 bytes.
+        std::array::from_fn(|i| unsafe { _mm512_loadu_si512(table.as_ptr().add(64 * i).cast()) })
+    }
+
+    /// `table`'s byte for each byte of `index`: `vpermi2b` looks up the low
+    /// 7 bits in each half of the table, and `high` (the indexes' top bits)
+    /// picks the half.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    pub(super) fn look_up(table: &[__m512i; 4], index: __m512i, high: __mmask64) -> __m512i {
+        let below = _mm512_permutex2var_epi8(table[0], index, table[1]);
+        let above = _mm512_permutex2var_epi8(table[2], index, table[3]);
+        _mm512_mask_blend_epi8(high, below, above)
+    }
 }

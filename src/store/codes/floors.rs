@@ -913,6 +913,7 @@ pub fn spans_scalar(query: &[i8], row: impl Iterator<Item = i8>) -> (u32, u32, u
 pub(super) mod x86 {
     use std::arch::x86_64::*;
 
+    use super::super::x86::{look_up, registers};
     use super::{PowerTable, BRAY_CURTIS, CUBED_MAX, LINF, SQUARED_MAX};
 
     /// `spans` on 64-byte blocks, and a last one of 32, with AVX-512BW.
@@ -1195,11 +1196,7 @@ pub(super) mod x86 {
         queries: [&[u8]; R],
         stride: usize,
     ) -> [u64; R] {
-        let quarters = |t: &[u8; 256]| -> [__m512i; 4] {
-            // SAFETY: 4 x 64 bytes.
-            std::array::from_fn(|i| unsafe { _mm512_loadu_si512(t.as_ptr().add(64 * i).cast()) })
-        };
-        let tables = table.bytes.each_ref().map(quarters);
+        let tables = table.bytes.each_ref().map(|bytes| registers(bytes));
         let (one, zero) = (_mm512_set1_epi8(1), _mm512_setzero_si512());
         let mut sums = [[zero; 3]; R];
         let mut at = 0;
@@ -1209,9 +1206,7 @@ pub(super) mod x86 {
                 let apart = unsafe { steps_512(bytes, starts[r] + at, queries[r], at) };
                 let above = _mm512_movepi8_mask(apart);
                 for (sum, t) in sums[r].iter_mut().zip(&tables) {
-                    let (below, high) =
-                        (_mm512_permutex2var_epi8(t[0], apart, t[1]), _mm512_permutex2var_epi8(t[2], apart, t[3]));
-                    *sum = _mm512_dpbusd_epi32(*sum, _mm512_mask_blend_epi8(above, below, high), one);
+                    *sum = _mm512_dpbusd_epi32(*sum, look_up(t, apart, above), one);
                 }
             }
             at += 64;

@@ -175,6 +175,7 @@ pub mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::floors::x86::sum_of;
+    use super::super::x86::{look_up, registers};
     use super::Table;
 
     /// Each row's `sum V(e_i)` (the module doc), of the levels at `starts`
@@ -193,18 +194,7 @@ pub mod x86 {
         queries: [&[u8]; R],
         width: usize,
     ) -> [u64; R] {
-        // A table of 256 bytes as four registers: `vpermi2b` looks up the
-        // low 7 bits of each index in two of them.
-        let quarters = |t: &[u8; 256]| -> [__m512i; 4] {
-            // SAFETY: 4 x 64 bytes.
-            std::array::from_fn(|i| unsafe { _mm512_loadu_si512(t.as_ptr().add(64 * i).cast()) })
-        };
-        let lookup = |t: &[__m512i; 4], index: __m512i, high: __mmask64| {
-            let (below, above) =
-                (_mm512_permutex2var_epi8(t[0], index, t[1]), _mm512_permutex2var_epi8(t[2], index, t[3]));
-            _mm512_mask_blend_epi8(high, below, above)
-        };
-        let steps = quarters(&table.steps);
+        let steps = registers(&table.steps);
         // SAFETY: 64 bytes each.
         let (mantissas, powers) = unsafe {
             (_mm512_loadu_si512(table.mantissas.as_ptr().cast()), _mm512_loadu_si512(table.powers.as_ptr().cast()))
@@ -220,7 +210,7 @@ pub mod x86 {
                     unsafe { (_mm512_loadu_si512(row.add(at).cast()), _mm512_loadu_si512(query.add(at).cast())) };
                 let larger = _mm512_max_epu8(x, q);
                 let m = _mm512_sub_epi8(larger, _mm512_min_epu8(x, q));
-                let e = _mm512_subs_epu8(larger, lookup(&steps, m, _mm512_movepi8_mask(m)));
+                let e = _mm512_subs_epu8(larger, look_up(&steps, m, _mm512_movepi8_mask(m)));
                 // `vpermb` reads the low 6 bits of each index: `e mod 64`
                 // for the mantissa, and of `e >> 2` shifted in 16-bit
                 // lanes, the byte's own top 6 bits for the power.
