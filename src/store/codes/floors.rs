@@ -162,6 +162,16 @@ impl Floor {
     }
 }
 
+/// `x` rounded down to an f32.
+fn rounded_down(x: f64) -> f32 {
+    let rounded = x as f32;
+    if f64::from(rounded) > x {
+        rounded.next_down()
+    } else {
+        rounded
+    }
+}
+
 /// Whether `p` is a multiple of 1/4 (lp's kernels raise to those by
 /// products and square roots).
 fn is_quarter(p: f32) -> bool {
@@ -184,13 +194,6 @@ fn lookups() -> bool {
 }
 
 impl Floor {
-    /// Whether a lone search finds every row's bound first and scores rows
-    /// in their order (`Grids::nearest_of`): all but lp, whose rule tests a
-    /// row without the root its bound would take.
-    pub fn in_order(self) -> bool {
-        !matches!(self, Floor::Lp(_))
-    }
-
     /// The grid its codes are on: Canberra's logarithmic; the others' on
     /// powers of two, keeping the residual's norm of lp's `p` (else of 1).
     pub fn grid(self) -> Grid {
@@ -439,14 +442,42 @@ impl Grids {
         }
     }
 
+    /// Each of `R` rows' key, for a search that takes rows in the order of
+    /// their keys (`Index::search_in_order`): the nearest the row can be
+    /// (`nearest_of`); for lp, whose bound would take a root, `S` as the
+    /// first pass finds it over its slack, rounded down, from which
+    /// `beyond` tells the bound against any threshold without a root.
+    #[inline(always)]
+    pub fn keys_of<const R: usize>(&self, kernel: Kernel, codes: &Codes, rows: [usize; R]) -> [f32; R] {
+        if let Floor::Lp(_) = self.floor {
+            let slots = rows.map(|row| self.slot_of(codes, row));
+            let (sums, slack) = self.powers(kernel, codes, rows, slots);
+            return sums.map(|sum| rounded_down(sum / slack));
+        }
+        self.nearest_of(kernel, codes, rows)
+    }
+
+    /// Whether row `row`, whose key (`keys_of`) is `key`, is strictly
+    /// farther than `threshold` whatever its exact distance.
+    #[inline(always)]
+    pub fn beyond(&self, codes: &Codes, row: usize, key: f32, threshold: f32) -> bool {
+        match self.floor {
+            Floor::Lp(p) => {
+                let slot = self.slot_of(codes, row);
+                self.lp_beyond(f64::from(p), codes, (row, slot), f64::from(key), threshold)
+            }
+            _ => key > threshold,
+        }
+    }
+
     /// The nearest each of `R` rows of `codes` can be, rounded down to an
-    /// f32 (-inf where the bound is NaN: it rules nothing out), for the
-    /// floors that `Floor::in_order`.
+    /// f32 (-inf where the bound is NaN: it rules nothing out), for every
+    /// floor but lp's.
     #[inline(always)]
     pub fn nearest_of<const R: usize>(&self, kernel: Kernel, codes: &Codes, rows: [usize; R]) -> [f32; R] {
         let slots = rows.map(|row| self.slot_of(codes, row));
         let nearest: [f64; R] = match self.floor {
-            Floor::Lp(_) => unreachable!("lp's rule takes no root (`Floor::in_order`)"),
+            Floor::Lp(_) => unreachable!("lp's rule takes no root (`keys_of`)"),
             Floor::Canberra => {
                 let sums = self.ratio_sums(kernel, codes, rows, slots);
                 std::array::from_fn(|r| self.canberra_floor(sums[r]))
@@ -463,16 +494,7 @@ impl Grids {
                 })
             }
         };
-        nearest.map(|nearest| {
-            let rounded = nearest as f32;
-            if nearest.is_nan() {
-                f32::NEG_INFINITY
-            } else if f64::from(rounded) > nearest {
-                rounded.next_down()
-            } else {
-                rounded
-            }
-        })
+        nearest.map(|nearest| if nearest.is_nan() { f32::NEG_INFINITY } else { rounded_down(nearest) })
     }
 
     /// Which of `R` rows of `codes` are strictly farther than `threshold`
@@ -521,18 +543,22 @@ impl Grids {
         threshold: f32,
     ) -> u32 {
         let (sums, slack) = self.powers(kernel, codes, rows, slots);
-        let mut ruled = 0;
-        for r in 0..R {
-            let (_, h, _) = self.sides[slots[r]];
-            let t = f64::from(threshold) / self.factor + h;
-            let (_, residual) = codes.scale_and_residual(rows[r]);
-            // Rounded up, as `1 - p u` is then rounded down: within the
-            // surplus the limit carries. A NaN rules nothing out.
-            let u = p * f64::from(residual) / t * (1.0 + SURPLUS);
-            let kept = sums[r] / slack * (1.0 - u);
-            ruled |= u32::from(u < 1.0 && kept > self.limit_lp(p, slots[r], threshold, t)) << r;
-        }
-        ruled
+        (0..R).fold(0, |ruled, r| {
+            ruled | u32::from(self.lp_beyond(p, codes, (rows[r], slots[r]), sums[r] / slack, threshold)) << r
+        })
+    }
+
+    /// `rules_out_lp` for one row, of the scale in `slot`, whose `S` over
+    /// its slack is `sum`.
+    #[inline(always)]
+    fn lp_beyond(&self, p: f64, codes: &Codes, (row, slot): (usize, usize), sum: f64, threshold: f32) -> bool {
+        let (_, h, _) = self.sides[slot];
+        let t = f64::from(threshold) / self.factor + h;
+        let (_, residual) = codes.scale_and_residual(row);
+        // Rounded up, as `1 - p u` is then rounded down: within the
+        // surplus the limit carries. A NaN rules nothing out.
+        let u = p * f64::from(residual) / t * (1.0 + SURPLUS);
+        u < 1.0 && sum * (1.0 - u) > self.limit_lp(p, slot, threshold, t)
     }
 
     /// `(t / a)^p` for the scale of `slot` and `t` as `rules_out_lp` finds

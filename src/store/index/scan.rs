@@ -246,12 +246,12 @@ pub struct LoneCodes {
 /// bounds (`Index::search_in_order`), kept from search to search.
 #[derive(Default)]
 struct InOrder {
-    /// Each row's bound (f32 bits), written by whichever thread read its
-    /// codes.
-    bounds: Vec<AtomicU32>,
-    /// The rows of the least bounds each thread found.
+    /// Each row's key (f32 bits, `Grids::keys_of`), written by whichever
+    /// thread read its codes.
+    keys: Vec<AtomicU32>,
+    /// The rows of the least keys each thread found.
     least: Vec<usize>,
-    /// The rows left to score, with their bounds: a few in a thousand on
+    /// The rows left to score, with their keys: a few in a thousand on
     /// random rows, every row where the bounds tell none apart (then let
     /// go after the search, past `LEFT_KEPT`).
     left: Vec<(f32, u32)>,
@@ -259,6 +259,9 @@ struct InOrder {
 
 /// The most rows `InOrder::left` keeps room for between searches.
 const LEFT_KEPT: usize = 1 << 16;
+
+/// Rows left to score in order from which the threads share them.
+const THIRD_STEP_SPLIT_MIN: usize = 64;
 
 impl Default for Scanner {
     fn default() -> Scanner {
@@ -468,10 +471,8 @@ impl Index {
         let screen = screen.as_ref();
         if let (Some(coded), [query], [top], None, None) = (&coded, queries, &mut *tops, mask, screen) {
             if let CodedQueries::Floors([grids]) = coded.queries {
-                if grids.floor().in_order() {
-                    let pass = (coded.kernel, grids);
-                    return self.search_in_order((query, scales), pass, top, (partials, chunk), &mut code.order);
-                }
+                let pass = (coded.kernel, grids);
+                return self.search_in_order((query, scales), pass, top, (partials, chunk), &mut code.order);
             }
         }
         let (coded, passed, rescored) = (coded.as_ref(), AtomicU64::new(0), AtomicU64::new(0));
@@ -551,19 +552,19 @@ impl Index {
         first_pass()
     }
 
-    /// A lone search through a floors' first pass (`Floor::in_order`), in
-    /// three steps instead of one, so that it scores exactly only the rows
-    /// whose bound is within its final k-th distance, not those within the
-    /// k-th of the rows read so far (about a third as many, on random
-    /// data):
+    /// A lone search through a floors' first pass, in three steps instead
+    /// of one, so that it scores exactly only the rows whose bound is
+    /// within its final k-th distance, not those within the k-th of the
+    /// rows read so far (about a third as many, on random data):
     /// 1. the threads read every row's codes, taking `chunk` rows at a
-    ///    time, and note each row's bound, and each the k least bounds it
-    ///    found;
-    /// 2. the rows of those least bounds are scored exactly: the k-th
-    ///    nearest of them is at least as near as the answer's k-th;
-    /// 3. the other rows whose bound is not beyond it are scored in the
-    ///    order of their bounds, until the next bound is strictly farther
-    ///    than the k-th nearest kept: no row left can enter.
+    ///    time, and note each row's key (`Grids::keys_of`: its bound, or
+    ///    for lp what its bound follows from without a root), and each the
+    ///    k least keys it found;
+    /// 2. the rows of those least keys are scored exactly: the k-th nearest
+    ///    of them is at least as near as the answer's k-th;
+    /// 3. the other rows not beyond it (`Grids::beyond`) are scored in the
+    ///    order of their keys, each unless it is beyond the k-th nearest
+    ///    kept by then.
     ///
     /// A row is ruled out only when its bound is strictly above a distance
     /// that k scored rows are within, so the answer is the one-step scan's,
@@ -581,11 +582,11 @@ impl Index {
         if k == 0 {
             return FirstPass::default();
         }
-        if order.bounds.len() < rows {
-            order.bounds.resize_with(rows, || AtomicU32::new(0));
+        if order.keys.len() < rows {
+            order.keys.resize_with(rows, || AtomicU32::new(0));
         }
-        let bounds = &order.bounds[..rows];
-        // 1. Every row's bound; each thread's k least in its `TopK`.
+        let keys = &order.keys[..rows];
+        // 1. Every row's key; each thread's k least in its `TopK`.
         let taken = AtomicUsize::new(0);
         let read = |least: &mut TopK| loop {
             let start = taken.fetch_add(chunk, Ordering::Relaxed);
@@ -593,22 +594,22 @@ impl Index {
                 break;
             }
             let end = (start + chunk).min(rows);
-            let mut note = |row: usize, bound: f32| {
-                bounds[row].store(bound.to_bits(), Ordering::Relaxed);
-                offer(least, bound, self.ids[row], row);
+            let mut note = |row: usize, key: f32| {
+                keys[row].store(key.to_bits(), Ordering::Relaxed);
+                offer(least, key, self.ids[row], row);
             };
             let mut row = start;
             while row + codes::ROWS <= end {
                 codes.prefetch(row + CODES_PREFETCH_ROWS, codes::ROWS);
-                let nearest = grids.nearest_of::<{ codes::ROWS }>(kernel, codes, std::array::from_fn(|r| row + r));
-                for (r, bound) in nearest.into_iter().enumerate() {
-                    note(row + r, bound);
+                let found = grids.keys_of::<{ codes::ROWS }>(kernel, codes, std::array::from_fn(|r| row + r));
+                for (r, key) in found.into_iter().enumerate() {
+                    note(row + r, key);
                 }
                 row += codes::ROWS;
             }
             for row in row..end {
-                let [bound] = grids.nearest_of(kernel, codes, [row]);
-                note(row, bound);
+                let [key] = grids.keys_of(kernel, codes, [row]);
+                note(row, key);
             }
         };
         if partials.is_empty() {
@@ -623,7 +624,7 @@ impl Index {
                 read(top);
             });
         }
-        // 2. The rows of the least bounds, scored.
+        // 2. The rows of the least keys, scored.
         order.least.clear();
         order.least.extend(top.sorted().iter().map(|c| c.row as usize));
         for partial in partials.iter_mut() {
@@ -633,33 +634,67 @@ impl Index {
         let score = |top: &mut TopK, row: usize| {
             self.scan_tile::<1, 1>(&[query], scales, row..row + 1, std::slice::from_mut(top), &[]);
         };
-        // A scored row's bound becomes NaN, which no bound is (`nearest_of`).
+        // A scored row's key becomes NaN, which no key is (`keys_of`).
         for &row in &order.least {
             score(top, row);
-            bounds[row].store(f32::NAN.to_bits(), Ordering::Relaxed);
+            keys[row].store(f32::NAN.to_bits(), Ordering::Relaxed);
         }
-        // 3. The rest within the k-th nearest of those, nearest bound first.
+        // 3. The rest not beyond the k-th nearest of those, least key first.
         let within = top.threshold().unwrap_or(f32::INFINITY);
         order.left.clear();
-        for (row, bound) in bounds.iter().enumerate() {
-            let bound = f32::from_bits(bound.load(Ordering::Relaxed));
-            if bound <= within {
-                order.left.push((bound, row as u32));
+        for (row, key) in keys.iter().enumerate() {
+            let key = f32::from_bits(key.load(Ordering::Relaxed));
+            if !key.is_nan() && !grids.beyond(codes, row, key, within) {
+                order.left.push((key, row as u32));
             }
         }
         order.left.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-        let mut rescored = order.least.len();
-        for (n, &(bound, row)) in order.left.iter().enumerate() {
-            if top.threshold().is_some_and(|farthest| bound > farthest) {
-                break;
+        // Shared by the threads as `Coded::farthest` is: each takes every
+        // `parts`-th row left, least key first.
+        let (farthest, rescored) = (AtomicU32::new(within.to_bits()), AtomicUsize::new(order.least.len()));
+        let left = &order.left;
+        let third = |top: &mut TopK, part: usize, parts: usize| {
+            let mut scored = 0;
+            for (n, &(key, row)) in left.iter().enumerate().skip(part).step_by(parts) {
+                let shared = f32::from_bits(farthest.load(Ordering::Relaxed));
+                let threshold = top.threshold().map_or(shared, |own| own.min(shared));
+                if grids.beyond(codes, row as usize, key, threshold) {
+                    continue;
+                }
+                // The thread's rows a few places on, asked for meanwhile.
+                if let Some(&(_, ahead)) = left.get(n + RESCORE_LAG * parts) {
+                    self.prefetch_row(ahead as usize);
+                }
+                score(top, row as usize);
+                scored += 1;
+                if let Some(own) = top.threshold() {
+                    let _ = farthest.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |shared| {
+                        (own < f32::from_bits(shared)).then_some(own.to_bits())
+                    });
+                }
             }
-            // The rows a few places on, asked for from memory meanwhile.
-            if let Some(&(_, ahead)) = order.left.get(n + RESCORE_LAG) {
-                self.prefetch_row(ahead as usize);
+            rescored.fetch_add(scored, Ordering::Relaxed);
+        };
+        // A thread's start costs about as much as scoring a few dozen rows.
+        if partials.is_empty() || left.len() < THIRD_STEP_SPLIT_MIN {
+            third(top, 0, 1);
+        } else {
+            let parts = partials.len() + 1;
+            std::thread::scope(|scope| {
+                for (part, partial) in partials.iter_mut().enumerate() {
+                    let own = &mut partial[0];
+                    own.reset(k);
+                    scope.spawn(move || third(own, part + 1, parts));
+                }
+                third(top, 0, parts);
+            });
+            for partial in partials.iter_mut() {
+                for &candidate in partial[0].sorted() {
+                    top.push(candidate);
+                }
             }
-            score(top, row as usize);
-            rescored += 1;
         }
+        let rescored = rescored.into_inner();
         if order.left.capacity() > LEFT_KEPT {
             order.left = Vec::new();
         }
@@ -2084,6 +2119,9 @@ pub(crate) mod tests {
                             }
                             let ruled = grids.rules_out(kernel, codes, [row], exact);
                             assert_eq!(ruled, 0, "{what}: ruled out at its own distance {exact}");
+                            // Nor beyond it by its key (searches in order).
+                            let [key] = grids.keys_of(kernel, codes, [row]);
+                            assert!(!grids.beyond(codes, row, key, exact), "{what}: key {key} beyond {exact}");
                         }
                     }
                 }
@@ -2091,7 +2129,7 @@ pub(crate) mod tests {
         }
     }
 
-    /// A lone search that scores rows in the order of their bounds
+    /// A lone search that scores rows in the order of their keys
     /// (`search_in_order`) finds exactly what the f32 scan finds, on one
     /// thread and on three taking a few rows at a time: every k from 1 to
     /// more than the rows, rows in twins (ties broken by id), and rows at
@@ -2099,16 +2137,21 @@ pub(crate) mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn searches_in_the_order_of_their_bounds_find_what_the_f32_scan_finds() {
-        let metrics = [Metric::L1, Metric::Linf, Metric::BrayCurtis, Metric::Canberra, Metric::JensenShannon];
+        let lp = |p: f64| Metric::Lp(crate::store::Power::new(p).unwrap());
+        let mut metrics = vec![Metric::L1, Metric::Linf, Metric::BrayCurtis, Metric::Canberra, Metric::JensenShannon];
+        metrics.extend([lp(1.5), lp(2.0), lp(3.0)]);
+        // lp with a p not a multiple of 1/4, where the CPU looks powers up.
+        if Floor::lp(2.7).is_some() {
+            metrics.push(lp(2.7));
+        }
         for metric in metrics {
             for dims in [3, 64, 100] {
                 let mut rows = hard_for_codes(40 + dims as u64, dims, metric);
                 rows.extend(fit_for(metric, random_vectors(8, dims, 300)));
                 let index = twins_of(&rows, metric);
-                let Some((Bound::Floors(floor), _)) = index.coded_pass() else {
+                let Some((Bound::Floors(_), _)) = index.coded_pass() else {
                     return crate::testing::skip("searches in the order of their bounds", "no int8 kernel");
                 };
-                assert!(floor.in_order());
                 let mut code = LoneCodes::default();
                 for (q, query) in hard_for_codes(900 + dims as u64, dims, metric).iter().step_by(5).enumerate() {
                     let mut query = query.clone();
