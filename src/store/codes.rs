@@ -888,6 +888,33 @@ pub(super) mod x86 {
         _mm_cvtsi128_si32(v)
     }
 
+    /// The 64 stored codes at `bytes[row..]` and the query's at
+    /// `query[at..]`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F; both must hold 64 bytes there.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pair_512(bytes: &[u8], row: usize, query: &[u8], at: usize) -> (__m512i, __m512i) {
+        // SAFETY: in bounds, as the caller promises.
+        unsafe {
+            (_mm512_loadu_si512(bytes.as_ptr().add(row).cast()), _mm512_loadu_si512(query.as_ptr().add(at).cast()))
+        }
+    }
+
+    /// `pair_512` of 32 codes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; both must hold 32 bytes there.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn pair_256(bytes: &[u8], row: usize, query: &[u8], at: usize) -> (__m256i, __m256i) {
+        // SAFETY: in bounds, as the caller promises.
+        unsafe {
+            (_mm256_loadu_si256(bytes.as_ptr().add(row).cast()), _mm256_loadu_si256(query.as_ptr().add(at).cast()))
+        }
+    }
+
     /// A table of 256 bytes as four registers, for `look_up`.
     #[inline]
     #[target_feature(enable = "avx512f")]

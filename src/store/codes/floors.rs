@@ -423,11 +423,6 @@ impl Grids {
         }
     }
 
-    /// The floor these codes are for.
-    pub fn floor(&self) -> Floor {
-        self.floor
-    }
-
     /// Whether lp's first pass finds `S` in integers: p = 2 or 3.
     fn integers(&self) -> bool {
         matches!(self.floor, Floor::Lp(p) if p == 2.0 || p == 3.0)
@@ -939,7 +934,7 @@ pub fn spans_scalar(query: &[i8], row: impl Iterator<Item = i8>) -> (u32, u32, u
 pub(super) mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::x86::{look_up, registers};
+    use super::super::x86::{look_up, pair_256, pair_512, registers};
     use super::{PowerTable, BRAY_CURTIS, CUBED_MAX, LINF, SQUARED_MAX};
 
     /// `spans` on 64-byte blocks, and a last one of 32, with AVX-512BW.
@@ -1135,9 +1130,7 @@ pub(super) mod x86 {
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn steps_512(bytes: &[u8], row: usize, query: &[u8], at: usize) -> __m512i {
         // SAFETY: in bounds, as the caller promises.
-        let (x, q) = unsafe {
-            (_mm512_loadu_si512(bytes.as_ptr().add(row).cast()), _mm512_loadu_si512(query.as_ptr().add(at).cast()))
-        };
+        let (x, q) = unsafe { pair_512(bytes, row, query, at) };
         _mm512_or_si512(_mm512_subs_epu8(x, q), _mm512_subs_epu8(q, x))
     }
 
@@ -1149,9 +1142,7 @@ pub(super) mod x86 {
     #[target_feature(enable = "avx2")]
     unsafe fn steps_256(bytes: &[u8], row: usize, query: &[u8], at: usize) -> __m256i {
         // SAFETY: in bounds, as the caller promises.
-        let (x, q) = unsafe {
-            (_mm256_loadu_si256(bytes.as_ptr().add(row).cast()), _mm256_loadu_si256(query.as_ptr().add(at).cast()))
-        };
+        let (x, q) = unsafe { pair_256(bytes, row, query, at) };
         _mm256_or_si256(_mm256_subs_epu8(x, q), _mm256_subs_epu8(q, x))
     }
 

@@ -207,7 +207,7 @@ pub mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::floors::x86::sum_of;
-    use super::super::x86::sum256;
+    use super::super::x86::{pair_256, pair_512, sum256};
     use super::Table;
 
     /// Each row's `sum base[h]` and `sum m slope[h]` (the module doc), of
@@ -243,16 +243,15 @@ pub mod x86 {
         let mut at = 0;
         while at + 64 <= width {
             for r in 0..R {
-                let (row, query) = (bytes.as_ptr().wrapping_add(starts[r]), queries[r].as_ptr());
+                let query = queries[r];
                 // SAFETY: in bounds, as the caller promises.
-                let (x, q) =
-                    unsafe { (_mm512_loadu_si512(row.add(at).cast()), _mm512_loadu_si512(query.add(at).cast())) };
+                let (x, q) = unsafe { pair_512(bytes, starts[r] + at, query, at) };
                 let mut m = _mm512_or_si512(_mm512_subs_epu8(x, q), _mm512_subs_epu8(q, x));
                 if SIGNS {
                     // SAFETY: in bounds, as the caller promises.
                     let differ = unsafe {
                         let x_signs = signs.as_ptr().add((starts[r] + at) / 8).cast::<u64>().read_unaligned();
-                        x_signs ^ query.add(width + at / 8).cast::<u64>().read_unaligned()
+                        x_signs ^ query.as_ptr().add(width + at / 8).cast::<u64>().read_unaligned()
                     };
                     m = _mm512_mask_mov_epi8(m, differ, _mm512_set1_epi8(-1));
                 }
@@ -303,16 +302,15 @@ pub mod x86 {
         let mut sloped = [zero; R];
         for step in (at..at + len).step_by(32) {
             for r in 0..R {
-                let (row, query) = (bytes.as_ptr().wrapping_add(starts[r]), queries[r].as_ptr());
+                let query = queries[r];
                 // SAFETY: in bounds, as the caller promises.
-                let (x, q) =
-                    unsafe { (_mm256_loadu_si256(row.add(step).cast()), _mm256_loadu_si256(query.add(step).cast())) };
+                let (x, q) = unsafe { pair_256(bytes, starts[r] + step, query, step) };
                 let mut m = _mm256_or_si256(_mm256_subs_epu8(x, q), _mm256_subs_epu8(q, x));
                 if SIGNS {
                     // SAFETY: in bounds, as the caller promises.
                     let differ = unsafe {
                         let x_signs = signs.as_ptr().add((starts[r] + step) / 8).cast::<u32>().read_unaligned();
-                        x_signs ^ query.add(width + step / 8).cast::<u32>().read_unaligned()
+                        x_signs ^ query.as_ptr().add(width + step / 8).cast::<u32>().read_unaligned()
                     };
                     let differ = _mm256_shuffle_epi8(_mm256_set1_epi32(differ as i32), spread);
                     m = _mm256_or_si256(m, _mm256_cmpeq_epi8(_mm256_and_si256(differ, bits), bits));

@@ -156,7 +156,7 @@ pub fn unit(scale: f64) -> f64 {
 }
 
 /// `V(e)` of one value: its level and the query's.
-#[inline(always)]
+#[cfg(test)]
 fn value_of(table: &Table, x: u8, q: u8) -> u64 {
     let (larger, m) = (x.max(q), x.abs_diff(q));
     let e = usize::from(larger.saturating_sub(table.steps[usize::from(m)]));
@@ -165,6 +165,7 @@ fn value_of(table: &Table, x: u8, q: u8) -> u64 {
 
 /// `sum V(e_i)` of a query's levels and a row's over `width` values, one
 /// at a time: the reference the kernels must agree with.
+#[cfg(test)]
 pub fn sums_scalar(query: &[u8], row: &[u8], width: usize) -> u64 {
     let table = &*TABLE;
     query[..width].iter().zip(&row[..width]).map(|(&q, &x)| value_of(table, x, q)).sum()
@@ -175,7 +176,7 @@ pub mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::floors::x86::sum_of;
-    use super::super::x86::{look_up, registers};
+    use super::super::x86::{look_up, pair_256, pair_512, registers};
     use super::Table;
 
     /// Each row's `sum V(e_i)` (the module doc), of the levels at `starts`
@@ -204,10 +205,9 @@ pub mod x86 {
         let mut at = 0;
         while at + 64 <= width {
             for r in 0..R {
-                let (row, query) = (bytes.as_ptr().wrapping_add(starts[r]), queries[r].as_ptr());
+                let query = queries[r];
                 // SAFETY: in bounds, as the caller promises.
-                let (x, q) =
-                    unsafe { (_mm512_loadu_si512(row.add(at).cast()), _mm512_loadu_si512(query.add(at).cast())) };
+                let (x, q) = unsafe { pair_512(bytes, starts[r] + at, query, at) };
                 let larger = _mm512_max_epu8(x, q);
                 let m = _mm512_sub_epi8(larger, _mm512_min_epu8(x, q));
                 let e = _mm512_subs_epu8(larger, look_up(&steps, m, _mm512_movepi8_mask(m)));
@@ -244,10 +244,9 @@ pub mod x86 {
         let mut sums = [zero; R];
         for step in (at..at + len).step_by(32) {
             for r in 0..R {
-                let (row, query) = (bytes.as_ptr().wrapping_add(starts[r]), queries[r].as_ptr());
+                let query = queries[r];
                 // SAFETY: in bounds, as the caller promises.
-                let (x, q) =
-                    unsafe { (_mm256_loadu_si256(row.add(step).cast()), _mm256_loadu_si256(query.add(step).cast())) };
+                let (x, q) = unsafe { pair_256(bytes, starts[r] + step, query, step) };
                 let larger = _mm256_max_epu8(x, q);
                 let m = _mm256_sub_epi8(larger, _mm256_min_epu8(x, q));
                 let eighths = |v: __m256i| {

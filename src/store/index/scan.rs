@@ -135,21 +135,54 @@ impl Coded<'_> {
     /// among the k nearest either.
     #[inline(always)]
     fn threshold(&self, q: usize, top: &TopK) -> f32 {
-        let shared = f32::from_bits(self.farthest[q].load(Ordering::Relaxed));
-        top.threshold().map_or(shared, |own| own.min(shared))
+        threshold_of(&self.farthest[q], top)
     }
 
-    /// Shares `top`'s farthest kept for query `q`, if nearer than the one
-    /// shared (the line is written only then). Kept distances are never
-    /// NaN (`TopK` ranks it as +inf).
+    /// Shares `top`'s farthest kept for query `q` (`share_in`).
     #[inline(always)]
     fn share(&self, q: usize, top: &TopK) {
-        if let Some(own) = top.threshold() {
-            let _ = self.farthest[q].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |shared| {
-                (own < f32::from_bits(shared)).then_some(own.to_bits())
-            });
-        }
+        share_in(&self.farthest[q], top);
     }
+}
+
+/// The farthest `top` keeps, or the one `farthest` shares (f32 bits),
+/// whichever is nearer.
+#[inline(always)]
+fn threshold_of(farthest: &AtomicU32, top: &TopK) -> f32 {
+    let shared = f32::from_bits(farthest.load(Ordering::Relaxed));
+    top.threshold().map_or(shared, |own| own.min(shared))
+}
+
+/// Shares `top`'s farthest kept in `farthest`, if nearer than the one
+/// shared (the line is written only then). Kept distances are never NaN
+/// (`TopK` ranks it as +inf).
+#[inline(always)]
+fn share_in(farthest: &AtomicU32, top: &TopK) {
+    if let Some(own) = top.threshold() {
+        let _ = farthest.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |shared| {
+            (own < f32::from_bits(shared)).then_some(own.to_bits())
+        });
+    }
+}
+
+/// Runs `work` on `top`, and on each of `partials`' first `TopK` (reset to
+/// `k`) on a thread of its own, each with its part's number and how many
+/// parts there are.
+fn in_parts(top: &mut TopK, partials: &mut [Vec<TopK>], k: usize, work: impl Fn(&mut TopK, usize, usize) + Sync) {
+    let parts = partials.len() + 1;
+    if parts == 1 {
+        // No scope to set up (it would allocate).
+        return work(top, 0, 1);
+    }
+    let work = &work;
+    std::thread::scope(|scope| {
+        for (part, partial) in partials.iter_mut().enumerate() {
+            let own = &mut partial[0];
+            own.reset(k);
+            scope.spawn(move || work(own, part + 1, parts));
+        }
+        work(top, 0, parts);
+    });
 }
 
 /// Farthest distances (f32 bits) shared by the threads of a split scan,
@@ -612,18 +645,7 @@ impl Index {
                 note(row, key);
             }
         };
-        if partials.is_empty() {
-            read(top);
-        } else {
-            std::thread::scope(|scope| {
-                for partial in partials.iter_mut() {
-                    let least = &mut partial[0];
-                    least.reset(k);
-                    scope.spawn(|| read(least));
-                }
-                read(top);
-            });
-        }
+        in_parts(top, partials, k, |least, _, _| read(least));
         // 2. The rows of the least keys, scored.
         order.least.clear();
         order.least.extend(top.sorted().iter().map(|c| c.row as usize));
@@ -656,9 +678,7 @@ impl Index {
         let third = |top: &mut TopK, part: usize, parts: usize| {
             let mut scored = 0;
             for (n, &(key, row)) in left.iter().enumerate().skip(part).step_by(parts) {
-                let shared = f32::from_bits(farthest.load(Ordering::Relaxed));
-                let threshold = top.threshold().map_or(shared, |own| own.min(shared));
-                if grids.beyond(codes, row as usize, key, threshold) {
+                if grids.beyond(codes, row as usize, key, threshold_of(&farthest, top)) {
                     continue;
                 }
                 // The thread's rows a few places on, asked for meanwhile.
@@ -667,31 +687,16 @@ impl Index {
                 }
                 score(top, row as usize);
                 scored += 1;
-                if let Some(own) = top.threshold() {
-                    let _ = farthest.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |shared| {
-                        (own < f32::from_bits(shared)).then_some(own.to_bits())
-                    });
-                }
+                share_in(&farthest, top);
             }
             rescored.fetch_add(scored, Ordering::Relaxed);
         };
         // A thread's start costs about as much as scoring a few dozen rows.
-        if partials.is_empty() || left.len() < THIRD_STEP_SPLIT_MIN {
-            third(top, 0, 1);
-        } else {
-            let parts = partials.len() + 1;
-            std::thread::scope(|scope| {
-                for (part, partial) in partials.iter_mut().enumerate() {
-                    let own = &mut partial[0];
-                    own.reset(k);
-                    scope.spawn(move || third(own, part + 1, parts));
-                }
-                third(top, 0, parts);
-            });
-            for partial in partials.iter_mut() {
-                for &candidate in partial[0].sorted() {
-                    top.push(candidate);
-                }
+        let helpers = if left.len() < THIRD_STEP_SPLIT_MIN { &mut [][..] } else { &mut *partials };
+        in_parts(top, helpers, k, third);
+        for partial in helpers.iter_mut() {
+            for &candidate in partial[0].sorted() {
+                top.push(candidate);
             }
         }
         let rescored = rescored.into_inner();
@@ -2179,6 +2184,32 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    /// Where the bounds tell no row apart (every row the same), a search
+    /// in order scores every row, and lets go of the room it took for them
+    /// past `LEFT_KEPT` rows: the scanner keeps only the rows' keys.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_search_in_order_lets_go_of_a_long_list_of_rows_left() {
+        let rows = LEFT_KEPT + 4_000;
+        let mut index = Index::new(3, Metric::L1);
+        if index.codes.is_none() {
+            return crate::testing::skip("a search in order's rows left", "this CPU has no int8 kernel");
+        }
+        for id in 0..rows as i64 {
+            index.upsert(id, &[0.5, -1.0, 2.0], b"");
+        }
+        let query = [0.25f32, -1.0, 2.5];
+        let mut code = LoneCodes::default();
+        let mut got = [TopK::new()];
+        let pass = index.search_in_chunks(&[&query], &[1], &mut got, (&mut [], 1 << 20), None, &mut code);
+        let mut want = TopK::new();
+        index.search_f32(&query, 1, &mut want);
+        assert_eq!(got[0].sorted(), want.sorted());
+        assert_eq!(pass.rescored, rows as u64, "every row scored: none is beyond another");
+        assert_eq!(code.order.left.capacity(), 0, "the list let go");
+        assert!(code.order.keys.len() >= rows, "the keys kept");
     }
 
     /// The floors' codes follow upserts over rows of other magnitudes and
