@@ -194,9 +194,9 @@ pub enum Grid {
     Fitted,
     /// The least power of two not below `m / 127`, and at least 2^-126 (a
     /// zero vector's too); residual bound: the norm `(sum |e_i|^p)^(1/p)`
-    /// for `p` of this many quarters (lp's `p`; 4, `sum |e_i|`, for the
-    /// other metrics).
-    PowersOfTwo { quarters: u8 },
+    /// or above (`NormAbove`) for the `p` whose f32 bits these are (lp's
+    /// `p`; 1, `sum |e_i|`, for the other metrics).
+    PowersOfTwo { p_bits: u32 },
     /// Canberra's (`ratios`): a level on a logarithmic scale and, with
     /// `signs`, a sign bit per value, under the least power of two not
     /// below `m`. js's values are never negative: it keeps no signs.
@@ -225,22 +225,65 @@ fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, i8)) -> Encoded {
         Grid::PowersOfTwo { .. } => power_of_two_at_least(f32_at_least(f64::from(largest) / 127.0)),
         Grid::Logarithmic { .. } => unreachable!("levels are coded by `ratios::encode`"),
     };
-    let quarters = match grid {
-        Grid::PowersOfTwo { quarters } => u32::from(quarters),
-        _ => 8,
-    };
-    let (mut sum, mut powers) = (0, 0.0f64);
+    let mut norm = NormAbove::new(match grid {
+        Grid::PowersOfTwo { p_bits } => f32::from_bits(p_bits),
+        _ => 2.0,
+    });
+    let mut sum = 0;
     for (i, &x) in v.iter().enumerate() {
         let code = (f64::from(x) / f64::from(scale)).round().clamp(-127.0, 127.0);
         let residual = f64::from(x) - f64::from(scale) * code;
-        powers += power_of(residual.abs(), quarters);
+        norm.add(residual.abs());
         put(i, code as i8);
         sum += code as i32;
     }
-    // The sum is off by at most n 2^-53 of itself, each power by at most
-    // 12 roundings of 2^-53 (`power_of`), the root by a few more.
-    let residual = norm_of(powers, quarters);
-    Encoded { scale, sum, residual: f32_at_least(residual * (1.0 + 2f64.powi(-30))) }
+    Encoded { scale, sum, residual: f32_at_least(norm.norm()) }
+}
+
+/// Adds up values' powers for a norm of `p` at least the exact
+/// `(sum |e_i|^p)^(1/p)`. For `p` a multiple of 1/4 it is that norm, from
+/// `power_of`. For any other, between `p0 = ⌊4 p⌋ / 4` and `p1 = p0 + 1/4`,
+/// both norms are found, and `|e|_p <= |e|_p0^(1 - θ) |e|_p1^θ` where `1 / p
+/// = (1 - θ) / p0 + θ / p1` (Hölder's inequality: norms are log-convex in
+/// `1 / p`), which is within a fraction of a percent of `|e|_p` for values
+/// alike.
+#[derive(Clone, Copy, Debug)]
+pub struct NormAbove {
+    p: f64,
+    quarters: [u32; 2],
+    sums: [f64; 2],
+}
+
+impl NormAbove {
+    pub fn new(p: f32) -> NormAbove {
+        let below = (p * 4.0).floor() as u32;
+        let above = (p * 4.0).ceil() as u32;
+        NormAbove { p: f64::from(p), quarters: [below, above], sums: [0.0; 2] }
+    }
+
+    #[inline(always)]
+    pub fn add(&mut self, e: f64) {
+        self.sums[0] += power_of(e, self.quarters[0]);
+        if self.quarters[1] != self.quarters[0] {
+            self.sums[1] += power_of(e, self.quarters[1]);
+        }
+    }
+
+    /// The norm, rounded up.
+    pub fn norm(&self) -> f64 {
+        let [below, above] = self.quarters;
+        // Each sum is off by at most n 2^-53 of itself, each power by at
+        // most 12 roundings of 2^-53 (`power_of`), the roots and their
+        // product by a few more.
+        let margin = 1.0 + 2f64.powi(-30);
+        if below == above {
+            return norm_of(self.sums[0], below) * margin;
+        }
+        let (p0, p1) = (f64::from(below) / 4.0, f64::from(above) / 4.0);
+        let theta = (1.0 / p0 - 1.0 / self.p) / (1.0 / p0 - 1.0 / p1);
+        let (n0, n1) = (norm_of(self.sums[0], below), norm_of(self.sums[1], above));
+        n0.powf(1.0 - theta) * n1.powf(theta) * margin
+    }
 }
 
 /// `x^(quarters / 4)` for `x >= 0`, `quarters` from 1 to 32: the whole
@@ -932,5 +975,40 @@ pub(super) mod x86 {
         let below = _mm512_permutex2var_epi8(table[0], index, table[1]);
         let above = _mm512_permutex2var_epi8(table[2], index, table[3]);
         _mm512_mask_blend_epi8(high, below, above)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NormAbove;
+
+    /// `NormAbove` of `p` is never below the norm of `p` itself, and is
+    /// close to it where the values are alike.
+    #[test]
+    fn norms_of_any_p_are_never_below_the_norm_of_p() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for p in [1.0f32, 1.1, 1.3, 2.5, 2.7, 2.75, 3.0, 4.9, 7.99, 8.0] {
+            for n in [1usize, 2, 7, 768, 4096] {
+                let alike: Vec<f64> = (0..n).map(|_| next() * 0.5).collect();
+                let one: Vec<f64> = (0..n).map(|i| if i == n / 2 { 0.3 } else { 0.0 }).collect();
+                let tiny: Vec<f64> = (0..n).map(|_| next() * 1e-30).collect();
+                for (values, close) in [(alike, true), (one, false), (tiny, true)] {
+                    let exact = values.iter().map(|e| e.powf(f64::from(p))).sum::<f64>().powf(1.0 / f64::from(p));
+                    let mut norm = NormAbove::new(p);
+                    values.iter().for_each(|&e| norm.add(e));
+                    let found = norm.norm();
+                    assert!(found >= exact, "p {p}, {n} values: {found} < {exact}");
+                    if close && n >= 768 {
+                        assert!(found <= exact * 1.005, "p {p}, {n} values alike: {found} against {exact}");
+                    }
+                }
+            }
+        }
     }
 }

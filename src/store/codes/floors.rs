@@ -20,7 +20,7 @@
 //! `c_i = round(x_i / a)` (at most 127 in magnitude, `x_i / a` being exact)
 //! and residuals `e_i = x_i - a c_i`, each at most `a / 2` in magnitude;
 //! their norm `E >= sum |e_i|` is kept, rounded up (for lp, the norm of
-//! its `p`, `E >= (sum |e_i|^p)^(1/p)`: `Grid::PowersOfTwo`'s quarters).
+//! its `p`, `E >= (sum |e_i|^p)^(1/p)`: `codes::NormAbove`).
 //! For each scale `a` the index's rows have, the query `q` gets codes
 //! `d_i = round(q_i / a)` clamped to [-127, 127] and residuals
 //! `f_i = q_i - a d_i`.
@@ -84,8 +84,9 @@
 //! `ρ^p (1 - 2^-23)^(p + 1) - 1.34 x 2^-24`. With the sum at least 1,
 //! the `n` terms lose at most `1 - (1 - 2^-23)^(p + 1) + 1.34 n 2^-24`
 //! of it, which takes the place of `48 x 2^-24` in `L`. The codes' norms
-//! `E` and `H` are then those of `p' = ⌊4 p⌋ / 4`, at most 1/4 below `p`:
-//! `|e|_p <= |e|_p'`, so each is still at least the norm of `p`.
+//! `E` and `H` are found from the norms of the multiples of 1/4 either
+//! side of `p` (Hölder's inequality, `codes::NormAbove`): each at least
+//! the norm of `p`, and within a fraction of a percent of it.
 //!
 //! The first pass raises each `s_i` (at most 254)
 //! in f32: the whole power by products (exact below 2^24, each later one
@@ -97,13 +98,15 @@
 //! times the exact one, and is divided by that before use.
 //!
 //! Where the CPU has AVX-512 VBMI, the first pass looks each `s_i^p` up
-//! instead (`PowerTable`): `T(s) = ⌊s^p κ (1 - 2^-40)⌋` for every step `s`,
-//! with `κ = (2^24 - 1) / 254^p (1 - 2^-40)` so that `T(254)` fits 24 bits,
-//! as three tables of bytes, each looked up 64 steps at a time
-//! (`vpermi2b`) and summed exactly in integers. Each `T(s)` is at most
-//! `s^p κ` (the margins cover `powf`'s rounding), so `sum T(s_i) / κ` is
-//! at most `S`, and at least `S - n / κ`: a few parts in a million of
-//! distances of random data. Its only slack is the quotient's rounding.
+//! instead (`PowerTable`): each `s_i` is first lowered to at most 127, and
+//! `T(s) = ⌊s^p κ (1 - 2^-40)⌋` for every step `s` up to 127, with
+//! `κ = (2^24 - 1) / 127^p (1 - 2^-40)` so that `T(127)` fits 24 bits,
+//! as three tables of 128 bytes, each looked up 64 steps at a time by one
+//! `vpermi2b` of two registers and summed exactly in integers. Each `T(s)`
+//! is at most `s^p κ` (the margins cover `powf`'s rounding), so
+//! `sum T(s_i) / κ` is at most `S` (of the lowered steps, so at most the
+//! true one), and at least that `S` less `n / κ`: a few parts in a million
+//! of distances of random data. Its only slack is the quotient's rounding.
 //!
 //! For p = 2 and p = 3 the first pass finds `S` exactly instead, in
 //! integers: `s_i^2` and `s_i^3` by byte or 16-bit products summed into
@@ -123,7 +126,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{exponent_of, norm_of, power_of, ratios, shannon, stored, Codes, Grid, Kernel, BLOCK};
+use super::{exponent_of, ratios, shannon, stored, Codes, Grid, Kernel, NormAbove, BLOCK};
 
 /// The distances this pass bounds.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -200,8 +203,8 @@ impl Floor {
         match self {
             Floor::Canberra => Grid::Logarithmic { signs: true },
             Floor::JensenShannon => Grid::Logarithmic { signs: false },
-            Floor::Lp(p) => Grid::PowersOfTwo { quarters: (p * 4.0) as u8 },
-            _ => Grid::PowersOfTwo { quarters: 4 },
+            Floor::Lp(p) => Grid::PowersOfTwo { p_bits: p.to_bits() },
+            _ => Grid::PowersOfTwo { p_bits: 1f32.to_bits() },
         }
     }
 }
@@ -216,6 +219,10 @@ const CUBED_MAX: u8 = 181;
 /// For p = 2, each `s_i` is lowered to this, a signed byte's largest, as
 /// `vpdpbusd` multiplies by (the module doc).
 const SQUARED_MAX: u8 = 127;
+
+/// lp's lookups lower each `s_i` to this, so that one `vpermi2b` of two
+/// registers looks it up (the module doc).
+const TABLE_MAX: u8 = 127;
 
 /// `Floor` as the kernels' compile-time parameter.
 const L1: u8 = 0;
@@ -271,34 +278,33 @@ pub struct Grids {
     table: PowerTable,
 }
 
-/// lp's `T(s) = ⌊s^p κ⌋` for every step `s` from 0 to 255, 24-bit
-/// integers as three tables of bytes (low, middle, high) for AVX-512
-/// VBMI's lookups, with `κ` such that `T(254)` fits (the module doc).
+/// lp's `T(s) = ⌊s^p κ⌋` for every step `s` from 0 to 127 (a larger step
+/// is looked up as 127), 24-bit integers as three tables of bytes (low,
+/// middle, high) for AVX-512 VBMI's lookups, with `κ` such that `T(127)`
+/// fits (the module doc).
 #[derive(Debug)]
 struct PowerTable {
     /// The `p` the tables are for (NaN: none yet).
     p: f32,
-    bytes: [[u8; 256]; 3],
+    bytes: [[u8; 128]; 3],
     kappa: f64,
 }
 
 impl PowerTable {
     fn new(p: f32) -> PowerTable {
         let p64 = f64::from(p);
-        let kappa = f64::from((1u32 << 24) - 1) / 254f64.powf(p64) * (1.0 - 2f64.powi(-40));
-        // Steps reach 254 (codes within [-127, 127]); the 256th entry, never
-        // read, repeats the 255th.
-        let powers: [u32; 256] = std::array::from_fn(|s| {
-            (f64::from(s.min(254) as u32).powf(p64) * kappa * (1.0 - 2f64.powi(-40))).floor() as u32
-        });
-        assert!(powers[0] == 0 && powers[254] < 1 << 24, "24 bits");
+        let top = f64::from(TABLE_MAX);
+        let kappa = f64::from((1u32 << 24) - 1) / top.powf(p64) * (1.0 - 2f64.powi(-40));
+        let powers: [u32; 128] =
+            std::array::from_fn(|s| (f64::from(s as u32).powf(p64) * kappa * (1.0 - 2f64.powi(-40))).floor() as u32);
+        assert!(powers[0] == 0 && powers[127] < 1 << 24, "24 bits");
         let bytes = [0, 8, 16].map(|shift| powers.map(|power| (power >> shift) as u8));
         PowerTable { p, bytes, kappa }
     }
 
-    /// `T(s)`.
+    /// `T(s)`, with `s` lowered to 127.
     fn power(&self, s: u8) -> u64 {
-        let s = usize::from(s);
+        let s = usize::from(s.min(TABLE_MAX));
         u64::from(self.bytes[0][s]) | u64::from(self.bytes[1][s]) << 8 | u64::from(self.bytes[2][s]) << 16
     }
 }
@@ -319,7 +325,7 @@ impl Default for Grids {
             absolute: 0.0,
             signed: false,
             vbmi: false,
-            table: PowerTable { p: f32::NAN, bytes: [[0; 256]; 3], kappa: 1.0 },
+            table: PowerTable { p: f32::NAN, bytes: [[0; 128]; 3], kappa: 1.0 },
         }
     }
 }
@@ -345,9 +351,8 @@ impl Grids {
         self.bytes.clear();
         self.sides.clear();
         self.limits.clear();
-        // lp's `p` in quarters, for `F` (1 for the others, whose `F` is a
-        // sum).
-        let quarters = if let Floor::Lp(p) = floor { (p * 4.0) as u32 } else { 4 };
+        // lp's `p`, for `H`.
+        let p = if let Floor::Lp(p) = floor { p } else { 1.0 };
         let present = codes.exponents().iter().enumerate().filter(|&(_, &rows)| rows > 0);
         for (slot, (exponent, _)) in present.enumerate() {
             self.slots[exponent] = slot as u16;
@@ -361,7 +366,7 @@ impl Grids {
                 continue;
             }
             self.bytes.resize(start + width, stored(0));
-            let (mut near, mut far, mut all, mut powered) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+            let (mut near, mut far, mut all, mut powered) = (0.0f64, 0.0f64, 0.0f64, NormAbove::new(p));
             for (i, &q) in query.iter().enumerate() {
                 let q = f64::from(q);
                 let unclamped = (q / scale).round();
@@ -369,7 +374,7 @@ impl Grids {
                 let f = (q - scale * d).abs();
                 if d == unclamped {
                     near += f;
-                    powered += power_of(f, quarters);
+                    powered.add(f);
                 } else {
                     far += f;
                 }
@@ -383,7 +388,7 @@ impl Grids {
             if let Floor::Lp(_) = floor {
                 // lp's `H`, rounded up as the rows' norms are
                 // (`codes::encode`).
-                self.sides.push((scale, norm_of(powered, quarters) * (1.0 + 2f64.powi(-30)), 0.0));
+                self.sides.push((scale, powered.norm(), 0.0));
                 self.limits.push(AtomicU64::new(NO_LIMIT));
             } else {
                 self.sides.push((scale, near - far + surplus, all + surplus));
@@ -841,14 +846,16 @@ impl Grids {
         let query = self.code_for(codes, row);
         let p = f64::from(self.floor_p());
         let integers = self.integers();
+        let looked_up = !integers && kernel == Kernel::Vnni512 && self.vbmi;
         let highest = match (integers, self.whole) {
             (true, 2) => u32::from(SQUARED_MAX),
             (true, _) => u32::from(CUBED_MAX),
+            _ if looked_up => u32::from(TABLE_MAX),
             _ => u32::MAX,
         };
         let steps = || (query.iter().zip(codes.row(row))).map(|(&d, c)| (i32::from(c) - i32::from(d)).unsigned_abs());
         let exact = steps().map(|s| f64::from(s.min(highest)).powf(p)).sum::<f64>();
-        if !integers && kernel == Kernel::Vnni512 && self.vbmi {
+        if looked_up {
             // The table's sum, as the scalar reference finds it.
             let table = steps().map(|s| self.table.power(s as u8)).sum::<u64>() as f64 / self.table.kappa;
             assert_eq!(sum, table, "the table's sum");
@@ -934,8 +941,8 @@ pub fn spans_scalar(query: &[i8], row: impl Iterator<Item = i8>) -> (u32, u32, u
 pub(super) mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::x86::{look_up, pair_256, pair_512, registers};
-    use super::{PowerTable, BRAY_CURTIS, CUBED_MAX, LINF, SQUARED_MAX};
+    use super::super::x86::{pair_256, pair_512};
+    use super::{PowerTable, BRAY_CURTIS, CUBED_MAX, LINF, SQUARED_MAX, TABLE_MAX};
 
     /// `spans` on 64-byte blocks, and a last one of 32, with AVX-512BW.
     ///
@@ -1213,17 +1220,20 @@ pub(super) mod x86 {
         queries: [&[u8]; R],
         stride: usize,
     ) -> [u64; R] {
-        let tables = table.bytes.each_ref().map(|bytes| registers(bytes));
-        let (one, zero) = (_mm512_set1_epi8(1), _mm512_setzero_si512());
+        // SAFETY: 2 x 64 bytes each.
+        let tables = table.bytes.each_ref().map(|bytes| unsafe {
+            [_mm512_loadu_si512(bytes.as_ptr().cast()), _mm512_loadu_si512(bytes.as_ptr().add(64).cast())]
+        });
+        let (one, zero, highest) = (_mm512_set1_epi8(1), _mm512_setzero_si512(), _mm512_set1_epi8(TABLE_MAX as i8));
         let mut sums = [[zero; 3]; R];
         let mut at = 0;
         while at + 64 <= stride {
             for r in 0..R {
                 // SAFETY: in bounds, as the caller promises.
                 let apart = unsafe { steps_512(bytes, starts[r] + at, queries[r], at) };
-                let above = _mm512_movepi8_mask(apart);
-                for (sum, t) in sums[r].iter_mut().zip(&tables) {
-                    *sum = _mm512_dpbusd_epi32(*sum, look_up(t, apart, above), one);
+                let low = _mm512_min_epu8(apart, highest);
+                for (sum, [below, above]) in sums[r].iter_mut().zip(&tables) {
+                    *sum = _mm512_dpbusd_epi32(*sum, _mm512_permutex2var_epi8(*below, low, *above), one);
                 }
             }
             at += 64;
