@@ -124,7 +124,7 @@
 //! 1.6% of 100,000 rows are scored twice (2.6% with the bound value by
 //! value).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::{exponent_of, ratios, shannon, stored, Codes, Grid, Kernel, NormAbove, BLOCK};
 
@@ -467,6 +467,38 @@ impl Grids {
                 self.lp_beyond(f64::from(p), codes, (row, slot), f64::from(key), threshold)
             }
             _ => key > threshold,
+        }
+    }
+
+    /// Pushes onto `left` every row not `beyond` `threshold`, with its key
+    /// (`keys[row]`, f32 bits; NaN for a row already scored, which is
+    /// skipped): `beyond` for each row, with what lp's rule shares between
+    /// the rows of a scale found once, not a division or two per row.
+    pub fn left_of(&self, codes: &Codes, keys: &[AtomicU32], threshold: f32, left: &mut Vec<(f32, u32)>) {
+        let rows = keys.iter().enumerate().filter_map(|(row, key)| {
+            let key = f32::from_bits(key.load(Ordering::Relaxed));
+            (!key.is_nan()).then_some((row, key))
+        });
+        let Floor::Lp(p) = self.floor else {
+            left.extend(rows.filter(|&(_, key)| key <= threshold).map(|(row, key)| (key, row as u32)));
+            return;
+        };
+        let p = f64::from(p);
+        // For each scale, `p / t` with the surplus `lp_beyond` gives `u`
+        // (and a few roundings more, which only let more rows stay), and
+        // `limit_lp`.
+        let mut shared = [(0.0f64, 0.0f64); 256];
+        for (slot, &(_, h, _)) in self.sides.iter().enumerate() {
+            let t = f64::from(threshold) / self.factor + h;
+            shared[slot] = (p / t * (1.0 + SURPLUS) * (1.0 + 2f64.powi(-50)), self.limit_lp(p, slot, threshold, t));
+        }
+        for (row, key) in rows {
+            let (scale, residual) = codes.scale_and_residual(row);
+            let (over, limit) = shared[usize::from(self.slots[exponent_of(scale)])];
+            let u = f64::from(residual) * over;
+            if !(u < 1.0 && f64::from(key) * (1.0 - u) > limit) {
+                left.push((key, row as u32));
+            }
         }
     }
 

@@ -664,12 +664,7 @@ impl Index {
         // 3. The rest not beyond the k-th nearest of those, least key first.
         let within = top.threshold().unwrap_or(f32::INFINITY);
         order.left.clear();
-        for (row, key) in keys.iter().enumerate() {
-            let key = f32::from_bits(key.load(Ordering::Relaxed));
-            if !key.is_nan() && !grids.beyond(codes, row, key, within) {
-                order.left.push((key, row as u32));
-            }
-        }
+        grids.left_of(codes, keys, within, &mut order.left);
         order.left.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
         // Shared by the threads as `Coded::farthest` is: each takes every
         // `parts`-th row left, least key first.
