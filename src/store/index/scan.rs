@@ -185,6 +185,15 @@ fn in_parts(top: &mut TopK, partials: &mut [Vec<TopK>], k: usize, work: impl Fn(
     });
 }
 
+/// Offers what each of `partials`' first `TopK` kept (`in_parts`) to `top`.
+fn merge_partials(top: &mut TopK, partials: &mut [Vec<TopK>]) {
+    for partial in partials {
+        for &candidate in partial[0].sorted() {
+            top.push(candidate);
+        }
+    }
+}
+
 /// Farthest distances (f32 bits) shared by the threads of a split scan,
 /// one per query, none kept yet.
 fn farthest_for(queries: usize) -> Vec<AtomicU32> {
@@ -292,6 +301,21 @@ struct InOrder {
 
 /// The most rows `InOrder::left` keeps room for between searches.
 const LEFT_KEPT: usize = 1 << 16;
+
+impl InOrder {
+    /// Lets a list of rows left longer than `LEFT_KEPT` go.
+    fn let_go(&mut self) {
+        if self.left.capacity() > LEFT_KEPT {
+            self.left = Vec::new();
+        }
+    }
+}
+
+/// An ordered search with more than this share of its rows left after its
+/// second step (one in `EXACT_SCAN_SHARE`) scans every row exactly
+/// instead: scoring rows one at a time in the order of their keys costs
+/// about twice as much a row as the exact scan in tiles.
+const EXACT_SCAN_SHARE: usize = 4;
 
 /// Rows left to score in order from which the threads share them.
 const THIRD_STEP_SPLIT_MIN: usize = 64;
@@ -665,6 +689,24 @@ impl Index {
         let within = top.threshold().unwrap_or(f32::INFINITY);
         order.left.clear();
         grids.left_of(codes, keys, within, &mut order.left);
+        if order.left.len() > rows / EXACT_SCAN_SHARE {
+            // The bounds tell too few rows apart (rows alike): every row's
+            // exact scan, in order and in tiles, costs less than scoring
+            // these one at a time in the order of their keys.
+            top.reset(k);
+            let taken = AtomicUsize::new(0);
+            in_parts(top, partials, k, |top, _, _| loop {
+                let start = taken.fetch_add(chunk, Ordering::Relaxed);
+                if start >= rows {
+                    break;
+                }
+                let range = start..(start + chunk).min(rows);
+                self.scan_exact(&[query], scales, None, range, std::slice::from_mut(top));
+            });
+            merge_partials(top, partials);
+            order.let_go();
+            return FirstPass { rows: rows as u64, rescored: rows as u64 };
+        }
         order.left.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
         // Shared by the threads as `Coded::farthest` is: each takes every
         // `parts`-th row left, least key first.
@@ -689,16 +731,9 @@ impl Index {
         // A thread's start costs about as much as scoring a few dozen rows.
         let helpers = if left.len() < THIRD_STEP_SPLIT_MIN { &mut [][..] } else { &mut *partials };
         in_parts(top, helpers, k, third);
-        for partial in helpers.iter_mut() {
-            for &candidate in partial[0].sorted() {
-                top.push(candidate);
-            }
-        }
-        let rescored = rescored.into_inner();
-        if order.left.capacity() > LEFT_KEPT {
-            order.left = Vec::new();
-        }
-        FirstPass { rows: rows as u64, rescored: rescored as u64 }
+        merge_partials(top, helpers);
+        order.let_go();
+        FirstPass { rows: rows as u64, rescored: rescored.into_inner() as u64 }
     }
 
     /// Asks for row `row`'s values to be brought into cache.
@@ -2176,6 +2211,48 @@ pub(crate) mod tests {
                             assert_eq!(pass.rows, index.len() as u64, "{what}");
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Where the bounds leave more than one row in `EXACT_SCAN_SHARE` (rows
+    /// alike to within less than a code's step), a search in order scans
+    /// every row exactly, on every thread, and finds what the f32 scan
+    /// finds: the nearest rows lie in every chunk, so a thread's kept rows
+    /// left out would show.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_search_in_order_of_rows_alike_scans_every_row_exactly() {
+        let lp = |p: f64| Metric::Lp(crate::store::Power::new(p).unwrap());
+        let mut metrics = vec![Metric::L1, Metric::JensenShannon, lp(3.0)];
+        if Floor::lp(2.7).is_some() {
+            metrics.push(lp(2.7));
+        }
+        let rows = 3_000;
+        let near = |i: usize| [0.5 + (i * 7_919 % 1_000) as f32 * 6e-8, 1.0, 2.0];
+        for metric in metrics {
+            let mut index = Index::new(3, metric);
+            let Some((Bound::Floors(_), _)) = index.coded_pass() else {
+                return crate::testing::skip("a search in order of rows alike", "no int8 kernel");
+            };
+            for id in 0..rows {
+                index.upsert(id as i64, &near(id), b"");
+            }
+            let mut query = [0.5 + 500.3 * 6e-8, 1.0, 2.0];
+            index.prepare_query(&mut query).unwrap();
+            let mut code = LoneCodes::default();
+            for k in [1, 10, 100] {
+                let mut want = TopK::new();
+                index.search_f32(&query, k, &mut want);
+                for (threads, chunk) in [(1, 1 << 20), (3, 7)] {
+                    let mut partials: Vec<Vec<TopK>> = (1..threads).map(|_| vec![TopK::new()]).collect();
+                    let mut got = [TopK::new()];
+                    let pass =
+                        index.search_in_chunks(&[&query], &[k], &mut got, (&mut partials, chunk), None, &mut code);
+                    let what = format!("{metric:?}, k {k}, {threads} threads");
+                    assert_eq!(got[0].sorted(), want.sorted(), "{what}");
+                    assert_eq!(pass.rescored, rows as u64, "{what}: every row scored");
                 }
             }
         }
