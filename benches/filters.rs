@@ -190,11 +190,16 @@ fn main() {
     println!("table written to {}", out.display());
 }
 
-/// Targets 1 and 2: each selectivity against the unfiltered search.
+/// Rounds of a filtered search against the unfiltered one (`filtered_search`).
+const ROUNDS: usize = 5;
+
+/// Targets 1 and 2: each selectivity against the unfiltered search. The
+/// host's noise comes in spells of seconds, so each case is timed in
+/// `ROUNDS` rounds, each the unfiltered searches' median and then the
+/// filtered ones', and the round of the median ratio is the one reported.
 fn filtered_search(client: &mut Client, vectors: &[Vec<f32>], queries: &[Vec<f32>], table: &mut Table) {
-    let unfiltered = timed(client, "wide", queries, &Value::Null);
     type Case = (&'static str, Value, f64, fn(usize) -> bool);
-    let cases: [Case; 6] = [
+    let cases: [Case; 7] = [
         ("0.1% (cat)", json!({"cat": "c7"}), 0.001, |id| id % 1000 == 7),
         (
             "1% (cat $in 10)",
@@ -204,25 +209,48 @@ fn filtered_search(client: &mut Client, vectors: &[Vec<f32>], queries: &[Vec<f32
         ),
         ("10% (tier)", json!({"tier": "t3"}), 0.1, |id| (id / 1000) % 10 == 3),
         ("50% (half)", json!({"half": "h1"}), 0.5, |id| id % 2 == 1),
+        // The same share in runs of 5,000 rows instead of every other row:
+        // what the scan reads, not the rows it scores, sets the time.
+        ("50% in runs (tier $in 5)", json!({"tier": {"$in": ["t0", "t1", "t2", "t3", "t4"]}}), 0.5, |id| {
+            (id / 1000) % 10 < 5
+        }),
         ("20% (year range)", json!({"year": {"$gte": 2000, "$lt": 2007}}), 0.2, |id| {
             (2000..2007).contains(&(1990 + (id * 7) % 35))
         }),
         ("100% ($exists)", json!({"half": {"$exists": true}}), 1.0, |_| true),
     ];
     for (name, filter, selectivity, matches) in cases {
-        let took = timed(client, "wide", queries, &filter);
+        let bound = |unfiltered: Duration| {
+            if selectivity < 1.0 {
+                unfiltered.mul_f64(1.5 * selectivity) + Duration::from_micros(300)
+            } else {
+                unfiltered
+            }
+        };
+        let mut rounds: Vec<(f64, Duration, Duration)> = (0..ROUNDS)
+            .map(|_| {
+                let unfiltered = timed(client, "wide", queries, &Value::Null);
+                let took = timed(client, "wide", queries, &filter);
+                (took.as_secs_f64() / bound(unfiltered).as_secs_f64(), took, unfiltered)
+            })
+            .collect();
+        rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (ratio, took, unfiltered) = rounds[ROUNDS / 2];
         let (recall, counts) = recall(client, vectors, &queries[..3], &filter, &matches);
-        let (reference, ratio, goal) = if selectivity < 1.0 {
-            let bound = unfiltered.mul_f64(1.5 * selectivity) + Duration::from_micros(300);
-            (format!("1.5 x {selectivity} x unfiltered {} + 0.3 ms = {}", ms(unfiltered), ms(bound)), bound, "<= 1")
+        let (reference, goal) = if selectivity < 1.0 {
+            let reference =
+                format!("1.5 x {selectivity} x unfiltered {} + 0.3 ms = {}", ms(unfiltered), ms(bound(unfiltered)));
+            (reference, "<= 1")
         } else {
-            (format!("unfiltered {}", ms(unfiltered)), unfiltered, "<= 1.1")
+            (format!("unfiltered {}", ms(unfiltered)), "<= 1.1")
         };
         table.add(
-            &format!("1, 2. filtered search {name}, 100,000 x 768 cosine, k=10 (median of 32)"),
+            &format!(
+                "1, 2. filtered search {name}, 100,000 x 768 cosine, k=10 (median of 32, median of {ROUNDS} rounds)"
+            ),
             format!("{}; recall {recall:.2}, always min(k, matches) hits: {counts}", ms(took)),
             reference,
-            took.as_secs_f64() / ratio.as_secs_f64(),
+            ratio,
             goal,
         );
     }
