@@ -1076,9 +1076,13 @@ impl Index {
             let first = at * tile;
             let (codes_of, in_tile) = (&query_codes[first..], tile.min(tops.len() - first));
             let kernel = (coded.kernel, bounds);
-            let t: [f32; codes::QUERIES_MAX] = std::array::from_fn(|q| {
-                tops.get(first + q).map_or(f32::INFINITY, |top| coded.threshold(first + q, top))
-            });
+            // A loop, not `array::from_fn`: that was called out of line
+            // (leaving the kernel's instructions) once per tile, a tenth of
+            // a batch's time.
+            let mut t = [f32::INFINITY; codes::QUERIES_MAX];
+            for (q, t) in t.iter_mut().enumerate().take(in_tile) {
+                *t = coded.threshold(first + q, &tops[first + q]);
+            }
             let mut ruled = [0u32; codes::QUERIES_MAX];
             match in_tile {
                 4 => ruled[..4].copy_from_slice(&self.coded_tile::<4, R>(
