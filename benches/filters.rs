@@ -190,7 +190,8 @@ fn main() {
     println!("table written to {}", out.display());
 }
 
-/// Rounds of a filtered search against the unfiltered one (`filtered_search`).
+/// Rounds of a filtered search against the unfiltered one (`filtered_search`),
+/// and of a batch against its searches one by one (`batch`).
 const ROUNDS: usize = 5;
 
 /// Targets 1 and 2: each selectivity against the unfiltered search. The
@@ -261,24 +262,29 @@ fn batch(client: &mut Client, queries: &[Vec<f32>], table: &mut Table) {
     let searches: Vec<Value> = queries.iter().map(|q| json!({"k": 10, "queryVector": q})).collect();
     let body = json!({ "searches": searches }).to_string();
     let bodies: Vec<String> = searches.iter().map(Value::to_string).collect();
-    let (mut batched, mut alone) = (Vec::new(), Vec::new());
-    for _ in 0..5 {
-        let started = Instant::now();
-        let r = client.call("POST", "/api/v1/embeddings/wide/search-batch", Some(&body));
-        batched.push(started.elapsed());
-        assert_eq!(r.status, 200);
-        let started = Instant::now();
-        for body in &bodies {
-            assert_eq!(client.call("POST", "/api/v1/embeddings/wide/search", Some(body)).status, 200);
-        }
-        alone.push(started.elapsed());
-    }
-    let (batched, alone) = (median(batched), median(alone));
+    // Each round a batch, then the same 32 alone; the round of the median
+    // ratio is reported (the host's noise comes in spells of seconds).
+    let mut rounds: Vec<(f64, Duration, Duration)> = (0..ROUNDS)
+        .map(|_| {
+            let started = Instant::now();
+            let r = client.call("POST", "/api/v1/embeddings/wide/search-batch", Some(&body));
+            let batched = started.elapsed();
+            assert_eq!(r.status, 200);
+            let started = Instant::now();
+            for body in &bodies {
+                assert_eq!(client.call("POST", "/api/v1/embeddings/wide/search", Some(body)).status, 200);
+            }
+            let alone = started.elapsed();
+            (alone.as_secs_f64() / batched.as_secs_f64(), batched, alone)
+        })
+        .collect();
+    rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (ratio, batched, alone) = rounds[ROUNDS / 2];
     table.add(
-        "3. search-batch of 32, 100,000 x 768 cosine, k=10, throughput (median of 5)",
+        &format!("3. search-batch of 32, 100,000 x 768 cosine, k=10, throughput (median of {ROUNDS} rounds)"),
         format!("{} a batch", ms(batched)),
         format!("the 32 one by one on one connection: {}", ms(alone)),
-        alone.as_secs_f64() / batched.as_secs_f64(),
+        ratio,
         ">= 10",
     );
 }
