@@ -148,12 +148,11 @@ impl Decoder {
         }
         self.scratch.rereads.clear();
         let mut tape = self.tape.take().unwrap_or_else(Tape::null).reset();
-        let result = match simd_json::fill_tape(body, &mut self.buffers, &mut tape) {
-            Ok(()) => read(&tape.0, &mut self.scratch),
-            Err(error) => Err(ApiError::bad_body(format_args!("body: invalid JSON ({error})"))),
-        };
+        let result =
+            simd_json::fill_tape(body, &mut self.buffers, &mut tape).map(|()| read(&tape.0, &mut self.scratch));
         self.tape = Some(tape.reset());
         result
+            .unwrap_or_else(|error| Err(ApiError::bad_body(not_json(body, self.buffers.structural_indexes(), &error))))
     }
 
     /// Reads the numbers `numbers` left to their text, into `out`. The
@@ -215,7 +214,7 @@ impl Decoder {
                         _ => return Err(ApiError::bad_body("metric: expected a string")),
                     },
                     "p" => p = number(nodes, at),
-                    _ => {}
+                    _ => return Err(unknown_field("", key, &["dimensions", "metric", "p"])),
                 }
             }
             let dimensions = dimensions.ok_or_else(|| ApiError::bad_body("dimensions: required"))?;
@@ -259,7 +258,7 @@ impl Decoder {
             let mut found = false;
             for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
                 if key != "searches" {
-                    continue;
+                    return Err(unknown_field("", key, &["searches"]));
                 }
                 let Node::Array { len, .. } = nodes[at] else {
                     return Err(ApiError::bad_body("searches: expected an array of search bodies"));
@@ -294,25 +293,38 @@ impl Decoder {
 
     /// `{"ids": [int]}`.
     pub fn ids(&mut self, body: &mut [u8], limits: BodyLimits, ids: &mut Vec<i64>) -> Result<(), ApiError> {
-        self.with_tape(body, |nodes, _| ids_of(nodes, limits, ids))
+        self.with_tape(body, |nodes, _| {
+            let mut found = None;
+            for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
+                if key != "ids" {
+                    return Err(unknown_field("", key, &["ids"]));
+                }
+                // A repeated key: the last one counts.
+                found = Some(at);
+            }
+            ids_of(nodes, found.ok_or_else(|| ApiError::bad_body("ids: required"))?, limits, ids)
+        })
     }
 
     /// A delete's body: `{"ids": [int]}` (into `ids`) or `{"filter": filter}`,
     /// not both.
     pub fn deletion(&mut self, body: &mut [u8], limits: BodyLimits, ids: &mut Vec<i64>) -> Result<Deletion, ApiError> {
         self.with_tape(body, |nodes, _| {
-            let (mut filter, mut has_ids) = (None, false);
+            let (mut filter, mut ids_at) = (None, None);
             for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
                 match key {
                     "filter" => filter = filter_field(nodes, at, limits)?,
-                    "ids" => has_ids = !is_null(nodes, at),
-                    _ => {}
+                    "ids" => ids_at = (!is_null(nodes, at)).then_some(at),
+                    _ => return Err(unknown_field("", key, &["ids", "filter"])),
                 }
             }
-            match filter {
-                None => ids_of(nodes, limits, ids).map(|()| Deletion::Ids),
-                Some(_) if has_ids => Err(ApiError::bad_body("body: expected either ids or filter, not both")),
-                Some(filter) => Ok(Deletion::Filter(filter)),
+            match (ids_at, filter) {
+                (Some(at), None) => ids_of(nodes, at, limits, ids).map(|()| Deletion::Ids),
+                (None, Some(filter)) => Ok(Deletion::Filter(filter)),
+                (Some(_), Some(_)) => Err(ApiError::bad_body("body: expected either ids or filter, not both")),
+                (None, None) => Err(ApiError::bad_body(
+                    "body: expected ids (an array of 64-bit integers) or filter (a filter object); neither was given",
+                )),
             }
         })
     }
@@ -345,7 +357,7 @@ impl Decoder {
                     }
                     "filter" => scroll.filter = filter_field(nodes, at, limits)?,
                     "include" => scroll.data = include_of(nodes, at, &["data"])?.data,
-                    _ => {}
+                    _ => return Err(unknown_field("", key, &["limit", "after", "filter", "include"])),
                 }
             }
             Ok(scroll)
@@ -359,7 +371,7 @@ impl Decoder {
             let mut found = false;
             for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
                 if key != "embeddings" {
-                    continue;
+                    return Err(unknown_field("", key, &["embeddings"]));
                 }
                 let Node::Array { len, .. } = nodes[at] else {
                     return Err(ApiError::bad_body("embeddings: expected an array of embedding objects"));
@@ -407,7 +419,7 @@ fn embedding(
             }
             "data" => vector = Some(value),
             "metadata" => metadata = Some(value),
-            _ => {}
+            _ => return Err(unknown_field(&format!("embeddings[{i}]."), key, &["id", "data", "metadata"])),
         }
     }
     let id = id.ok_or_else(|| ApiError::bad_body(format_args!("embeddings[{i}].id: required")))?;
@@ -438,34 +450,22 @@ fn span(n: usize) -> Result<u32, ApiError> {
     u32::try_from(n).map_err(|_| ApiError::bad_body("embeddings: too much data in one request"))
 }
 
-/// `{"ids": [int]}`, read into `ids`.
-fn ids_of(nodes: Nodes<'_, '_>, limits: BodyLimits, ids: &mut Vec<i64>) -> Result<(), ApiError> {
+/// The array of ids at `at`, read into `ids`.
+fn ids_of(nodes: Nodes<'_, '_>, at: usize, limits: BodyLimits, ids: &mut Vec<i64>) -> Result<(), ApiError> {
     ids.clear();
-    let mut found = false;
-    for (key, at) in object(nodes, 0).ok_or_else(not_an_object)? {
-        if key != "ids" {
-            continue;
-        }
-        let Node::Array { len, .. } = nodes[at] else {
-            return Err(ApiError::bad_body("ids: expected an array of integers"));
-        };
-        if len > limits.items_max {
-            return Err(ApiError::bad_body(format_args!("ids: at most {} per request", limits.items_max)));
-        }
-        ids.clear();
-        ids.reserve(len);
-        for (i, element) in elements(nodes, at).enumerate() {
-            let id = integer(nodes, element)
-                .ok_or_else(|| ApiError::bad_body(format_args!("ids[{i}]: expected a 64-bit integer")))?;
-            ids.push(id);
-        }
-        found = true;
+    let Node::Array { len, .. } = nodes[at] else {
+        return Err(ApiError::bad_body("ids: expected an array of integers"));
+    };
+    if len > limits.items_max {
+        return Err(ApiError::bad_body(format_args!("ids: at most {} per request", limits.items_max)));
     }
-    if found {
-        Ok(())
-    } else {
-        Err(ApiError::bad_body("ids: required"))
+    ids.reserve(len);
+    for (i, element) in elements(nodes, at).enumerate() {
+        let id = integer(nodes, element)
+            .ok_or_else(|| ApiError::bad_body(format_args!("ids[{i}]: expected a 64-bit integer")))?;
+        ids.push(id);
     }
+    Ok(())
 }
 
 /// Validates a metadata object and writes it as canonical JSON text; `{}`
@@ -664,7 +664,7 @@ fn search_fields<'i>(
             }
             "include" => search.include = include_of(nodes, at, &["score", "data"])?,
             "filter" => search.filter = filter_field(nodes, at, limits)?,
-            _ => {}
+            _ => return Err(unknown_field("", key, &["queryVector", "k", "filter", "include"])),
         }
     }
     if !have_vector {
@@ -862,6 +862,72 @@ impl FilterReader<'_, '_> {
     }
 }
 
+/// What is wrong with a body that is not JSON, for its `detail`. Two
+/// mistakes get words of their own, where the parser's would mislead: a
+/// `NaN` or infinity written as if it were a number, and text after a
+/// complete value (the parser blames the value's last bracket). Either
+/// is told from where the parser stopped: a word where a value starts,
+/// or a closing bracket that ends the outermost value and follows a value
+/// (not a `:` or `,`: `{"a":}` stops there too). `structurals` are the
+/// parser's marks of where each token starts; strings unescaped in place
+/// keep those bytes (see `reread_numbers`), and a mark past `at` is never
+/// read.
+fn not_json(body: &[u8], structurals: &[u32], error: &simd_json::Error) -> String {
+    let at = error.index();
+    let rest = body.get(at..).unwrap_or_default();
+    // The parser stops at the `I` of `-Infinity`, at the `N` of `NaN`.
+    let word = rest.strip_prefix(b"-").unwrap_or(rest);
+    if [b"nan", b"inf"].iter().any(|start| word.len() >= 3 && word[..3].eq_ignore_ascii_case(*start)) {
+        let start = if at > 0 && body[at - 1] == b'-' { at - 1 } else { at };
+        let len = body[start..].iter().take(16).take_while(|b| b.is_ascii_alphanumeric() || **b == b'-').count();
+        let text = String::from_utf8_lossy(&body[start..start + len]);
+        return format!("body: {text} is not a JSON number (at character {start}); JSON has no NaN or infinity");
+    }
+    if matches!(rest.first(), Some(b'}' | b']')) {
+        let marks = structurals.iter().map(|&mark| mark as usize).take_while(|&mark| mark <= at);
+        let (mut depth, mut before) = (0i64, None);
+        for mark in marks.filter(|&mark| mark < body.len()) {
+            match body[mark] {
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' => depth -= 1,
+                _ => {}
+            }
+            if mark < at {
+                before = Some(body[mark]);
+            }
+        }
+        let after = rest[1..].iter().position(|b| !b.is_ascii_whitespace());
+        if let (0, Some(after)) = (depth, after) {
+            if !matches!(before, Some(b':' | b',')) {
+                let at = at + 1 + after;
+                return format!("body: unexpected text at character {at}, after the end of the JSON value");
+            }
+        }
+    }
+    format!("body: invalid JSON ({error})")
+}
+
+/// The error for a field the endpoint does not take, so that a typo never
+/// quietly changes an answer: it names the field (its first
+/// `FIELD_SHOWN_CHARS_MAX` characters) and the known field most like it by
+/// Jaro-Winkler similarity, ignoring case, which weighs a shared start most:
+/// `filters` points to `filter`, `meta` to `metadata` (not to `data`).
+/// `place` goes before the name: `embeddings[3].`.
+fn unknown_field(place: &str, key: &str, known: &[&str]) -> ApiError {
+    let shown: String = key.chars().take(FIELD_SHOWN_CHARS_MAX).collect();
+    let ellipsis = if shown.len() < key.len() { "…" } else { "" };
+    let lower = shown.to_lowercase();
+    let likeness = |field: &&str| strsim::jaro_winkler(&lower, &field.to_lowercase());
+    // The first of the most alike, on a tie.
+    let nearest = known.iter().min_by(|a, b| likeness(b).total_cmp(&likeness(a)));
+    let nearest = nearest.expect("an endpoint knows at least one field");
+    ApiError::bad_body(format_args!("{place}{shown}{ellipsis}: unknown field (did you mean '{nearest}'?)"))
+}
+
+/// The most characters of an unknown field's name that its error shows
+/// (and compares with the known ones): a name is client input of any length.
+const FIELD_SHOWN_CHARS_MAX: usize = 64;
+
 fn not_an_object() -> ApiError {
     ApiError::bad_body("body: expected a JSON object")
 }
@@ -898,7 +964,7 @@ mod tests {
     fn embeddings_decode_into_flat_buffers() {
         let mut decoder = Decoder::default();
         let mut batch = Batch::default();
-        let mut body = br#"{"extra":[{"x":1}],"embeddings":[
+        let mut body = br#"{"embeddings":[
             {"id":1,"data":[1,2.5,-3e2],"metadata":{"b":"x","a":"y\n","b":"z"}},
             {"id":-9,"data":[],"metadata":null},{"data":[0.1],"id":9223372036854775807}]}"#
             .to_vec();
@@ -1008,13 +1074,13 @@ mod tests {
     fn decode_vector(numbers: &[String]) -> Vec<f32> {
         let data = numbers.join(",");
         let mut body = format!(
-            r#"{{"extra":["a\"b\\5",{{"k":[1,"\"2"]}}],"embeddings":[{{"id":3,"metadata":{{"q\"":"x\\\"9\n"}},"data":[{data}]}}]}}"#
+            r#"{{"embeddings":[{{"id":2,"data":[],"metadata":{{"a":"a\"b\\5","k":"[1,\"2"}}}},{{"id":3,"metadata":{{"q\"":"x\\\"9\n"}},"data":[{data}]}}]}}"#
         )
         .into_bytes();
         let mut batch = Batch::default();
         Decoder::default().embeddings(&mut body, BodyLimits::DEFAULT, &mut batch).unwrap();
-        assert_eq!(batch.metadata(0), br#"{"q\"":"x\\\"9\n"}"#);
-        batch.vector(0).to_vec()
+        assert_eq!(batch.metadata(1), br#"{"q\"":"x\\\"9\n"}"#);
+        batch.vector(1).to_vec()
     }
 
     #[test]
@@ -1094,12 +1160,113 @@ mod tests {
         let mut query = Vec::new();
         let mut body = br#"{"queryVector":[9,9],"k":1,"queryVector":["x\"y",1.0000000596046448,-0]}"#.to_vec();
         assert!(Decoder::default().search(&mut body, 10, BodyLimits::DEFAULT, &mut query).is_err());
-        let mut body = br#"{"queryVector":[1.0000000596046448,-0, 2],"k":1,"m":"\"1"}"#.to_vec();
+        let mut body = br#"{"queryVector":[1.0000000596046448,-0, 2],"k":1,"filter":{"m":"\"1"}}"#.to_vec();
         Decoder::default().search(&mut body, 10, BodyLimits::DEFAULT, &mut query).unwrap();
         assert_eq!(bits(&query), vec![1.000_000_1f32.to_bits(), (-0.0f32).to_bits(), 2.0f32.to_bits()]);
         // A query given twice: the last one counts, and its numbers are the ones read again.
         let mut body = br#"{"queryVector":[1.0000000596046448,3],"k":1,"queryVector":[5,1.0000000596046448]}"#.to_vec();
         Decoder::default().search(&mut body, 10, BodyLimits::DEFAULT, &mut query).unwrap();
         assert_eq!(query, vec![5.0, 1.000_000_1]);
+    }
+
+    /// A field an endpoint does not take is a 400 naming it and the known
+    /// field most like it, never a quiet change of the answer.
+    #[test]
+    fn unknown_fields_are_refused_naming_the_nearest_known_one() {
+        let limits = BodyLimits::DEFAULT;
+        let mut decoder = Decoder::default();
+        let mut query = Vec::new();
+        let mut search = |text: &str| detail(decoder.search(&mut text.as_bytes().to_vec(), 10, limits, &mut query));
+        assert_eq!(
+            search(r#"{"queryVector":[1],"k":2,"filters":{"n":"3"}}"#),
+            "filters: unknown field (did you mean 'filter'?)"
+        );
+        assert_eq!(
+            search(r#"{"queryVector":[1],"k":2,"includes":["score"]}"#),
+            "includes: unknown field (did you mean 'include'?)"
+        );
+        assert_eq!(search(r#"{"queryvector":[1],"k":2}"#), "queryvector: unknown field (did you mean 'queryVector'?)");
+        assert_eq!(search(r#"{"queryVector":[1],"K":2}"#), "K: unknown field (did you mean 'k'?)");
+        let long = "x".repeat(100);
+        let shown = format!("{}…: unknown field (did you mean", "x".repeat(64));
+        assert!(search(&format!(r#"{{"queryVector":[1],"k":2,"{long}":1}}"#)).starts_with(&shown));
+
+        let mut batch = Batch::default();
+        let mut embeddings = |text: &str| detail(decoder.embeddings(&mut text.as_bytes().to_vec(), limits, &mut batch));
+        assert_eq!(
+            embeddings(r#"{"embeddings":[{"id":1,"data":[1]},{"id":77,"data":[1],"meta":{"a":"b"}}]}"#),
+            "embeddings[1].meta: unknown field (did you mean 'metadata'?)"
+        );
+        assert_eq!(embeddings(r#"{"embedding":[]}"#), "embedding: unknown field (did you mean 'embeddings'?)");
+        assert_eq!(
+            embeddings(r#"{"embeddings":[{"ID":1,"data":[1]}]}"#),
+            "embeddings[0].ID: unknown field (did you mean 'id'?)"
+        );
+
+        let mut scroll = |text: &str| detail(decoder.scroll(&mut text.as_bytes().to_vec(), limits));
+        assert_eq!(scroll(r#"{"afterId":5}"#), "afterId: unknown field (did you mean 'after'?)");
+        assert_eq!(scroll(r#"{"limits":5}"#), "limits: unknown field (did you mean 'limit'?)");
+
+        let mut create = |text: &str| detail(decoder.create(&mut text.as_bytes().to_vec(), 8));
+        assert_eq!(create(r#"{"dimensions":3,"metrik":"l2"}"#), "metrik: unknown field (did you mean 'metric'?)");
+        assert_eq!(create(r#"{"dimension":3,"metric":"l2"}"#), "dimension: unknown field (did you mean 'dimensions'?)");
+
+        let mut ids = Vec::new();
+        let mut retrieve = |text: &str| detail(decoder.ids(&mut text.as_bytes().to_vec(), limits, &mut ids));
+        assert_eq!(retrieve(r#"{"id":[1]}"#), "id: unknown field (did you mean 'ids'?)");
+        let mut ids = Vec::new();
+        let mut delete = |text: &str| detail(decoder.deletion(&mut text.as_bytes().to_vec(), limits, &mut ids));
+        assert_eq!(delete(r#"{"ids":[1],"filer":{}}"#), "filer: unknown field (did you mean 'filter'?)");
+        assert_eq!(
+            delete(r#"{}"#),
+            "body: expected ids (an array of 64-bit integers) or filter (a filter object); neither was given"
+        );
+        assert_eq!(
+            delete(r#"{"ids":null,"filter":null}"#),
+            "body: expected ids (an array of 64-bit integers) or filter (a filter object); neither was given"
+        );
+        let mut ids = Vec::new();
+        assert_eq!(
+            decoder.deletion(&mut br#"{"ids":[4],"filter":null}"#.to_vec(), limits, &mut ids),
+            Ok(Deletion::Ids)
+        );
+        assert_eq!(ids, vec![4]);
+
+        let (mut queries, mut searches) = (Vec::new(), Vec::new());
+        let mut batch = |text: &str| {
+            detail(decoder.search_batch(&mut text.as_bytes().to_vec(), (10, 10), limits, &mut queries, &mut searches))
+        };
+        assert_eq!(batch(r#"{"search":[]}"#), "search: unknown field (did you mean 'searches'?)");
+        assert_eq!(
+            batch(r#"{"searches":[{"queryVector":[1],"k":1},{"queryVector":[1],"k":1,"filters":{}}]}"#),
+            "searches[1].filters: unknown field (did you mean 'filter'?)"
+        );
+    }
+
+    /// A `NaN` or infinity written as a number, and text after a complete
+    /// body, are told in words; other bad JSON keeps the parser's.
+    #[test]
+    fn bodies_that_are_not_json_say_why() {
+        let mut decoder = Decoder::default();
+        let mut query = Vec::new();
+        let mut search =
+            |text: &str| detail(decoder.search(&mut text.as_bytes().to_vec(), 10, BodyLimits::DEFAULT, &mut query));
+        let nan = r#"{"k": 1, "queryVector": [1, 2, NaN]}"#;
+        assert_eq!(search(nan), "body: NaN is not a JSON number (at character 31); JSON has no NaN or infinity");
+        assert!(search(r#"{"k":1,"queryVector":[Infinity]}"#).starts_with("body: Infinity is not a JSON number"));
+        assert!(search(r#"{"k":1,"queryVector":[-Infinity]}"#).starts_with("body: -Infinity is not a JSON number"));
+        assert!(search(r#"{"k":1,"queryVector":[1,nan]}"#).starts_with("body: nan is not a JSON number"));
+        let after = "body: unexpected text at character";
+        assert_eq!(search(r#"{"k":1,"queryVector":[1]} x"#), format!("{after} 26, after the end of the JSON value"));
+        assert_eq!(search(r#"{"k":1,"queryVector":[1]}}"#), format!("{after} 25, after the end of the JSON value"));
+        assert_eq!(
+            search("{\"k\":1,\"queryVector\":[1],\"filter\":{\"a\\\"\":\"\\\"{\"}}\n {}"),
+            format!("{after} 50, after the end of the JSON value")
+        );
+        assert!(search(r#"{"k":1,"queryVector":[1]} [1]"#).starts_with(after));
+        // Not text after the end: a value missing before a bracket.
+        assert!(search(r#"{"k":1,"queryVector":} x"#).starts_with("body: invalid JSON"));
+        assert!(search(r#"{"k":1,"queryVector":[1,]} x"#).starts_with("body: invalid JSON"));
+        assert!(search(r#"{"k":1,"queryVector":[1]"#).starts_with("body: invalid JSON"));
     }
 }

@@ -375,10 +375,13 @@ fn bad_filters_are_refused_naming_the_place() {
         let r = client.call("DELETE", "/api/v1/embeddings/docs/delete", Some(&json!({ "filter": filter }).to_string()));
         assert_eq!((r.status, r.detail()), (400, detail));
     }
+    const NEITHER: &str =
+        "body: expected ids (an array of 64-bit integers) or filter (a filter object); neither was given";
     let bodies = [
         (r#"{"ids":[1],"filter":{}}"#, "body: expected either ids or filter, not both"),
-        (r#"{"ids":null,"filter":null}"#, "ids: expected an array of integers"),
-        ("{}", "ids: required"),
+        (r#"{"ids":null,"filter":null}"#, NEITHER),
+        ("{}", NEITHER),
+        (r#"{"ids":[1],"filters":{}}"#, "filters: unknown field (did you mean 'filter'?)"),
     ];
     for (body, detail) in bodies {
         let r = client.call("DELETE", "/api/v1/embeddings/docs/delete", Some(body));

@@ -15,16 +15,17 @@ const NOT_AN_OBJECT: &[(&str, &str)] = &[
     ("null", "body: expected a JSON object"),
 ];
 
-const INVALID_JSON: &[&str] = &[
-    "{",
-    "{\"embeddings\":[}",
-    "{\"a\":1,}",
-    "{'single':'quotes'}",
-    "{\"k\":NaN}",
-    "{\"k\":1} trailing",
-    "\u{0}\u{1}\u{2}",
-    "{\"k\":1e999}",
-    "{\"ids\":[1,2",
+/// Bodies that are not JSON, and how their detail starts.
+const INVALID_JSON: &[(&str, &str)] = &[
+    ("{", "body: invalid JSON"),
+    ("{\"embeddings\":[}", "body: invalid JSON"),
+    ("{\"a\":1,}", "body: invalid JSON"),
+    ("{'single':'quotes'}", "body: invalid JSON"),
+    ("{\"k\":NaN}", "body: NaN is not a JSON number (at character 5)"),
+    ("{\"k\":1} trailing", "body: unexpected text at character 8, after the end of the JSON value"),
+    ("\u{0}\u{1}\u{2}", "body: invalid JSON"),
+    ("{\"k\":1e999}", "body: invalid JSON"),
+    ("{\"ids\":[1,2", "body: invalid JSON"),
 ];
 
 fn assert_bad(server: &Server, method: &str, path: &str, body: &str, detail: Option<&str>) {
@@ -58,10 +59,10 @@ fn every_endpoint_refuses_what_is_not_a_json_object() {
         for &(body, detail) in NOT_AN_OBJECT {
             assert_bad(&server, method, path, body, Some(detail));
         }
-        for body in INVALID_JSON {
+        for &(body, detail) in INVALID_JSON {
             let r = server.call(method, path, Some(body));
             assert_eq!((r.status, r.code()), (400, "INVALID_REQUEST_BODY"), "{path} {body:?}");
-            assert!(r.detail().starts_with("body: invalid JSON"), "{path} {body:?}: {}", r.detail());
+            assert!(r.detail().starts_with(detail), "{path} {body:?}: {}", r.detail());
         }
         // Bytes that are not UTF-8.
         let mut client = server.connect();
@@ -85,7 +86,11 @@ fn embedding_bodies_name_the_bad_field_and_apply_nothing() {
     create_index(&server, "target", 2, "l2");
     let cases: &[(&str, &str)] = &[
         ("{}", "embeddings: required"),
-        (r#"{"embedding":[]}"#, "embeddings: required"),
+        (r#"{"embedding":[]}"#, "embedding: unknown field (did you mean 'embeddings'?)"),
+        (
+            r#"{"embeddings":[{"id":1,"data":[1,2]},{"id":77,"data":[1,2],"meta":{"a":"b"}}]}"#,
+            "embeddings[1].meta: unknown field (did you mean 'metadata'?)",
+        ),
         (r#"{"embeddings":null}"#, "embeddings: expected an array of embedding objects"),
         (r#"{"embeddings":{"id":1}}"#, "embeddings: expected an array of embedding objects"),
         (r#"{"embeddings":[{"id":1,"data":[1,2]},7]}"#, "embeddings[1]: expected a JSON object"),
@@ -143,6 +148,9 @@ fn id_list_and_search_bodies() {
     ];
     for &(body, detail) in ids_cases {
         assert_bad(&server, "POST", "/api/v1/embeddings/target/retrieve", body, Some(detail));
+        // A delete takes a filter instead, and says so when it has neither.
+        let neither = "body: expected ids (an array of 64-bit integers) or filter (a filter object); neither was given";
+        let detail = if body == "{}" { neither } else { detail };
         assert_bad(&server, "DELETE", "/api/v1/embeddings/target/delete", body, Some(detail));
     }
     // A refused delete deleted nothing.

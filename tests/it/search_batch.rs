@@ -102,6 +102,8 @@ fn a_bad_search_fails_the_whole_batch_naming_it() {
         assert!(r.body.get("data").is_none(), "a 400 carries no data: {r:?}");
     }
     let r = client.call("POST", "/api/v1/embeddings/by-cosine/search-batch", Some(r#"{"searchez":[]}"#));
+    assert_eq!(r.detail(), "searchez: unknown field (did you mean 'searches'?)");
+    let r = client.call("POST", "/api/v1/embeddings/by-cosine/search-batch", Some("{}"));
     assert_eq!(r.detail(), "searches: required");
     let body = json!({ "searches": [good] }).to_string();
     let r = client.call("POST", "/api/v1/embeddings/none-such/search-batch", Some(&body));
