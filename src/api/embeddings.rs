@@ -245,7 +245,7 @@ pub fn search_batch(
         out,
         200,
         keep_alive,
-        format_args!("{} similarity searches performed successfully.", asks.len()),
+        format_args!("{} similarity {} performed successfully.", asks.len(), noun(asks.len(), "search", "searches")),
     );
     let out = envelope.data();
     out.extend_from_slice(b"{\"results\":[");
@@ -465,7 +465,8 @@ pub fn scroll(
         more = true;
     }
     let Reply { out, keep_alive } = reply;
-    let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("{} embeddings listed.", page.len()));
+    let listed = format_args!("{} {} listed.", page.len(), noun(page.len(), "embedding", "embeddings"));
+    let mut envelope = Envelope::start(out, 200, keep_alive, listed);
     let out = envelope.data();
     out.extend_from_slice(b"{\"embeddings\":[");
     for (n, &row) in page.iter().enumerate() {
@@ -489,6 +490,17 @@ pub fn scroll(
     }
     out.push(b'}');
     Ok(envelope.finish())
+}
+
+/// A count's noun in our own messages: `1 embedding listed.`, `2
+/// embeddings listed.` (those of the original interface keep its form,
+/// `1/1 embeddings successfully deleted.`).
+fn noun(count: usize, one: &'static str, many: &'static str) -> &'static str {
+    if count == 1 {
+        one
+    } else {
+        many
+    }
 }
 
 /// `"error":{"code":"EMBEDDINGS_SKIPPED","description":["embedding with ID 7 was not <verb> - ..."]}`.

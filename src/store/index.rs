@@ -543,13 +543,13 @@ impl Index {
     /// smallest, ascending by id. Returns whether any row after the page
     /// would follow.
     pub fn scroll(&self, after: Option<i64>, limit: usize, rows: Option<&RoaringBitmap>, page: &mut Vec<u32>) -> bool {
-        let after = after.unwrap_or(i64::MIN);
         // The `limit + 1` smallest ids after `after`: a max-heap whose root
         // is the largest kept. The one beyond the page tells that more follow.
+        // Without `after`, every id counts, `i64::MIN` too.
         let mut heap = std::collections::BinaryHeap::with_capacity(limit + 1);
         let mut offer = |row: u32| {
             let id = self.ids[row as usize];
-            if id <= after {
+            if after.is_some_and(|after| id <= after) {
                 return;
             }
             if heap.len() <= limit {

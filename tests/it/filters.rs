@@ -210,7 +210,8 @@ fn scroll_all(client: &mut Client, body: Value) -> Vec<Value> {
         let r = client.call("POST", "/api/v1/embeddings/docs/scroll", Some(&body.to_string()));
         assert_eq!(r.status, 200, "{r:?}");
         let page = r.body["data"]["embeddings"].as_array().unwrap().clone();
-        assert_eq!(r.message(), format!("{} embeddings listed.", page.len()));
+        let noun = if page.len() == 1 { "embedding" } else { "embeddings" };
+        assert_eq!(r.message(), format!("{} {noun} listed.", page.len()));
         let next = r.body["data"]["next"].clone();
         listed.extend(page);
         if next.is_null() {
@@ -283,6 +284,63 @@ fn scroll_under_concurrent_writes_lists_the_rows_that_stay_exactly_once() {
     assert!(listed.windows(2).all(|w| w[0] < w[1]), "ascending, each once");
     for id in stays.iter().filter(|id| rows[id].1["half"] == "h0") {
         assert!(listed.contains(id), "row {id} stayed throughout and was not listed");
+    }
+}
+
+/// The ids at both ends of the range are listed like any other: a scroll
+/// without `after` starts at `i64::MIN` itself, and one that reaches
+/// `i64::MAX` ends there; with a filter, and with rows written at both
+/// ends between pages.
+#[test]
+fn scroll_lists_the_first_and_last_ids_of_the_range() {
+    let mut rng = Rng(720);
+    let server = Server::start();
+    crate::harness::create_index(&server, "docs", DIMS, "l2");
+    let mut client = server.connect();
+    let ends = [i64::MIN, i64::MIN + 1, i64::MIN + 2, -1, 0, 1, i64::MAX - 2, i64::MAX - 1, i64::MAX];
+    // `half` by the id's parity, which `rem_euclid(1000)` keeps.
+    let rows: Vec<_> =
+        ends.iter().map(|&id| (id, vector(&mut rng, DIMS), metadata_of(id.rem_euclid(1000), 0))).collect();
+    put(&mut client, "docs", "insert", &rows);
+    let odd: Vec<i64> = ends.iter().copied().filter(|id| id.rem_euclid(2) == 1).collect();
+    for limit in [1, 2, 4, 100] {
+        let listed = scroll_all(&mut client, json!({ "limit": limit }));
+        let ids: Vec<i64> = listed.iter().map(|row| row["id"].as_i64().unwrap()).collect();
+        assert_eq!(ids, ends, "limit {limit}");
+        let listed = scroll_all(&mut client, json!({"limit": limit, "filter": {"half": "h1"}}));
+        let ids: Vec<i64> = listed.iter().map(|row| row["id"].as_i64().unwrap()).collect();
+        assert_eq!(ids, odd, "limit {limit}, filtered");
+    }
+    let r = client.call("POST", "/api/v1/embeddings/docs/scroll", Some(r#"{"limit":1}"#));
+    assert_eq!(r.body["data"]["embeddings"][0]["id"], i64::MIN, "{r:?}");
+    assert_eq!(r.message(), "1 embedding listed.");
+    let r = client.call("POST", "/api/v1/embeddings/docs/scroll", Some(r#"{"after":-9223372036854775808}"#));
+    assert_eq!(r.body["data"]["embeddings"][0]["id"], i64::MIN + 1, "after excludes its own id: {r:?}");
+
+    // Between pages, the row before the cursor at the low end goes and
+    // comes back; rows after it at the high end come and go: every row
+    // that stays throughout is listed once, in order.
+    let mut writer = server.connect();
+    let mut body = json!({"limit": 2});
+    let mut listed: Vec<i64> = Vec::new();
+    for round in 0..30 {
+        let r = client.call("POST", "/api/v1/embeddings/docs/scroll", Some(&body.to_string()));
+        assert_eq!(r.status, 200, "{r:?}");
+        listed.extend(r.body["data"]["embeddings"].as_array().unwrap().iter().map(|row| row["id"].as_i64().unwrap()));
+        let d = writer.call("DELETE", "/api/v1/embeddings/docs/delete", Some(r#"{"ids":[-9223372036854775808]}"#));
+        assert_eq!(d.status, 200, "{d:?}");
+        put(&mut writer, "docs", "insert", &[(i64::MIN, vector(&mut rng, DIMS), metadata_of(0, 0))]);
+        put(&mut writer, "docs", "upsert", &[(i64::MAX - 3 - round, vector(&mut rng, DIMS), metadata_of(1, 0))]);
+        match r.body["data"]["next"].as_i64() {
+            Some(next) => body["after"] = json!(next),
+            None => break,
+        }
+        assert!(round < 29, "the scroll ends");
+    }
+    assert!(listed.windows(2).all(|w| w[0] < w[1]), "ascending, each once: {listed:?}");
+    assert_eq!(listed.first(), Some(&i64::MIN));
+    for id in ends {
+        assert!(listed.contains(&id), "row {id} stayed throughout and was not listed: {listed:?}");
     }
 }
 

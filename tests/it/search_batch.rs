@@ -57,6 +57,9 @@ fn every_search_of_a_batch_is_answered_as_it_is_alone() {
             assert_eq!(alone.status, 200);
             assert_eq!(result, &alone.body["data"], "{metric} search {n}");
         }
+        let one = json!({ "searches": [searches[0]] }).to_string();
+        let r = client.call("POST", &format!("/api/v1/embeddings/by-{metric}/search-batch"), Some(&one));
+        assert_eq!(r.message(), "1 similarity search performed successfully.");
     }
 }
 
