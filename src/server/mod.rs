@@ -60,17 +60,28 @@ pub fn run(config: Config) -> io::Result<()> {
     let (api_key, key_source) = auth::load_or_create(&config.data_dir, config.api_key.as_deref())?;
     raise_descriptor_limit(config.connections_max);
     let local = listener.local_addr()?;
+    let key_path = config.data_dir.join(auth::KEY_FILE);
+    if key_source == auth::KeySource::Generated {
+        // The operator of a first start reads the key here (or in the
+        // file), once; a key chosen by the operator is never echoed, and
+        // no later start shows more than its first characters.
+        log::banner(format_args!(
+            "a new API key was generated and written to {}; it is shown this once \
+             (later starts show only its first characters):",
+            key_path.display()
+        ));
+        log::key(&api_key);
+    }
     let key_source = match key_source {
         auth::KeySource::Flag => "from --api-key or QUIVER_API_KEY",
         auth::KeySource::KeyFile => "from the key file",
         auth::KeySource::Generated => "newly generated",
     };
-    // Never the key itself: logs are shipped and read by others.
     log::banner(format_args!(
-        "listening on {local}, data directory {}, API key {} ({key_source}, read it from {}), started in {} ms",
+        "listening on {local}, data directory {}, API key {} ({key_source}, kept in {}), started in {} ms",
         config.data_dir.display(),
         auth::fingerprint(&api_key),
-        config.data_dir.join(auth::KEY_FILE).display(),
+        key_path.display(),
         started.elapsed().as_millis()
     ));
     let limits = ApiLimits {

@@ -17,8 +17,11 @@ fn status_with_key(server: &Server, key: &str) -> u16 {
     server.connect().call_with("GET", "/api/v1/indexes/list", &[("X-Service-API-Key", key)], None).status
 }
 
+/// The start that generates a key prints it whole, once, alone on its line
+/// (the operator reads it in the container's log); every later start
+/// shows only its first characters, its length and where it came from.
 #[test]
-fn a_generated_key_is_kept_0600_reused_and_never_logged() {
+fn a_generated_key_is_printed_once_kept_0600_and_reused() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
     let server = Server::start_in(None, data_dir.clone(), &[], &[]);
@@ -26,18 +29,38 @@ fn a_generated_key_is_kept_0600_reused_and_never_logged() {
     assert!(key.len() >= 32 && key.bytes().all(|b| b.is_ascii_hexdigit()), "{key}");
     assert_eq!(mode, 0o600);
     let log = server.log();
-    assert!(!log.contains(&key[..8]) && !server.log_line.contains(&key[..8]), "the key is logged: {log}");
-    let fingerprint = format!("API key {}… ({} characters)", &key[..4], key.len());
-    assert!(server.log_line.contains(&fingerprint), "the start-up log shows a fingerprint: {}", server.log_line);
+    assert_eq!(log.lines().filter(|line| *line == key).count(), 1, "the key, alone on one line: {log}");
+    assert_eq!(log.matches(&key[..8]).count(), 1, "the key once: {log}");
     let key_path = data_dir.join("api_key.txt").display().to_string();
-    assert!(server.log_line.contains(&key_path), "the start-up log names the key file: {}", server.log_line);
+    let generated = log.lines().find(|line| line.contains("a new API key was generated")).expect("{log}");
+    assert!(generated.contains(&key_path), "the key's line names the key file: {log}");
+    let fingerprint = format!("API key {}… ({} characters) (newly generated", &key[..4], key.len());
+    assert!(server.log_line.contains(&fingerprint), "the start-up line shows a fingerprint: {}", server.log_line);
+    assert!(server.log_line.contains(&key_path), "the start-up line names the key file: {}", server.log_line);
     assert_eq!(status_with_key(&server, &key), 200);
     drop(server);
 
-    // A restart on the same directory keeps the key.
+    // A restart on the same directory keeps the key, and does not print it.
     let server = Server::start_in(None, data_dir, &[], &[]);
     assert_eq!(key_file(&server).0, key);
     assert_eq!(status_with_key(&server, &key), 200);
+    let log = server.log();
+    assert!(!log.contains(&key[..8]), "a key read from its file is not printed again: {log}");
+    let fingerprint = format!("API key {}… ({} characters) (from the key file", &key[..4], key.len());
+    assert!(server.log_line.contains(&fingerprint), "{}", server.log_line);
+}
+
+/// A key the operator chose, by flag or environment, is never echoed.
+#[test]
+fn a_given_key_is_never_printed() {
+    let key = "a-secret-the-operator-chose-0123456789";
+    for (args, env) in [(&["--api-key", key][..], &[][..]), (&[][..], &[("QUIVER_API_KEY", key)][..])] {
+        let server = Server::start_raw(args, env);
+        assert_eq!(status_with_key(&server, key), 200);
+        let log = server.log();
+        assert!(!log.contains("a-secret") && !log.contains("a new API key"), "{log}");
+        assert!(server.log_line.contains("API key a-se… (38 characters) (from --api-key or QUIVER_API_KEY"), "{log}");
+    }
 }
 
 #[test]
