@@ -21,8 +21,13 @@ pub enum ApiError {
     BadBody {
         detail: String,
     },
-    NoApiKey,
-    InvalidApiKey,
+    /// `header` names the header the key was looked for in, or came in.
+    NoApiKey {
+        header: &'static str,
+    },
+    InvalidApiKey {
+        header: &'static str,
+    },
     NotFound {
         path: String,
     },
@@ -75,7 +80,7 @@ impl ApiError {
     pub fn status(&self) -> u16 {
         match self {
             ApiError::BadBody { .. } | ApiError::SearchFailed { .. } | ApiError::ReplyTooLarge { .. } => 400,
-            ApiError::NoApiKey | ApiError::InvalidApiKey => 401,
+            ApiError::NoApiKey { .. } | ApiError::InvalidApiKey { .. } => 401,
             ApiError::NotFound { .. } => 404,
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::IndexNotFound { .. }
@@ -99,8 +104,8 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::BadBody { .. } => "INVALID_REQUEST_BODY",
-            ApiError::NoApiKey => "NO_API_KEY_PROVIDED",
-            ApiError::InvalidApiKey => "INVALID_API_KEY",
+            ApiError::NoApiKey { .. } => "NO_API_KEY_PROVIDED",
+            ApiError::InvalidApiKey { .. } => "INVALID_API_KEY",
             ApiError::NotFound { .. } => "NOT_FOUND",
             ApiError::MethodNotAllowed { .. } => "METHOD_NOT_ALLOWED",
             ApiError::IndexNotFound { op: IndexOp::Fetch, .. } => "INDEX_NOT_FETCHED",
@@ -127,8 +132,8 @@ impl ApiError {
     fn message(&self) -> &'static str {
         match self {
             ApiError::BadBody { .. } | ApiError::Http { error: HttpError::Malformed(_), .. } => "Bad request",
-            ApiError::NoApiKey => "No API key provided.",
-            ApiError::InvalidApiKey => "Invalid API key.",
+            ApiError::NoApiKey { .. } => "No API key provided.",
+            ApiError::InvalidApiKey { .. } => "Invalid API key.",
             ApiError::NotFound { .. } => "Not found",
             ApiError::MethodNotAllowed { .. } => "Method not allowed",
             ApiError::IndexNotFound { op: IndexOp::Fetch, .. } => "An error occurred while fetching the index.",
@@ -182,8 +187,8 @@ impl fmt::Display for ApiError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ApiError::BadBody { detail } => write!(f, "The body you provided in your request is invalid: {detail}"),
-            ApiError::NoApiKey => f.write_str("the X-Service-API-Key header is missing or empty"),
-            ApiError::InvalidApiKey => f.write_str("the X-Service-API-Key header does not hold this server's API key"),
+            ApiError::NoApiKey { header } => write!(f, "the {header} header is missing or empty"),
+            ApiError::InvalidApiKey { header } => write!(f, "the {header} header does not hold this server's API key"),
             ApiError::NotFound { path } => write!(f, "there is no endpoint at '{path}'"),
             ApiError::MethodNotAllowed { path, allow } => write!(f, "'{path}' accepts only {allow}"),
             ApiError::IndexNotFound { name, .. } => write!(f, "index '{name}' does not exist"),

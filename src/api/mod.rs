@@ -214,8 +214,8 @@ impl App {
         }
         match auth::check(&self.api_key, &head.api_key) {
             KeyCheck::Ok => Ok(target),
-            KeyCheck::Missing => Err(ApiError::NoApiKey),
-            KeyCheck::Wrong => Err(ApiError::InvalidApiKey),
+            KeyCheck::Missing => Err(ApiError::NoApiKey { header: head.api_key_header }),
+            KeyCheck::Wrong => Err(ApiError::InvalidApiKey { header: head.api_key_header }),
         }
     }
 

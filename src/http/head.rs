@@ -32,6 +32,12 @@ pub enum Framing {
     Chunked,
 }
 
+/// The header that carries the API key.
+pub const SERVICE_KEY_HEADER: &str = "X-Service-API-Key";
+/// The header EigenDB's published client carries it in, taken when
+/// `SERVICE_KEY_HEADER` is absent.
+pub const EIGEN_KEY_HEADER: &str = "X-Eigen-API-Key";
+
 /// What the parser knows of the current request once its head is in.
 /// The strings are reused from request to request.
 #[derive(Debug)]
@@ -45,6 +51,9 @@ pub struct Head {
     pub expect_continue: bool,
     /// The `X-Service-API-Key` value (or, without it, `X-Eigen-API-Key`); empty when absent.
     pub api_key: Vec<u8>,
+    /// The header `api_key` came from (`SERVICE_KEY_HEADER` when neither
+    /// was sent), for the error that names it.
+    pub api_key_header: &'static str,
     pub framing: Framing,
 }
 
@@ -57,6 +66,7 @@ impl Head {
             keep_alive: true,
             expect_continue: false,
             api_key: Vec::new(),
+            api_key_header: SERVICE_KEY_HEADER,
             framing: Framing::None,
         }
     }
@@ -115,6 +125,7 @@ pub(super) fn read_head(
     head.path.push_str(target.split('?').next().unwrap_or(""));
     head.http10 = version == 0;
     head.api_key.clear();
+    head.api_key_header = SERVICE_KEY_HEADER;
     head.expect_continue = false;
 
     let mut length: Option<usize> = None;
@@ -149,12 +160,14 @@ pub(super) fn read_head(
         } else if name.eq_ignore_ascii_case("x-service-api-key") {
             head.api_key.clear();
             head.api_key.extend_from_slice(value.trim_ascii());
+            head.api_key_header = SERVICE_KEY_HEADER;
             service_key = true;
         } else if name.eq_ignore_ascii_case("x-eigen-api-key") && !service_key {
             // The header EigenDB's published client sends: an alias, used
             // only when X-Service-API-Key is absent.
             head.api_key.clear();
             head.api_key.extend_from_slice(value.trim_ascii());
+            head.api_key_header = EIGEN_KEY_HEADER;
         }
     }
     if chunked && length.is_some() {

@@ -12,11 +12,20 @@ fn test_auth_answers_by_the_contract_rules() {
         assert_eq!((r.status, r.message()), (200, "Authenticated."), "{header}");
         let r = server.connect().call_with("GET", "/api/v1/test-auth", &[(header, "wrong")], None);
         assert_eq!((r.status, r.code(), r.message()), (401, "INVALID_API_KEY", "Invalid API key."), "{header}");
+        // The description names the header the client sent, as it is spelled here.
+        let named = if header.contains("igen") { "X-Eigen-API-Key" } else { "X-Service-API-Key" };
+        let description = format!("the {named} header does not hold this server's API key");
+        assert_eq!(r.body["error"]["description"], description.as_str(), "{header}");
     }
     let r = server.connect().call_with("GET", "/api/v1/test-auth", &[], None);
     assert_eq!((r.status, r.code(), r.message()), (401, "NO_API_KEY_PROVIDED", "No API key provided."));
+    assert_eq!(r.body["error"]["description"], "the X-Service-API-Key header is missing or empty");
     let r = server.connect().call_with("GET", "/api/v1/test-auth", &[("X-Eigen-API-Key", "")], None);
     assert_eq!(r.code(), "NO_API_KEY_PROVIDED");
+    assert_eq!(r.body["error"]["description"], "the X-Eigen-API-Key header is missing or empty");
+    let both = [("X-Eigen-API-Key", KEY), ("X-Service-API-Key", "wrong")];
+    let r = server.connect().call_with("GET", "/api/v1/test-auth", &both, None);
+    assert_eq!(r.body["error"]["description"], "the X-Service-API-Key header does not hold this server's API key");
     let r = server.connect().call_with("POST", "/api/v1/test-auth", &[("X-Eigen-API-Key", KEY)], None);
     assert_eq!((r.status, r.header("allow")), (405, Some("GET")));
 }

@@ -596,6 +596,7 @@ fn a_turn_with_a_write_awaiting_its_sync_waits_for_no_search() {
             keep_alive: true,
             expect_continue: false,
             api_key: crate::harness::KEY.as_bytes().to_vec(),
+            api_key_header: quiver::http::head::SERVICE_KEY_HEADER,
             framing: Framing::None,
         };
         let target = app.admit(&head).unwrap();
