@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 
-use crate::api::{ApiError, App, Handled, Seat, Target};
+use crate::api::{ApiError, App, Endpoint, Handled, Seat, Target};
 use crate::db::StorageError;
 use crate::http::{Event, Framing, FramingLimits, Parser, ReadBuf};
 use crate::limits::{
@@ -65,6 +65,8 @@ pub struct Connection {
     blocked_on_write: bool,
     /// Its place in the search batching protocol (`api::batch`).
     seat: Seat,
+    /// The body bytes of the search parked on `seat`, for its log line.
+    parked_body_bytes: usize,
     /// Set once our side is shut down; the connection only drains input until then.
     linger_until: Option<Instant>,
     last_activity: Instant,
@@ -93,6 +95,7 @@ impl Connection {
             closing: false,
             blocked_on_write: false,
             seat: Seat::default(),
+            parked_body_bytes: 0,
             linger_until: None,
             last_activity: now,
             request_started: None,
@@ -218,16 +221,20 @@ impl Connection {
         let keep_alive = head.keep_alive;
         let reply_at = self.write.len();
         let started = Instant::now();
+        let body_bytes = body.len();
         let (handled, route) = match verdict {
             Ok(target) => (app.handle(&target, head, body, &mut self.seat, &mut self.write), Some(target.endpoint)),
             Err(error) => (Handled::Answered(error.write(&mut self.write, keep_alive)), None),
         };
+        let reply_bytes = self.write.len() - reply_at;
         match handled {
             // Counted when it is answered.
-            Handled::Parked => {}
-            Handled::Answered(status) => app.metrics().observe_request(route, status, started.elapsed()),
+            Handled::Parked => self.parked_body_bytes = body_bytes,
+            Handled::Answered(status) => {
+                self.record(app, route, status, started, (body_bytes, reply_bytes));
+            }
             Handled::Mutated(status) => {
-                app.metrics().observe_request(route, status, started.elapsed());
+                self.record(app, route, status, started, (body_bytes, reply_bytes));
                 debug_assert!(self.sync_mark.is_none());
                 self.sync_mark = Some((reply_at, keep_alive));
             }
@@ -241,9 +248,31 @@ impl Connection {
         !matches!(handled, Handled::Answered(_))
     }
 
-    /// Writes the answer of this connection's parked search, which has run.
+    /// Writes the answer of this connection's parked search, which has
+    /// run. Its request's head is still the parser's: the connection reads
+    /// nothing more until this answer is written.
     pub fn complete_search(&mut self, app: &mut App) {
-        app.answer_parked(&mut self.seat, &mut self.write);
+        let reply_at = self.write.len();
+        if let Some((status, started)) = app.answer_parked(&mut self.seat, &mut self.write) {
+            let bytes = (self.parked_body_bytes, self.write.len() - reply_at);
+            self.record(app, Some(Endpoint::Search), status, started, bytes);
+        }
+    }
+
+    /// Counts an answered request and, at debug level, logs it: the
+    /// client, the request line, the status, body bytes in and reply bytes
+    /// out, and the time from its body's arrival to its answer.
+    fn record(&self, app: &mut App, route: Option<Endpoint>, status: u16, started: Instant, bytes: (usize, usize)) {
+        let elapsed = started.elapsed();
+        app.metrics().observe_request(route, status, elapsed);
+        if log::enabled(log::Level::Debug) {
+            let head = &self.parser.head;
+            let (peer, method, path, us) = (self.peer, head.method.as_str(), &head.path, elapsed.as_micros());
+            let (body_bytes, reply_bytes) = bytes;
+            log::debug(format_args!(
+                "{peer} {method} {path}: {status}, {body_bytes} bytes in, {reply_bytes} bytes out, {us} µs"
+            ));
+        }
     }
 
     /// Whether an answer of this turn is still to be written (a parked
@@ -272,10 +301,20 @@ impl Connection {
     /// limit was hit or the bytes were not HTTP are logged (rate-limited).
     pub fn refuse(&mut self, app: &mut App, error: &ApiError, now: Instant) {
         let started = self.request_started.unwrap_or(now);
+        let reply_at = self.write.len();
         error.write(&mut self.write, false);
         self.closing = true;
         self.request_started = None;
-        app.metrics().observe_request(None, error.status(), now.duration_since(started));
+        let elapsed = now.duration_since(started);
+        app.metrics().observe_request(None, error.status(), elapsed);
+        if log::enabled(log::Level::Debug) {
+            let (peer, code, reply_bytes, us) =
+                (self.peer, error.code(), self.write.len() - reply_at, elapsed.as_micros());
+            log::debug(format_args!(
+                "{peer} (no complete request): {} {code}, {reply_bytes} bytes out, {us} µs",
+                error.status()
+            ));
+        }
         if error.closes_connection() {
             log::client_warning(
                 now,

@@ -33,13 +33,21 @@ fn write(level: Level, message: fmt::Arguments<'_>) {
     let tag = match level {
         Level::Error => "error: ",
         Level::Warn => "warning: ",
-        Level::Info | Level::Debug => "",
+        Level::Info => "",
+        Level::Debug => "debug: ",
     };
     let _ = writeln!(io::stderr().lock(), "quiver: {tag}{message}");
 }
 
 pub fn info(message: fmt::Arguments<'_>) {
     write(Level::Info, message);
+}
+
+/// What an operator looks at to follow the traffic: each request, each
+/// commit of the log. Callers ask `enabled(Level::Debug)` first where
+/// gathering the fields costs anything.
+pub fn debug(message: fmt::Arguments<'_>) {
+    write(Level::Debug, message);
 }
 
 /// The start-up banner (address, data directory, API key): printed at every

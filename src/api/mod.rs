@@ -156,12 +156,11 @@ impl App {
         self.batches.run(self.db.store(), &mut self.metrics, self.limits.reply_bytes_max);
     }
 
-    /// Writes the answer of the seat's parked search, which has run, and
-    /// counts the request; does nothing if the seat has none.
-    pub fn answer_parked(&mut self, seat: &mut Seat, out: &mut Vec<u8>) {
-        if let Some((status, started)) = self.batches.answer(seat, out) {
-            self.metrics.observe_request(Some(Endpoint::Search), status, started.elapsed());
-        }
+    /// Writes the answer of the seat's parked search, which has run;
+    /// returns its status and when it was taken, or `None` if the seat has
+    /// none.
+    pub fn answer_parked(&mut self, seat: &mut Seat, out: &mut Vec<u8>) -> Option<(u16, Instant)> {
+        self.batches.answer(seat, out)
     }
 
     /// How long the loop may wait for more searches to join this turn's
@@ -188,7 +187,13 @@ impl App {
         }
         let started = Instant::now();
         let result = self.db.commit();
-        self.metrics.observe_sync(records as u64, started.elapsed(), result.is_ok());
+        let elapsed = started.elapsed();
+        self.metrics.observe_sync(records as u64, elapsed, result.is_ok());
+        if crate::log::enabled(crate::log::Level::Debug) {
+            let outcome = if result.is_ok() { "synced" } else { "failed to sync" };
+            let (us, s) = (elapsed.as_micros(), if records == 1 { "" } else { "s" });
+            crate::log::debug(format_args!("commit: {records} log record{s} {outcome} in {us} µs"));
+        }
         result
     }
 

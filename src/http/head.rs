@@ -14,6 +14,17 @@ pub enum Method {
 }
 
 impl Method {
+    /// Its name, for the log (`OTHER` for a method no endpoint takes).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Get => "GET",
+            Method::Put => "PUT",
+            Method::Post => "POST",
+            Method::Delete => "DELETE",
+            Method::Other => "OTHER",
+        }
+    }
+
     fn parse(name: &str) -> Method {
         match name {
             "GET" => Method::Get,

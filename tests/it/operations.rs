@@ -124,6 +124,34 @@ fn start_up_steps_are_logged_with_timings_and_levels_filter() {
     assert!(!log.contains("replayed"), "info lines are filtered at warn: {log}");
 }
 
+/// At debug, each request is logged (client, request line, status, bytes
+/// in and out, time) and each commit of the log; at info, neither.
+#[test]
+fn debug_logs_each_request_and_commit() {
+    let server = Server::start_with(&["--log-level", "debug"]);
+    create_index(&server, "logged", 2, "l2");
+    let insert = r#"{"embeddings":[{"id":1,"data":[1,2]}]}"#;
+    assert_eq!(server.call("PUT", "/api/v1/embeddings/logged/insert", Some(insert)).status, 200);
+    let search = r#"{"queryVector":[1,1],"k":1}"#;
+    assert_eq!(server.call("POST", "/api/v1/embeddings/logged/search", Some(search)).status, 200);
+    assert_eq!(server.call("GET", "/api/v1/nowhere", None).status, 404);
+    server.wait_for_log("GET /api/v1/nowhere: 404", Duration::from_secs(5));
+    let log = server.log();
+    let line = |text: &str| log.lines().find(|line| line.contains(text)).unwrap_or_else(|| panic!("{text}:\n{log}"));
+    let searched = line("POST /api/v1/embeddings/logged/search: 200, 27 bytes in, ");
+    assert!(searched.starts_with("quiver: debug: 127.0.0.1:") && searched.ends_with(" µs"), "{searched}");
+    assert!(line("PUT /api/v1/embeddings/logged/insert: 200, 38 bytes in, ").contains(" bytes out, "));
+    assert!(line("commit: 1 log record synced in ").ends_with(" µs"));
+    assert!(line("commit: ").contains("synced"));
+
+    let quiet = Server::start();
+    assert_eq!(quiet.call("GET", "/api/v1/nowhere", None).status, 404);
+    create_index(&quiet, "logged", 2, "l2");
+    std::thread::sleep(Duration::from_millis(200));
+    let log = quiet.log();
+    assert!(!log.contains("debug:") && !log.contains("/api/v1/nowhere"), "{log}");
+}
+
 #[test]
 fn abuse_is_logged_but_cannot_flood_the_log() {
     let server = Server::start();
