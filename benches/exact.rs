@@ -58,7 +58,7 @@ fn ours(index: &Index, queries: &[Vec<f32>]) -> (f64, f64, f64) {
             without.push(started.elapsed().as_secs_f64() * 1000.0);
         }
     }
-    let pass = scanner.take_first_pass();
+    let pass = scanner.take_work().first_pass;
     let share = if pass.rows == 0 { f64::NAN } else { pass.rescored as f64 / pass.rows as f64 };
     (median(with), median(without), share)
 }

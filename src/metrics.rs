@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::endpoint::Endpoint;
-use crate::store::{FirstPass, Store};
+use crate::store::{Store, Work};
 
 /// Requests are counted by endpoint, and in one more slot for those refused
 /// before they had one.
@@ -109,10 +109,7 @@ fn header(out: &mut Vec<u8>, name: &str, kind: &str, help: &str) {
 pub struct Metrics {
     requests: [[u64; STATUS_SLOTS + 1]; ROUTES],
     latency: [Histogram; ROUTES],
-    search_bytes_scanned: u64,
-    first_pass: FirstPass,
-    searches_batched: u64,
-    search_batches: u64,
+    search_work: Work,
     search_gathers: u64,
     search_gather_time: Duration,
     wal_appends: u64,
@@ -128,10 +125,7 @@ impl Default for Metrics {
         Metrics {
             requests: [[0; STATUS_SLOTS + 1]; ROUTES],
             latency: [Histogram::default(); ROUTES],
-            search_bytes_scanned: 0,
-            first_pass: FirstPass::default(),
-            searches_batched: 0,
-            search_batches: 0,
+            search_work: Work::default(),
             search_gathers: 0,
             search_gather_time: Duration::ZERO,
             wal_appends: 0,
@@ -152,19 +146,14 @@ impl Metrics {
         self.latency[route_slot(route)].observe(elapsed);
     }
 
-    pub fn add_search_bytes(&mut self, bytes: u64) {
-        self.search_bytes_scanned += bytes;
-    }
-
-    /// What the int8 first pass of lone searches did.
-    pub fn add_first_pass(&mut self, pass: FirstPass) {
-        self.first_pass += pass;
-    }
-
-    /// A batch: `searches` that ran together on the same index in one turn.
-    pub fn add_search_batch(&mut self, searches: u64) {
-        self.searches_batched += searches;
-        self.search_batches += 1;
+    /// What searches read, and how many ran together (`Scanner::take_work`).
+    pub fn add_search_work(&mut self, work: Work) {
+        let total = &mut self.search_work;
+        total.first_pass += work.first_pass;
+        total.code_bytes += work.code_bytes;
+        total.vector_bytes += work.vector_bytes;
+        total.batches += work.batches;
+        total.batched_searches += work.batched_searches;
     }
 
     /// A turn that waited `waited` for more searches to join its batch.
@@ -212,40 +201,55 @@ impl Metrics {
         for (route, histogram) in self.latency.iter().enumerate().filter(|(_, h)| h.count() > 0) {
             histogram.render(out, "quiver_request_duration_seconds", &format!("route=\"{}\"", route_label(route)));
         }
+        let work = &self.search_work;
         single(
             out,
             "quiver_search_scanned_bytes_total",
             "counter",
-            "Bytes of vectors read by searches.",
-            self.search_bytes_scanned as f64,
+            "Bytes searches read: the two below together (a batch counts each of its searches).",
+            (work.code_bytes + work.vector_bytes) as f64,
+        );
+        single(
+            out,
+            "quiver_search_code_bytes_total",
+            "counter",
+            "Bytes of int8 codes searches read in their first pass.",
+            work.code_bytes as f64,
+        );
+        single(
+            out,
+            "quiver_search_vector_bytes_total",
+            "counter",
+            "Bytes of f32 vectors searches scored exactly: rows the first pass left, and rows scanned without one.",
+            work.vector_bytes as f64,
         );
         single(
             out,
             "quiver_search_first_pass_rows_total",
             "counter",
             "Rows whose int8 codes a search read before deciding which to score exactly (a batch counts each of its searches).",
-            self.first_pass.rows as f64,
+            work.first_pass.rows as f64,
         );
         single(
             out,
             "quiver_search_rescored_rows_total",
             "counter",
             "Rows of quiver_search_first_pass_rows_total that the int8 bound could not rule out, scored exactly in f32.",
-            self.first_pass.rescored as f64,
+            work.first_pass.rescored as f64,
         );
         single(
             out,
             "quiver_searches_batched_total",
             "counter",
-            "Searches run together with others on the same index.",
-            self.searches_batched as f64,
+            "Searches run together with others in one scan of an index: a search-batch's, or concurrent searches gathered.",
+            work.batched_searches as f64,
         );
         single(
             out,
             "quiver_search_batches_total",
             "counter",
-            "Batches of searches run together (so searches per batch is batched / batches).",
-            self.search_batches as f64,
+            "Scans that ran several searches together (so searches per batch is batched / batches).",
+            work.batches as f64,
         );
         single(
             out,

@@ -205,7 +205,6 @@ impl Batches {
                 continue;
             }
             let group: Vec<usize> = (first..self.parked_len).filter(together).collect();
-            metrics.add_search_batch(group.len() as u64);
             let mut tops: Vec<TopK> = group.iter().map(|&s| std::mem::take(&mut self.parked[s].top)).collect();
             let queries: Vec<&[f32]> = group.iter().map(|&s| self.parked[s].query.as_slice()).collect();
             let ks: Vec<usize> = group.iter().map(|&s| self.parked[s].ask.k).collect();
@@ -215,7 +214,7 @@ impl Batches {
                 self.parked[s].answer(index, reply_bytes_max);
             }
         }
-        metrics.add_first_pass(self.scanner.take_first_pass());
+        metrics.add_search_work(self.scanner.take_work());
         self.last_run = (to_run, started.elapsed());
         self.runs += 1;
     }

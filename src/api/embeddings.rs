@@ -59,19 +59,19 @@ pub struct Ask {
 
 /// Decodes and checks a search body: its query goes into `query`, made
 /// ready to scan (`Index::prepare_query`); returns what the search asks
-/// for, the rows it may find, and the index it searches.
-pub fn prepare_search<'s>(
-    store: &'s Store,
+/// for and the rows it may find.
+pub fn prepare_search(
+    store: &Store,
     decoder: &mut super::decode::Decoder,
     limits: ApiLimits,
     name: &str,
     body: &mut [u8],
     query: &mut Vec<f32>,
-) -> Result<(Ask, Option<Filter>, &'s Index), ApiError> {
+) -> Result<(Ask, Option<Filter>), ApiError> {
     let Search { k, include, filter, .. } = decoder.search(body, limits.k_max, limits.body, query)?;
     let index = find(store, name, IndexOp::Fetch)?;
     let divisor = prepare_query(index, query, String::new)?;
-    Ok((Ask { k, include, divisor }, filter, index))
+    Ok((Ask { k, include, divisor }, filter))
 }
 
 /// `Index::prepare_query`, its refusal the search's error, the query named

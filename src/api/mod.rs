@@ -138,8 +138,7 @@ impl App {
         let query = self.batches.next_query();
         let store = self.db.store();
         match embeddings::prepare_search(store, &mut self.scratch.decoder, self.limits, name, body, query) {
-            Ok((ask, filter, index)) => {
-                self.metrics.add_search_bytes((index.len() * index.dims() * 4) as u64);
+            Ok((ask, filter)) => {
                 let mask = match &filter {
                     Some(filter) if !self.batches.has_group(name, filter) => self.db.matching(name, filter),
                     _ => None,
@@ -288,12 +287,8 @@ impl App {
                 embeddings::delete(db, scratch, *limits, name, body, Reply { out, keep_alive })
             }
         };
-        if target.endpoint == Endpoint::SearchBatch && result.is_ok() {
-            if let Some(index) = self.db.store().index(name) {
-                let searches = self.scratch.searches.len();
-                self.metrics.add_search_bytes((searches * index.len() * index.dims() * 4) as u64);
-            }
-            self.metrics.add_first_pass(self.batches.scanner().take_first_pass());
+        if target.endpoint == Endpoint::SearchBatch {
+            self.metrics.add_search_work(self.batches.scanner().take_work());
         }
         let status = result.unwrap_or_else(|error| error.write(out, keep_alive));
         if self.db.uncommitted() > uncommitted_before {

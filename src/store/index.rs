@@ -21,7 +21,7 @@ use super::kernels;
 use super::screen;
 use crate::limits::{COSINE_SQUARED_NORM_MIN, SQUARED_NORM_MAX};
 use rows::RowMap;
-pub use scan::{FirstPass, Scanner};
+pub use scan::{FirstPass, Scanner, Work};
 
 /// How nearness is measured: EigenDB's nine metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,7 +17,7 @@ pub mod topk;
 use std::collections::BTreeMap;
 
 pub use filter::Filter;
-pub use index::{FirstPass, Index, Metric, MetricError, Power, Scanner, VectorError};
+pub use index::{FirstPass, Index, Metric, MetricError, Power, Scanner, VectorError, Work};
 
 /// Decoded embeddings of one request, in flat reusable buffers.
 ///

@@ -43,7 +43,6 @@ fn metrics_count_requests_syncs_and_index_sizes() {
         "quiver_requests_total{route=\"none\",status=\"404\"} 1\n",
         "quiver_requests_total{route=\"none\",status=\"401\"} 1\n",
         "quiver_request_duration_seconds_count{route=\"search\"} 3\n",
-        "quiver_search_scanned_bytes_total 96\n",
         "quiver_wal_appends_total 2\n",
         "quiver_wal_sync_duration_seconds_count 2\n",
         "quiver_index_vectors{index=\"metered\"} 2\n",
@@ -56,6 +55,56 @@ fn metrics_count_requests_syncs_and_index_sizes() {
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let value = line.rsplit(' ').next().unwrap();
         assert!(value.parse::<f64>().is_ok(), "{line}");
+    }
+}
+
+/// The search counters say what searches read: the first pass's codes and
+/// the f32 rows scored exactly, not every row's f32 bytes; a search-batch
+/// is a batch.
+#[test]
+fn metrics_count_what_searches_read_and_batches() {
+    const ROWS: usize = 3000;
+    const DIMS: usize = 64;
+    let server = Server::start();
+    create_index(&server, "read", DIMS, "l2");
+    let mut rng = crate::harness::Rng(31);
+    let mut client = server.connect();
+    for chunk in (0..ROWS).collect::<Vec<_>>().chunks(500) {
+        let embeddings: Vec<serde_json::Value> = chunk
+            .iter()
+            .map(|&id| serde_json::json!({"id": id, "data": crate::search_oracle::vector(&mut rng, DIMS)}))
+            .collect();
+        let body = serde_json::json!({ "embeddings": embeddings }).to_string();
+        assert_eq!(client.call("PUT", "/api/v1/embeddings/read/insert", Some(&body)).status, 200);
+    }
+    let search = |rng: &mut crate::harness::Rng| serde_json::json!({"queryVector": crate::search_oracle::vector(rng, DIMS), "k": 5});
+    let r = client.call("POST", "/api/v1/embeddings/read/search", Some(&search(&mut rng).to_string()));
+    assert_eq!(r.status, 200);
+    let batch = serde_json::json!({"searches": [search(&mut rng), search(&mut rng), search(&mut rng)]});
+    let r = client.call("POST", "/api/v1/embeddings/read/search-batch", Some(&batch.to_string()));
+    assert_eq!(r.status, 200, "{r:?}");
+
+    let text = metrics_text(&server);
+    let value = |name: &str| -> u64 {
+        let line = text.lines().find(|line| line.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value("quiver_search_batches_total"), 1, "{text}");
+    assert_eq!(value("quiver_searches_batched_total"), 3, "{text}");
+    let (rows, rescored) = (value("quiver_search_first_pass_rows_total"), value("quiver_search_rescored_rows_total"));
+    let code_bytes_per_row = value("quiver_index_code_bytes{index=\"read\"}") / ROWS as u64;
+    let pairs = 4 * ROWS as u64;
+    assert_eq!(value("quiver_search_code_bytes_total"), rows * code_bytes_per_row, "{text}");
+    assert_eq!(value("quiver_search_vector_bytes_total"), (rescored + pairs - rows) * DIMS as u64 * 4, "{text}");
+    assert_eq!(
+        value("quiver_search_scanned_bytes_total"),
+        value("quiver_search_code_bytes_total") + value("quiver_search_vector_bytes_total")
+    );
+    if code_bytes_per_row > 0 {
+        // Where the CPU runs the first pass, it reads every row's codes
+        // and leaves few rows to score: far fewer bytes than every f32 row.
+        assert_eq!(rows, pairs, "{text}");
+        assert!(value("quiver_search_scanned_bytes_total") < pairs * DIMS as u64 * 4 / 2, "{text}");
     }
 }
 

@@ -92,8 +92,8 @@ const SCAN_THREADS_MAX: usize = 8;
 pub struct Scanner {
     /// Per extra thread, a `TopK` per search of a batch.
     partials: Vec<Vec<TopK>>,
-    /// What the int8 first pass did since `take_first_pass`.
-    first_pass: FirstPass,
+    /// What searches did since `take_work`.
+    work: Work,
     /// A lone search's query codes, their buffers kept.
     code: LoneCodes,
 }
@@ -104,6 +104,24 @@ pub struct Scanner {
 pub struct FirstPass {
     pub rows: u64,
     pub rescored: u64,
+}
+
+/// What searches read and how they ran, for the metrics: counted per search
+/// (a batch counts each of its searches, though it reads a row once for
+/// all of them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Work {
+    pub first_pass: FirstPass,
+    /// Bytes of int8 codes the first pass read.
+    pub code_bytes: u64,
+    /// Bytes of f32 vectors scored exactly: the rows the first pass left,
+    /// and the rows scanned without one (no codes, a chunk it gave up on,
+    /// the bfloat16 pass).
+    pub vector_bytes: u64,
+    /// Scans of several searches at once (a search-batch's, or searches
+    /// gathered from several clients), and the searches in them.
+    pub batches: u64,
+    pub batched_searches: u64,
 }
 
 impl std::ops::AddAssign for FirstPass {
@@ -356,14 +374,14 @@ impl Scanner {
     pub fn with_threads(threads: usize) -> Scanner {
         Scanner {
             partials: (1..threads.max(1)).map(|_| Vec::new()).collect(),
-            first_pass: FirstPass::default(),
+            work: Work::default(),
             code: LoneCodes::default(),
         }
     }
 
-    /// What the int8 first pass did since the last call.
-    pub fn take_first_pass(&mut self) -> FirstPass {
-        std::mem::take(&mut self.first_pass)
+    /// What searches did since the last call.
+    pub fn take_work(&mut self) -> Work {
+        std::mem::take(&mut self.work)
     }
 
     /// Searches `index` for each of `queries` at once (`Index::search_many`):
@@ -383,7 +401,16 @@ impl Scanner {
                 partial.resize_with(queries.len(), TopK::new);
             }
         }
-        self.first_pass += index.search_many(queries, ks, tops, &mut self.partials, mask, &mut self.code);
+        let pass = index.search_many(queries, ks, tops, &mut self.partials, mask, &mut self.code);
+        let pairs = (mask.map_or(index.len() as u64, RoaringBitmap::len)) * queries.len() as u64;
+        let work = &mut self.work;
+        work.first_pass += pass;
+        work.code_bytes += pass.rows * index.code_bytes_per_row() as u64;
+        work.vector_bytes += (pass.rescored + pairs.saturating_sub(pass.rows)) * (index.dims * 4) as u64;
+        if queries.len() > 1 {
+            work.batches += 1;
+            work.batched_searches += queries.len() as u64;
+        }
     }
 }
 
