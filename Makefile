@@ -33,18 +33,24 @@ build: cargo-tools
 # built for this CPU, so the SIMD paths the server uses are checked against
 # their scalar references too.
 #
-# A test that cannot run on this machine's CPU records a line in
-# $(SKIPPED); the count and the list close the run, so that a pass which
-# tested less says so.
-SKIPPED = target/skipped-tests.txt
+# A test that cannot run on this machine's CPU records a line in the file
+# of its build (the unit tests run in both); each build's count and list
+# close the run, so that a pass which tested less says so.
+SKIPPED_BASELINE = target/skipped-tests-baseline.txt
+SKIPPED_NATIVE   = target/skipped-tests-native.txt
 test: tools $(PYENV)/.installed
-	@mkdir -p target && rm -f $(SKIPPED)
-	QUIVER_SKIPPED_TESTS=$(CURDIR)/$(SKIPPED) $(CARGO) test --locked
+	@mkdir -p target && rm -f $(SKIPPED_BASELINE) $(SKIPPED_NATIVE)
+	QUIVER_SKIPPED_TESTS=$(CURDIR)/$(SKIPPED_BASELINE) $(CARGO) test --locked
 	QUIVER_BIN=target/debug/quiver $(PYENV)/bin/python -m pytest -q tests/python
-	QUIVER_SKIPPED_TESTS=$(CURDIR)/$(SKIPPED) $(NATIVE) $(CARGO) test --locked --lib
-	@if [ -s $(SKIPPED) ]; then \
-	  echo "$$(wc -l < $(SKIPPED)) test case(s) skipped on this machine:"; cat $(SKIPPED); \
-	else echo "no test skipped on this machine"; fi
+	QUIVER_SKIPPED_TESTS=$(CURDIR)/$(SKIPPED_NATIVE) $(NATIVE) $(CARGO) test --locked --lib
+	@for build in baseline native; do \
+	  file=target/skipped-tests-$$build.txt; \
+	  case $$build in baseline) name="the baseline build (any x86-64)";; *) name="the build for this CPU";; esac; \
+	  if [ -s $$file ]; then \
+	    sort -u -o $$file $$file; \
+	    echo "$$(wc -l < $$file) test case(s) skipped in $$name:"; cat $$file; \
+	  else echo "no test skipped in $$name"; fi; \
+	done
 
 $(PYENV)/.installed: tests/python/requirements.txt
 	$(PYTHON) -m venv $(PYENV)
