@@ -56,3 +56,17 @@ def test_a_wrong_key_is_refused(server, capsys):
     assert "Authentication failed" in printed and "401" in printed and "INVALID_API_KEY" in printed
     with pytest.raises(Exception, match="INVALID_API_KEY"):
         client.list_indexes()
+
+
+def test_an_existing_index_is_opened_as_the_readme_says(server, capsys):
+    """The README: create_index raises when the index exists, and an Index
+    made with model_provider="none" opens it."""
+    from eigen_client.index import Index
+
+    client = Client(url=server.url, api_key=server.key)
+    first = client.create_index(index_name="kept", dimensions=2, metric="l2")
+    first.insert([Embedding(id=7, data=[1.0, 2.0], metadata={"k": "v"})])
+    with pytest.raises(Exception, match="already exists"):
+        client.create_index(index_name="kept", dimensions=2, metric="l2")
+    index = Index(url=server.url, api_key=client.api_key, index_name="kept", model_provider="none")
+    assert index.search(Embedding(id=-1, data=[1.0, 2.0]), k=1) == {"7": {"metadata": {"k": "v"}, "rank": 0}}
