@@ -56,12 +56,6 @@ pub fn banner(message: fmt::Arguments<'_>) {
     let _ = writeln!(io::stderr().lock(), "quiver: {message}");
 }
 
-/// A newly generated API key, alone on its line so that it can be copied
-/// whole: printed at every level, like the banner.
-pub fn key(key: &str) {
-    let _ = writeln!(io::stderr().lock(), "{key}");
-}
-
 pub fn warn(message: fmt::Arguments<'_>) {
     write(Level::Warn, message);
 }

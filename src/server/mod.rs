@@ -65,12 +65,12 @@ pub fn run(config: Config) -> io::Result<()> {
         // The operator of a first start reads the key here (or in the
         // file), once; a key chosen by the operator is never echoed, and
         // no later start shows more than its first characters.
+        // The key last on its line, so that it copies whole.
         log::banner(format_args!(
-            "a new API key was generated and written to {}; it is shown this once \
-             (later starts show only its first characters):",
+            "API key (newly generated and written to {}; shown this once, later starts show only its \
+             first characters): {api_key}",
             key_path.display()
         ));
-        log::key(&api_key);
     }
     let key_source = match key_source {
         auth::KeySource::Flag => "from --api-key or QUIVER_API_KEY",
