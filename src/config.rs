@@ -6,6 +6,7 @@ use clap::builder::TypedValueParser;
 use clap::Parser;
 
 use crate::limits;
+use crate::store::cpu::Simd;
 
 /// quiver: a vector database server with exact k-nearest-neighbour search.
 #[derive(Parser, Debug, Clone)]
@@ -138,8 +139,8 @@ pub struct Config {
 
     /// Which SIMD instructions the f32 kernels use: auto picks the widest this CPU has
     /// (the log says which). The others are for measurements and tests.
-    #[arg(long, value_enum, default_value_t = crate::store::cpu::Simd::Auto)]
-    pub simd: crate::store::cpu::Simd,
+    #[arg(long, value_enum, default_value_t = SimdFlag::Auto)]
+    pub simd: SimdFlag,
 
     /// Score every row of a lone search in f32, without the int8 first pass (for
     /// measurements and tests: the answers are the same).
@@ -149,4 +150,29 @@ pub struct Config {
     /// How much to log.
     #[arg(long, value_enum, default_value_t = crate::log::Level::Info)]
     pub log_level: crate::log::Level,
+}
+
+/// `--simd`'s values: the store's `Simd`, named for the command line here,
+/// so that the store knows nothing of clap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SimdFlag {
+    /// The widest this CPU has.
+    Auto,
+    /// AVX-512F: 16 lanes, fused multiply-adds.
+    Avx512,
+    /// AVX2 and FMA: 8 lanes, fused multiply-adds.
+    Avx2,
+    /// What every x86-64 has (SSE2), or the target's baseline elsewhere.
+    Baseline,
+}
+
+impl From<SimdFlag> for Simd {
+    fn from(flag: SimdFlag) -> Simd {
+        match flag {
+            SimdFlag::Auto => Simd::Auto,
+            SimdFlag::Avx512 => Simd::Avx512,
+            SimdFlag::Avx2 => Simd::Avx2,
+            SimdFlag::Baseline => Simd::Baseline,
+        }
+    }
 }

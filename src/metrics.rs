@@ -351,7 +351,7 @@ mod tests {
             assert!(text.contains(expected), "missing {expected:?} in\n{text}");
         }
         // 4 code bytes and 8 of scale and bound, where the CPU runs the pass.
-        let codes = if crate::store::cpu::paths().int8.is_some() { 12 } else { 0 };
+        let codes = if crate::store::cpu::paths().int8().is_some() { 12 } else { 0 };
         assert!(text.contains(&format!("quiver_index_code_bytes{{index=\"docs\"}} {codes}\n")), "{text}");
     }
 

@@ -41,7 +41,7 @@ pub fn run(config: Config) -> io::Result<()> {
     // the same directory, stops before it writes anything to disk. Clients
     // that connect during recovery wait in the listen backlog.
     // The scan paths before recovery, which builds the indexes' codes.
-    let paths = cpu::Paths::choose(config.simd, !config.no_int8_pass).map_err(io::Error::other)?;
+    let paths = cpu::Paths::choose(config.simd.into(), !config.no_int8_pass).map_err(io::Error::other)?;
     cpu::set(paths).map_err(io::Error::other)?;
     let address = resolve(&config.host, config.port)?;
     let listener =

@@ -86,9 +86,10 @@ pub const BLOCK: usize = 32;
 /// Rows a kernel scores at a time: each load of the query feeds four rows.
 pub const ROWS: usize = 4;
 
-/// Which instructions compute `C` (`Kernel::dots_of`).
+/// The instructions an int8 kernel is written for: a name only, which any
+/// code may hold. What runs them is a `Kernel`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kernel {
+pub enum Int8 {
     /// AVX-512 VNNI's `vpdpbusd` on 64 bytes at a time.
     Vnni512,
     /// AVX-VNNI's `vpdpbusd` on 32 bytes at a time.
@@ -97,40 +98,76 @@ pub enum Kernel {
     Avx2,
 }
 
-impl Kernel {
+impl Int8 {
     /// Every kernel, widest first.
-    pub const ALL: [Kernel; 3] = [Kernel::Vnni512, Kernel::Vnni256, Kernel::Avx2];
+    pub const ALL: [Int8; 3] = [Int8::Vnni512, Int8::Vnni256, Int8::Avx2];
 
     pub fn name(self) -> &'static str {
         match self {
-            Kernel::Vnni512 => "AVX-512 VNNI",
-            Kernel::Vnni256 => "AVX-VNNI",
-            Kernel::Avx2 => "AVX2",
+            Int8::Vnni512 => "AVX-512 VNNI",
+            Int8::Vnni256 => "AVX-VNNI",
+            Int8::Avx2 => "AVX2",
         }
     }
 
-    /// Whether this CPU can run the kernel.
+    /// Whether this CPU has the instructions, asked of the CPU itself.
     pub fn available(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
             match self {
-                Kernel::Vnni512 => has!("avx512f") && has!("avx512bw") && has!("avx512vnni"),
-                Kernel::Vnni256 => has!("avx2") && has!("avxvnni"),
-                Kernel::Avx2 => has!("avx2"),
+                Int8::Vnni512 => has!("avx512f") && has!("avx512bw") && has!("avx512vnni"),
+                Int8::Vnni256 => has!("avx2") && has!("avxvnni"),
+                Int8::Avx2 => has!("avx2"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         false
+    }
+}
+
+/// Which instructions compute `C` (`Kernel::dots_of`): an int8 kernel this
+/// CPU runs. Its field is private and `Kernel::on_this_cpu` is the only
+/// way to make one, after asking the CPU, so that every safe function that
+/// takes a `Kernel` (here, in `floors` and in the scans) may run its
+/// instructions: no safe code can hand it one the CPU lacks.
+///
+/// ```
+/// use quiver::store::codes::{Int8, Kernel};
+/// for isa in Int8::ALL {
+///     assert_eq!(Kernel::on_this_cpu(isa).map(Kernel::isa), isa.available().then_some(isa));
+/// }
+/// ```
+///
+/// ```compile_fail,E0603
+/// // No kernel without the check: the field is private.
+/// let kernel = quiver::store::codes::Kernel(quiver::store::codes::Int8::Vnni512);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernel(Int8);
+
+impl Kernel {
+    /// The kernel of `isa`, if this CPU has its instructions.
+    pub fn on_this_cpu(isa: Int8) -> Option<Kernel> {
+        isa.available().then_some(Kernel(isa))
+    }
+
+    /// The instructions it runs.
+    pub fn isa(self) -> Int8 {
+        self.0
+    }
+
+    pub fn name(self) -> &'static str {
+        self.0.name()
     }
 
     /// Queries a batch scores together against each `ROWS` rows
     /// (`dots_tile`): with AVX-512's 32 registers the 4 x 4 sums stay in
     /// registers beside the rows and queries; with 16, 2 x 4 do.
     pub fn query_tile(self) -> usize {
-        match self {
-            Kernel::Vnni512 => 4,
-            Kernel::Vnni256 | Kernel::Avx2 => 2,
+        match self.0 {
+            Int8::Vnni512 => 4,
+            Int8::Vnni256 | Int8::Avx2 => 2,
         }
     }
 
@@ -160,15 +197,15 @@ impl Kernel {
         assert!(starts.iter().all(|&start| start + read <= bytes.len()));
         assert!(queries.iter().all(|code| code.dims == dims && code.signs.len() == read));
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: a `Kernel` is only used where `available` found its
-        // features (`cpu::paths`, and the tests ask first); the loads stay
-        // inside `bytes` and the queries' padded buffers (asserted).
+        // SAFETY: a `Kernel` exists only where the CPU has its
+        // instructions (`Kernel::on_this_cpu`); the loads stay inside
+        // `bytes` and the queries' padded buffers (asserted).
         unsafe {
             let signs = queries.map(|code| &code.signs[..]);
-            let raw: [[i32; R]; Q] = match self {
-                Kernel::Vnni512 => x86::dots_vnni512(bytes, starts, signs, dims),
-                Kernel::Vnni256 => x86::dots_vnni256(bytes, starts, signs, dims),
-                Kernel::Avx2 => {
+            let raw: [[i32; R]; Q] = match self.0 {
+                Int8::Vnni512 => x86::dots_vnni512(bytes, starts, signs, dims),
+                Int8::Vnni256 => x86::dots_vnni256(bytes, starts, signs, dims),
+                Int8::Avx2 => {
                     let magnitudes = queries.map(|code| &code.magnitude[..]);
                     return x86::dots_avx2(bytes, starts, magnitudes, signs, dims);
                 }

@@ -8,10 +8,10 @@
 
 use std::sync::OnceLock;
 
-use super::codes;
+use super::codes::{self, Int8, Kernel};
 
-/// The f32 kernels' instructions, as asked for on the command line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// The f32 kernels' instructions, as asked for (`--simd`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Simd {
     /// The widest this CPU has.
     Auto,
@@ -23,7 +23,21 @@ pub enum Simd {
     Baseline,
 }
 
-/// The f32 kernels a process runs.
+impl Simd {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Simd::Auto => "auto",
+            Simd::Avx512 => "avx512",
+            Simd::Avx2 => "avx2",
+            Simd::Baseline => "baseline",
+        }
+    }
+}
+
+/// The f32 kernels a process runs: a name only. The functions that run
+/// them are `unsafe` with the CPU's check their caller's promise, or take
+/// them from `Paths`, which only `Paths::choose` makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum F32 {
     Avx512,
@@ -58,12 +72,28 @@ impl F32 {
     }
 }
 
-/// The paths this process scans with.
+/// The paths this process scans with. Its fields are private and only
+/// `choose` makes one, from what the CPU has: the safe functions that run
+/// a path's instructions (`kernels::tile_here`, the scans) rely on it, and
+/// `set` cannot be handed paths the CPU lacks.
+///
+/// ```
+/// use quiver::store::cpu::{Paths, Simd};
+/// let paths = Paths::choose(Simd::Auto, true).unwrap();
+/// assert!(paths.f32().available() && paths.int8().is_none_or(|kernel| kernel.isa().available()));
+/// quiver::store::cpu::set(paths).unwrap();
+/// ```
+///
+/// ```compile_fail,E0451
+/// // No paths without the check: the fields are private.
+/// use quiver::store::cpu::{Paths, F32};
+/// quiver::store::cpu::set(Paths { f32: F32::Avx512, int8: None }).unwrap();
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Paths {
-    pub f32: F32,
+    f32: F32,
     /// The int8 first pass's kernel (`codes`), if it runs.
-    pub int8: Option<codes::Kernel>,
+    int8: Option<Kernel>,
 }
 
 impl Paths {
@@ -77,17 +107,26 @@ impl Paths {
             Simd::Baseline => Some(F32::Baseline),
         };
         let Some(f32) = f32 else {
-            let name = clap::ValueEnum::to_possible_value(&simd).map_or_else(String::new, |v| v.get_name().to_owned());
-            return Err(format!("--simd {name}: this CPU lacks its instructions"));
+            return Err(format!("--simd {}: this CPU lacks its instructions", simd.name()));
         };
         // The int8 kernels that fit within the f32 path's instructions.
-        let allowed: &[codes::Kernel] = match f32 {
-            F32::Avx512 => &codes::Kernel::ALL,
-            F32::Avx2 => &[codes::Kernel::Vnni256, codes::Kernel::Avx2],
+        let allowed: &[Int8] = match f32 {
+            F32::Avx512 => &Int8::ALL,
+            F32::Avx2 => &[Int8::Vnni256, Int8::Avx2],
             F32::Baseline => &[],
         };
-        let int8 = if int8 { allowed.iter().copied().find(|k| k.available()) } else { None };
+        let int8 = if int8 { allowed.iter().find_map(|&isa| Kernel::on_this_cpu(isa)) } else { None };
         Ok(Paths { f32, int8 })
+    }
+
+    /// The f32 kernels' instructions.
+    pub fn f32(&self) -> F32 {
+        self.f32
+    }
+
+    /// The int8 first pass's kernel, if it runs.
+    pub fn int8(&self) -> Option<codes::Kernel> {
+        self.int8
     }
 
     /// How the log names them.
@@ -127,13 +166,13 @@ mod tests {
             for int8 in [true, false] {
                 match Paths::choose(simd, int8) {
                     Ok(paths) => {
-                        assert!(paths.f32.available());
-                        assert!(paths.int8.is_none_or(|k| k.available()) && (int8 || paths.int8.is_none()));
+                        assert!(paths.f32().available());
+                        assert!(paths.int8().is_none_or(|k| k.isa().available()) && (int8 || paths.int8().is_none()));
                     }
                     Err(_) => assert!(matches!(simd, Simd::Avx512 | Simd::Avx2)),
                 }
             }
         }
-        assert_eq!(Paths::choose(Simd::Baseline, true).unwrap().int8, None);
+        assert_eq!(Paths::choose(Simd::Baseline, true).unwrap().int8(), None);
     }
 }

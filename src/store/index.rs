@@ -290,7 +290,7 @@ impl Index {
     /// the pass.
     fn code_grid(dims: usize, metric: Metric) -> Option<Grid> {
         let grid = scan::Bound::of(metric)?.grid();
-        (dims <= super::codes::DIMS_MAX && super::cpu::paths().int8.is_some()).then_some(grid)
+        (dims <= super::codes::DIMS_MAX && super::cpu::paths().int8().is_some()).then_some(grid)
     }
 
     /// Bytes of int8 codes kept per row (0 without codes).

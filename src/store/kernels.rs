@@ -172,8 +172,8 @@ pub unsafe fn tile<L: Lanes<N>, const N: usize, M: Measure, const Q: usize, cons
 /// search of the process scores with.
 #[inline]
 pub fn tile_here<M: Measure, const Q: usize, const R: usize>(queries: &[&[f32]; Q], rows: &[f32]) -> [[f32; R]; Q] {
-    // SAFETY: `cpu` takes a path only where the CPU has it.
-    unsafe { tile_on::<M, Q, R>(cpu::paths().f32, queries, rows) }
+    // SAFETY: `cpu::Paths` are only made where the CPU has them (`choose`).
+    unsafe { tile_on::<M, Q, R>(cpu::paths().f32(), queries, rows) }
 }
 
 /// `tile` with the lanes of `path`.

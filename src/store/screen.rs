@@ -174,7 +174,7 @@ impl Screen {
         assert!(queries.len() == squared_norms.len() && queries.len() == scales.len());
         // The exact pass that follows must score as every other search of
         // the process does: in AVX-512's lanes.
-        if !available() || cpu::paths().f32 != cpu::F32::Avx512 {
+        if !available() || cpu::paths().f32() != cpu::F32::Avx512 {
             return None;
         }
         let blocks = blocks_for(dims);

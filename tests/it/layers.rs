@@ -65,3 +65,22 @@ fn modules_depend_one_way() {
     // The api sits above the store, never below it.
     assert!(reach(&graph, "api").contains("store") && !store.contains("api"));
 }
+
+/// The store is pure: no command-line parsing in it (flags are the
+/// config's, which turns them into the store's own types).
+#[test]
+fn the_store_knows_nothing_of_the_command_line() {
+    let store = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store");
+    let mut files = vec![store.clone(), store.with_extension("rs")];
+    let mut read = 0;
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(std::fs::read_dir(&path).unwrap().map(|entry| entry.unwrap().path()));
+        } else if path.exists() {
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(!text.contains("clap"), "{} uses clap", path.display());
+            read += 1;
+        }
+    }
+    assert!(read > 10, "the store's files were read ({read})");
+}

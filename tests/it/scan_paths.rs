@@ -151,7 +151,7 @@ fn every_scan_path_answers_as_the_oracle_with_the_int8_pass_and_without() {
         // rows out; without it, it never ran.
         let (rows, rescored) =
             (with.metric("quiver_search_first_pass_rows_total"), with.metric("quiver_search_rescored_rows_total"));
-        if chosen.int8.is_some() {
+        if chosen.int8().is_some() {
             assert!(rows > 0.0 && rescored < rows / 2.0, "{flag}: {rescored} of {rows} rows rescored");
         } else {
             assert_eq!(rows, 0.0, "{flag}");

@@ -126,7 +126,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use super::{exponent_of, ratios, shannon, stored, Codes, Grid, Kernel, NormAbove, BLOCK};
+use super::{exponent_of, ratios, shannon, stored, Codes, Grid, Int8, Kernel, NormAbove, BLOCK};
 
 /// The distances this pass bounds.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -155,11 +155,11 @@ impl Floor {
         ((1.0..=8.0).contains(&p) && (is_quarter(p) || lookups())).then_some(Floor::Lp(p))
     }
 
-    /// Whether its first pass can run with `kernel`: any but lp with a `p`
-    /// not a multiple of 1/4, which only the lookups raise to.
-    pub fn runs_on(self, kernel: Kernel) -> bool {
+    /// Whether its first pass can run with the kernel of `isa`: any but lp
+    /// with a `p` not a multiple of 1/4, which only the lookups raise to.
+    pub fn runs_on(self, isa: Int8) -> bool {
         match self {
-            Floor::Lp(p) if !is_quarter(p) => kernel == Kernel::Vnni512 && vbmi(),
+            Floor::Lp(p) if !is_quarter(p) => isa == Int8::Vnni512 && vbmi(),
             _ => true,
         }
     }
@@ -193,7 +193,7 @@ fn vbmi() -> bool {
 /// Whether this process's first passes look powers up: the widest int8
 /// kernel, and VBMI.
 fn lookups() -> bool {
-    crate::store::cpu::paths().int8 == Some(Kernel::Vnni512) && vbmi()
+    crate::store::cpu::paths().int8().is_some_and(|kernel| kernel.isa() == Int8::Vnni512) && vbmi()
 }
 
 impl Floor {
@@ -679,9 +679,9 @@ impl Grids {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as in `spans`.
             let sums = unsafe {
-                match (kernel, self.whole) {
-                    (Kernel::Vnni512, 2) => x86::whole_avx512::<2, R>(bytes, starts, queries, stride),
-                    (Kernel::Vnni512, _) => x86::whole_avx512::<3, R>(bytes, starts, queries, stride),
+                match (kernel.isa(), self.whole) {
+                    (Int8::Vnni512, 2) => x86::whole_avx512::<2, R>(bytes, starts, queries, stride),
+                    (Int8::Vnni512, _) => x86::whole_avx512::<3, R>(bytes, starts, queries, stride),
                     (_, 2) => x86::whole_avx2::<2, R>(bytes, starts, queries, (0, stride)),
                     _ => x86::whole_avx2::<3, R>(bytes, starts, queries, (0, stride)),
                 }
@@ -691,7 +691,7 @@ impl Grids {
             // Exact: below 2^53 (at most 65,536 x 127^2 or 181^3).
             return (sums.map(|sum| sum as f64), 1.0);
         }
-        if kernel == Kernel::Vnni512 && self.vbmi {
+        if kernel.isa() == Int8::Vnni512 && self.vbmi {
             assert_eq!(self.table.p, self.floor_p(), "the table is the floor's");
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as in `spans`, VBMI asked for where it is used.
@@ -734,9 +734,9 @@ impl Grids {
         // (sliced); the signs are read only where `signed` (asserted).
         unsafe {
             let table = &*ratios::TABLE;
-            match (kernel, self.signed) {
-                (Kernel::Vnni512, true) => ratios::x86::sums_avx512::<true, R>(table, codes, starts, queries, width),
-                (Kernel::Vnni512, false) => ratios::x86::sums_avx512::<false, R>(table, codes, starts, queries, width),
+            match (kernel.isa(), self.signed) {
+                (Int8::Vnni512, true) => ratios::x86::sums_avx512::<true, R>(table, codes, starts, queries, width),
+                (Int8::Vnni512, false) => ratios::x86::sums_avx512::<false, R>(table, codes, starts, queries, width),
                 (_, true) => ratios::x86::sums_avx2::<true, R>(table, codes, starts, queries, (0, width), width),
                 (_, false) => ratios::x86::sums_avx2::<false, R>(table, codes, starts, queries, (0, width), width),
             }
@@ -768,7 +768,7 @@ impl Grids {
         // holds at least `width` bytes (sliced).
         unsafe {
             let table = &*shannon::TABLE;
-            if kernel == Kernel::Vnni512 && self.vbmi {
+            if kernel.isa() == Int8::Vnni512 && self.vbmi {
                 shannon::x86::sums_vbmi::<R>(table, bytes, starts, queries, width)
             } else {
                 shannon::x86::sums_avx2::<R>(table, bytes, starts, queries, (0, width))
@@ -878,7 +878,7 @@ impl Grids {
         let query = self.code_for(codes, row);
         let p = f64::from(self.floor_p());
         let integers = self.integers();
-        let looked_up = !integers && kernel == Kernel::Vnni512 && self.vbmi;
+        let looked_up = !integers && kernel.isa() == Int8::Vnni512 && self.vbmi;
         let highest = match (integers, self.whole) {
             (true, 2) => u32::from(SQUARED_MAX),
             (true, _) => u32::from(CUBED_MAX),
@@ -913,15 +913,15 @@ fn spans<const R: usize>(
     stride: usize,
 ) -> ([u32; R], [u32; R]) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: a `Kernel` is only used where `available` found its features
-    // (`cpu::paths`, and the tests ask first), and every kernel's features
+    // SAFETY: a `Kernel` exists only where the CPU has its instructions
+    // (`Kernel::on_this_cpu`), and every kernel's features
     // include AVX2 (AVX-512 VNNI's include AVX-512BW); the loads stay inside
     // `bytes` (asserted by the caller) and the query codes (sliced).
     unsafe {
-        match (kernel, what) {
-            (Kernel::Vnni512, L1) => x86::spans_avx512::<L1, R>(bytes, starts, queries, stride),
-            (Kernel::Vnni512, LINF) => x86::spans_avx512::<LINF, R>(bytes, starts, queries, stride),
-            (Kernel::Vnni512, _) => x86::spans_avx512::<BRAY_CURTIS, R>(bytes, starts, queries, stride),
+        match (kernel.isa(), what) {
+            (Int8::Vnni512, L1) => x86::spans_avx512::<L1, R>(bytes, starts, queries, stride),
+            (Int8::Vnni512, LINF) => x86::spans_avx512::<LINF, R>(bytes, starts, queries, stride),
+            (Int8::Vnni512, _) => x86::spans_avx512::<BRAY_CURTIS, R>(bytes, starts, queries, stride),
             (_, L1) => x86::spans_avx2::<L1, R>(bytes, starts, queries, stride),
             (_, LINF) => x86::spans_avx2::<LINF, R>(bytes, starts, queries, stride),
             _ => x86::spans_avx2::<BRAY_CURTIS, R>(bytes, starts, queries, stride),
@@ -947,8 +947,8 @@ fn powers<const K: u32, const R: usize>(
     #[cfg(target_arch = "x86_64")]
     // SAFETY: as in `spans`.
     unsafe {
-        match kernel {
-            Kernel::Vnni512 => x86::powers_avx512::<K, R>(bytes, starts, queries, (stride, quarters)),
+        match kernel.isa() {
+            Int8::Vnni512 => x86::powers_avx512::<K, R>(bytes, starts, queries, (stride, quarters)),
             _ => x86::powers_avx2::<K, R>(bytes, starts, queries, (0, stride), quarters),
         }
     }

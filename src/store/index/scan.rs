@@ -49,7 +49,7 @@ const ROW_TILE_NARROW: usize = 3;
 
 /// Rows per tile of `search_many` on the process's path.
 fn row_tile() -> usize {
-    if cpu::paths().f32 == F32::Avx512 {
+    if cpu::paths().f32() == F32::Avx512 {
         ROW_TILE_WIDE
     } else {
         ROW_TILE_NARROW
@@ -478,7 +478,7 @@ impl Index {
     /// The int8 first pass's bound and kernel, where the index keeps codes
     /// and the process runs the pass.
     fn coded_pass(&self) -> Option<(Bound, codes::Kernel)> {
-        let (_, kernel) = (self.codes.as_ref()?, cpu::paths().int8?);
+        let (_, kernel) = (self.codes.as_ref()?, cpu::paths().int8()?);
         Some((Bound::of(self.metric)?, kernel))
     }
 
@@ -924,13 +924,13 @@ impl Index {
     ) -> FirstPass {
         let scan = (queries, scales, coded, mask, rows, tops);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: a kernel is only chosen where the CPU has its
-        // instructions (`cpu::paths`, and the tests ask first).
+        // SAFETY: a `Kernel` exists only where the CPU has its
+        // instructions (`Kernel::on_this_cpu`).
         unsafe {
-            match coded.kernel {
-                codes::Kernel::Vnni512 => self.scan_coded_vnni512(scan),
-                codes::Kernel::Vnni256 => self.scan_coded_vnni256(scan),
-                codes::Kernel::Avx2 => self.scan_coded_avx2(scan),
+            match coded.kernel.isa() {
+                codes::Int8::Vnni512 => self.scan_coded_vnni512(scan),
+                codes::Int8::Vnni256 => self.scan_coded_vnni256(scan),
+                codes::Int8::Avx2 => self.scan_coded_avx2(scan),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -1400,8 +1400,8 @@ impl Index {
         distance: impl Fn(f32, usize, usize) -> f32,
     ) {
         let tile = Tile { queries, rows, tops, prefetch };
-        match cpu::paths().f32 {
-            // SAFETY: `cpu` takes a path only where the CPU has it.
+        match cpu::paths().f32() {
+            // SAFETY: `cpu::Paths` are only made where the CPU has them (`choose`).
             #[cfg(target_arch = "x86_64")]
             F32::Avx512 => unsafe { self.scan_tile_avx512::<M, Q, R>(tile, &distance) },
             // SAFETY: as above.
@@ -1981,7 +1981,8 @@ pub(crate) mod tests {
     /// The kernels this CPU has; a skip, recorded, for each it has not.
     #[cfg(target_arch = "x86_64")]
     fn int8_kernels(what: &str) -> Vec<codes::Kernel> {
-        crate::testing::on_this_cpu(&codes::Kernel::ALL, what, codes::Kernel::name, codes::Kernel::available)
+        let here = crate::testing::on_this_cpu(&codes::Int8::ALL, what, codes::Int8::name, codes::Int8::available);
+        here.into_iter().map(|isa| codes::Kernel::on_this_cpu(isa).expect("a kernel this CPU has")).collect()
     }
 
     /// Every kernel's integer products against the scalar reference, and the
@@ -2056,7 +2057,7 @@ pub(crate) mod tests {
             };
             // lp with a p not a multiple of 1/4 on the lookups' kernel only.
             let kernels: Vec<codes::Kernel> = (kernels.iter().copied())
-                .filter(|&kernel| !matches!(bound, Bound::Floors(floor) if !floor.runs_on(kernel)))
+                .filter(|&kernel| !matches!(bound, Bound::Floors(floor) if !floor.runs_on(kernel.isa())))
                 .collect();
             for dims in [1, 3, 17, 64, 100, 768] {
                 let mut rows = hard_for_codes(dims as u64, dims, metric);
@@ -2177,7 +2178,7 @@ pub(crate) mod tests {
                         index.scan_exact(&[query], &[1.0], None, row..row + 1, std::slice::from_mut(&mut top));
                         let exact = top.sorted()[0].distance;
                         let (d, m, p) = codes::floors::spans_scalar(&grids.code_for(codes, row), codes.row(row));
-                        for &kernel in kernels.iter().filter(|&&kernel| floor.runs_on(kernel)) {
+                        for &kernel in kernels.iter().filter(|&&kernel| floor.runs_on(kernel.isa())) {
                             let what = format!("{metric:?}, {dims} dims, query {q}, row {row}, {}", kernel.name());
                             let want = match floor {
                                 Floor::L1 => (d, 0),
@@ -2494,7 +2495,7 @@ pub(crate) mod tests {
                 }
             }
         }
-        if cpu::paths().int8.is_some() {
+        if cpu::paths().int8().is_some() {
             assert!(Index::new(dims, Metric::Cosine).codes.is_some());
             assert!(Index::new(dims + 1, Metric::Cosine).codes.is_none());
         }
@@ -2577,7 +2578,7 @@ pub(crate) mod tests {
         for p in [1.1f32, 2.7, std::f32::consts::PI, 7.99] {
             assert_eq!(Floor::lp(p), lookups.then_some(Floor::Lp(p)));
             if lookups {
-                assert!(Floor::Lp(p).runs_on(codes::Kernel::Vnni512) && !Floor::Lp(p).runs_on(codes::Kernel::Avx2));
+                assert!(Floor::Lp(p).runs_on(codes::Int8::Vnni512) && !Floor::Lp(p).runs_on(codes::Int8::Avx2));
             }
         }
         for p in [0.25f32, 0.75, 0.99, 8.25, 9.0] {
