@@ -36,17 +36,17 @@
 //! 2^60, which makes every bound infinite and rules nothing out).
 //!
 //! The f32 kernel's score `s_f` is within `g sum|q_i x_i| + A`, at most
-//! `g |q||x| + A`, of `s`, where `g = m 2^-24 / (1 - m 2^-24)` for
-//! `m = n / 4 + 64` roundings (lanes of at least 8, two roundings per
-//! product where there is no fused multiply-add, a reduction tree and a
-//! tail), and `A = (2n + 64) 2^-149` covers results that fall among f32's
-//! subnormals. For l2 the kernel sums `(q_i - x_i)^2`, non-negative terms
+//! `g |q||x| + A`, of `s`, where `g = kernels::relative_error(n)` (the
+//! kernels' error model, stated and argued there: `m 2^-24 / (1 - m 2^-24)`
+//! for at most `m = n / 4 + 64` roundings), and `A = (2n + 64) 2^-149`
+//! covers results that fall among f32's subnormals. For l2 the kernel sums `(q_i - x_i)^2`, non-negative terms
 //! each off by at most `3 x 2^-24` of itself, so that
 //! `d_f >= d (1 - g - 2^-20) - A` with `d = |q|^2 + |x|^2 - 2 s`.
 //!
 //! The bounds are evaluated in f64, where nothing overflows or underflows
 //! for f32 inputs, each off by at most a few 2^-53 of the magnitudes summed;
-//! a surplus of `2^-40` of those magnitudes covers it. So:
+//! a surplus of `2^-40` of those magnitudes (`kernels::BOUND_SURPLUS`)
+//! covers it. So:
 //! - cosine and ip: `s_f <= S = a b C + E + g |q||x| + A` (plus the
 //!   surplus); `S` is rounded up to f32 and mapped to a distance exactly as
 //!   `s_f` is (`screen::distance`, or a negation): the map is monotone, so
@@ -64,6 +64,8 @@
 //! scored twice.
 
 use super::aligned::Aligned;
+use super::cpu::{Int8, Kernel};
+use super::kernels::{f32_at_least, relative_error, BOUND_SURPLUS};
 use super::screen;
 
 pub mod floors;
@@ -86,86 +88,13 @@ pub const BLOCK: usize = 32;
 /// Rows a kernel scores at a time: each load of the query feeds four rows.
 pub const ROWS: usize = 4;
 
-/// The instructions an int8 kernel is written for: a name only, which any
-/// code may hold. What runs them is a `Kernel`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Int8 {
-    /// AVX-512 VNNI's `vpdpbusd` on 64 bytes at a time.
-    Vnni512,
-    /// AVX-VNNI's `vpdpbusd` on 32 bytes at a time.
-    Vnni256,
-    /// AVX2's `vpmaddubsw` and `vpmaddwd` on 32 bytes at a time.
-    Avx2,
-}
-
-impl Int8 {
-    /// Every kernel, widest first.
-    pub const ALL: [Int8; 3] = [Int8::Vnni512, Int8::Vnni256, Int8::Avx2];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Int8::Vnni512 => "AVX-512 VNNI",
-            Int8::Vnni256 => "AVX-VNNI",
-            Int8::Avx2 => "AVX2",
-        }
-    }
-
-    /// Whether this CPU has the instructions, asked of the CPU itself.
-    pub fn available(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            match self {
-                Int8::Vnni512 => has!("avx512f") && has!("avx512bw") && has!("avx512vnni"),
-                Int8::Vnni256 => has!("avx2") && has!("avxvnni"),
-                Int8::Avx2 => has!("avx2"),
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
-    }
-}
-
-/// Which instructions compute `C` (`Kernel::dots_of`): an int8 kernel this
-/// CPU runs. Its field is private and `Kernel::on_this_cpu` is the only
-/// way to make one, after asking the CPU, so that every safe function that
-/// takes a `Kernel` (here, in `floors` and in the scans) may run its
-/// instructions: no safe code can hand it one the CPU lacks.
-///
-/// ```
-/// use quiver::store::codes::{Int8, Kernel};
-/// for isa in Int8::ALL {
-///     assert_eq!(Kernel::on_this_cpu(isa).map(Kernel::isa), isa.available().then_some(isa));
-/// }
-/// ```
-///
-/// ```compile_fail,E0603
-/// // No kernel without the check: the field is private.
-/// let kernel = quiver::store::codes::Kernel(quiver::store::codes::Int8::Vnni512);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Kernel(Int8);
-
+/// What a `Kernel` computes: `C`, the products of the codes.
 impl Kernel {
-    /// The kernel of `isa`, if this CPU has its instructions.
-    pub fn on_this_cpu(isa: Int8) -> Option<Kernel> {
-        isa.available().then_some(Kernel(isa))
-    }
-
-    /// The instructions it runs.
-    pub fn isa(self) -> Int8 {
-        self.0
-    }
-
-    pub fn name(self) -> &'static str {
-        self.0.name()
-    }
-
     /// Queries a batch scores together against each `ROWS` rows
     /// (`dots_tile`): with AVX-512's 32 registers the 4 x 4 sums stay in
     /// registers beside the rows and queries; with 16, 2 x 4 do.
     pub fn query_tile(self) -> usize {
-        match self.0 {
+        match self.isa() {
             Int8::Vnni512 => 4,
             Int8::Vnni256 | Int8::Avx2 => 2,
         }
@@ -202,7 +131,7 @@ impl Kernel {
         // `bytes` and the queries' padded buffers (asserted).
         unsafe {
             let signs = queries.map(|code| &code.signs[..]);
-            let raw: [[i32; R]; Q] = match self.0 {
+            let raw: [[i32; R]; Q] = match self.isa() {
                 Int8::Vnni512 => x86::dots_vnni512(bytes, starts, signs, dims),
                 Int8::Vnni256 => x86::dots_vnni256(bytes, starts, signs, dims),
                 Int8::Avx2 => {
@@ -376,16 +305,6 @@ pub fn exponent_of(scale: f32) -> usize {
 /// its unsigned operand.
 pub fn stored(code: i8) -> u8 {
     (code as u8) ^ 0x80
-}
-
-/// The least f32 not below `x`; infinite above f32's range.
-fn f32_at_least(x: f64) -> f32 {
-    let y = x as f32;
-    if f64::from(y) < x {
-        y.next_up()
-    } else {
-        y
-    }
 }
 
 /// An f32 not below `x`, without a branch: `x` nudged up by 2^-23 of
@@ -686,9 +605,6 @@ pub struct Bounds {
     absolute: f64,
 }
 
-/// The surplus that covers evaluating the bound in f64.
-const SURPLUS: f64 = 1.0 / (1u64 << 40) as f64;
-
 impl Bounds {
     /// For `queries` (at most `QUERIES_MAX`, their `squared_norms` from
     /// `kernels::squared_norm`, `query_scales` their scales in cosine's
@@ -697,8 +613,7 @@ impl Bounds {
         assert!(queries.len() <= QUERIES_MAX);
         assert!(queries.len() == squared_norms.len() && queries.len() == query_scales.len());
         let dims = queries.first().map_or(0, |code| code.dims);
-        let m = (dims / 4 + 64) as f64 * 2f64.powi(-24);
-        let relative = m / (1.0 - m);
+        let relative = relative_error(dims);
         let mut bounds = Bounds {
             shape,
             scale: [0.0; QUERIES_MAX],
@@ -720,7 +635,7 @@ impl Bounds {
             bounds.query_plus[q] = norm + residual;
             bounds.query_residual[q] = residual;
             bounds.relative_norm[q] = relative * norm;
-            bounds.query_squared[q] = squared_norm * (1.0 - SURPLUS);
+            bounds.query_squared[q] = squared_norm * (1.0 - BOUND_SURPLUS);
             bounds.query_scale[q] = query_scale;
         }
         bounds
@@ -792,7 +707,7 @@ impl Bounds {
         match shape {
             Shape::Cosine | Shape::Ip => {
                 let ceiling = estimate + off + self.relative_norm[q] * norm + self.absolute;
-                let ceiling = ceiling + SURPLUS * (estimate.abs() + ceiling.abs());
+                let ceiling = ceiling + BOUND_SURPLUS * (estimate.abs() + ceiling.abs());
                 let ceiling = f32_above(ceiling);
                 let nearest = match shape {
                     Shape::Cosine => screen::distance(ceiling, row_scale, self.query_scale[q]),
@@ -804,7 +719,7 @@ impl Bounds {
                 let row_squared = norm * norm * (1.0 - 2f64.powi(-20));
                 let query_squared = self.query_squared[q];
                 let sum = query_squared + row_squared - 2.0 * (estimate + off);
-                let sum = sum - SURPLUS * (query_squared + row_squared + 2.0 * (estimate.abs() + off));
+                let sum = sum - BOUND_SURPLUS * (query_squared + row_squared + 2.0 * (estimate.abs() + off));
                 let nearest = sum * (1.0 - self.relative - 2f64.powi(-20)) - self.absolute;
                 nearest > f64::from(threshold)
             }
@@ -957,6 +872,14 @@ pub(super) mod x86 {
             }
         }
         sums.map(|sums| sums.map(|sum| sum256(sum)))
+    }
+
+    /// The sum of four u64 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(super) fn sum_of(v: __m256i) -> u64 {
+        let v = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        (_mm_cvtsi128_si64(v) + _mm_extract_epi64::<1>(v)) as u64
     }
 
     /// The sum of a vector's eight i32 lanes.

@@ -8,8 +8,6 @@
 
 use std::sync::OnceLock;
 
-use super::codes::{self, Int8, Kernel};
-
 /// The f32 kernels' instructions, as asked for (`--simd`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Simd {
@@ -72,6 +70,82 @@ impl F32 {
     }
 }
 
+/// The instructions an int8 kernel is written for: a name only, which any
+/// code may hold. What runs them is a `Kernel`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Int8 {
+    /// AVX-512 VNNI's `vpdpbusd` on 64 bytes at a time.
+    Vnni512,
+    /// AVX-VNNI's `vpdpbusd` on 32 bytes at a time.
+    Vnni256,
+    /// AVX2's `vpmaddubsw` and `vpmaddwd` on 32 bytes at a time.
+    Avx2,
+}
+
+impl Int8 {
+    /// Every kernel, widest first.
+    pub const ALL: [Int8; 3] = [Int8::Vnni512, Int8::Vnni256, Int8::Avx2];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Int8::Vnni512 => "AVX-512 VNNI",
+            Int8::Vnni256 => "AVX-VNNI",
+            Int8::Avx2 => "AVX2",
+        }
+    }
+
+    /// Whether this CPU has the instructions, asked of the CPU itself.
+    pub fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            match self {
+                Int8::Vnni512 => has!("avx512f") && has!("avx512bw") && has!("avx512vnni"),
+                Int8::Vnni256 => has!("avx2") && has!("avxvnni"),
+                Int8::Avx2 => has!("avx2"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+}
+
+/// An int8 kernel this CPU runs (`codes` defines what it computes,
+/// `Kernel::dots_of`). Its field is private and `Kernel::on_this_cpu` is the only
+/// way to make one, after asking the CPU, so that every safe function that
+/// takes a `Kernel` (`codes`, its `floors`, and the scans) may run its
+/// instructions: no safe code can hand it one the CPU lacks.
+///
+/// ```
+/// use quiver::store::cpu::{Int8, Kernel};
+/// for isa in Int8::ALL {
+///     assert_eq!(Kernel::on_this_cpu(isa).map(Kernel::isa), isa.available().then_some(isa));
+/// }
+/// ```
+///
+/// ```compile_fail,E0603
+/// // No kernel without the check: the field is private.
+/// let kernel = quiver::store::cpu::Kernel(quiver::store::cpu::Int8::Vnni512);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernel(Int8);
+
+impl Kernel {
+    /// The kernel of `isa`, if this CPU has its instructions.
+    pub fn on_this_cpu(isa: Int8) -> Option<Kernel> {
+        isa.available().then_some(Kernel(isa))
+    }
+
+    /// The instructions it runs.
+    pub fn isa(self) -> Int8 {
+        self.0
+    }
+
+    pub fn name(self) -> &'static str {
+        self.0.name()
+    }
+}
+
 /// The paths this process scans with. Its fields are private and only
 /// `choose` makes one, from what the CPU has: the safe functions that run
 /// a path's instructions (`kernels::tile_here`, the scans) rely on it, and
@@ -125,7 +199,7 @@ impl Paths {
     }
 
     /// The int8 first pass's kernel, if it runs.
-    pub fn int8(&self) -> Option<codes::Kernel> {
+    pub fn int8(&self) -> Option<Kernel> {
         self.int8
     }
 

@@ -21,6 +21,37 @@ pub mod distances;
 
 use super::cpu::{self, F32};
 
+/// The f32 kernels' error model, on which every first pass's proof rests
+/// (`screen`, `codes`, `codes::floors`): a sum of `n` terms as `tile` and
+/// `distances` compute it is within `relative_error(n)` of the sum of the
+/// terms' magnitudes of the exact sum. Each term passes through at most
+/// `m = n / 4 + 64` roundings, each off by at most 2^-24 of the partial
+/// sum: two per 8 values in lanes of at least 8 where the build has no
+/// fused multiply-add, a reduction tree of at most 4 levels, a tail of at
+/// most 15, and the term's own. So the error is at most
+/// `g = m 2^-24 / (1 - m 2^-24)` of the magnitudes. Results among f32's
+/// subnormals add an absolute part, which each proof states for its sums.
+pub fn relative_error(dims: usize) -> f64 {
+    let m = (dims / 4 + 64) as f64 * 2f64.powi(-24);
+    m / (1.0 - m)
+}
+
+/// What a first pass's bound, evaluated in f64, adds to cover its own
+/// arithmetic: each step is off by at most a few 2^-53 of the magnitudes
+/// it sums, and 2^-40 of those covers every step of a bound.
+pub const BOUND_SURPLUS: f64 = 1.0 / (1u64 << 40) as f64;
+
+/// The least f32 not below `x`, infinite above f32's range: a bound
+/// computed in f64, kept in f32 without lowering it.
+pub fn f32_at_least(x: f64) -> f32 {
+    let y = x as f32;
+    if f64::from(y) < x {
+        y.next_up()
+    } else {
+        y
+    }
+}
+
 /// A vector of `N` f32 lanes of one instruction set.
 ///
 /// # Safety
@@ -471,6 +502,48 @@ pub(crate) mod tests {
     /// The paths this CPU has; a skip, recorded, for each it has not.
     pub(crate) fn paths_here(what: &str) -> Vec<F32> {
         crate::testing::on_this_cpu(&[F32::Avx512, F32::Avx2, F32::Baseline], what, F32::name, F32::available)
+    }
+
+    /// The error model the first passes' proofs rest on
+    /// (`relative_error`): every path's dot products and squared distances
+    /// stay within it, at lengths on either side of every lane, block and
+    /// tail size, on random values and on sums that nearly cancel.
+    #[test]
+    fn every_path_stays_within_the_error_model() {
+        for path in paths_here("the error model") {
+            for n in [1, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 100, 255, 768, 1000, 4099] {
+                for seed in 0..6u64 {
+                    let q = floats(seed, n);
+                    let mut x = floats(seed + 1000, n);
+                    if seed % 2 == 1 {
+                        // Pairs of terms that cancel but for a little.
+                        for i in (1..n).step_by(2) {
+                            x[i] = -x[i - 1] * q[i - 1] / q[i] * (1.0 + 2f32.powi(-12));
+                        }
+                    }
+                    let subnormals = (2 * n + 64) as f64 * 2f64.powi(-149);
+                    let (q64, x64) = (q.iter().map(|&v| f64::from(v)), x.iter().map(|&v| f64::from(v)));
+                    let products: Vec<f64> = q64.clone().zip(x64.clone()).map(|(a, b)| a * b).collect();
+                    let squares: Vec<f64> = q64.zip(x64).map(|(a, b)| (a - b) * (a - b)).collect();
+                    // SAFETY: `paths_here` keeps the paths this CPU has.
+                    let (dot, l2) = unsafe {
+                        (tile_on::<Dot, 1, 1>(path, &[&q], &x)[0][0], tile_on::<L2Squared, 1, 1>(path, &[&q], &x)[0][0])
+                    };
+                    for (what, got, terms) in [("dot", dot, &products), ("l2", l2, &squares)] {
+                        let exact: f64 = terms.iter().sum();
+                        let magnitudes: f64 = terms.iter().map(|t| t.abs()).sum();
+                        // The squares' differences round once more each (the module doc of `codes`).
+                        let model = relative_error(n) + 3.0 * 2f64.powi(-24);
+                        let off = (f64::from(got) - exact).abs();
+                        assert!(
+                            off <= model * magnitudes + subnormals,
+                            "{}: {what} of {n}, seed {seed}: off by {off:e} of {magnitudes:e}",
+                            path.name()
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// Scores every pair of `queries` x `rows` through a `Q` x `R` tile on

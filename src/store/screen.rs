@@ -13,11 +13,10 @@
 //! product, `s_f` the f32 kernel's and `s_b` the bfloat16 pass's. Let
 //! `u = 2^-8` (rounding an f32 to bfloat16's 8-bit significand, to nearest),
 //! `t = 2^-126` (the smallest normal f32: the most that flushing a tiny
-//! value or result to zero loses), and `m = n / 4 + 64`, more roundings than
-//! any product passes through in either sum (the f32 kernel's lanes of 8
-//! take two per 8 values where the build has no fused multiply-add, then a
-//! reduction tree of at most 4 levels and a tail of at most 15;
-//! `vdpbf16ps` takes at most two per 32 values); `g = m 2^-24 / (1 - m 2^-24)`.
+//! value or result to zero loses), and `g = kernels::relative_error(n)`,
+//! the f32 kernels' error model (`m 2^-24 / (1 - m 2^-24)` for
+//! `m = n / 4 + 64` roundings, argued there), which covers `vdpbf16ps` too:
+//! it takes at most two roundings per 32 values, fewer than the kernels'.
 //! - Converting: `|bf(v) - v| <= u |v| + t` for each value (rounding, or a
 //!   tiny value flushed to zero). So each product of the pass is within
 //!   `(2u + u^2) |q_i x_i| + t (1 + u) (|q_i| + |x_i|) + t^2` of the true one.
@@ -99,17 +98,7 @@ pub fn norm_bound_of(squared: f64) -> f32 {
     if norm > NORM_FINITE_MAX {
         f32::INFINITY
     } else {
-        f32_at_least(norm)
-    }
-}
-
-/// The least f32 not below `x` (which is finite and below f32's largest).
-fn f32_at_least(x: f64) -> f32 {
-    let y = x as f32;
-    if f64::from(y) < x {
-        y.next_up()
-    } else {
-        y
+        kernels::f32_at_least(norm)
     }
 }
 
@@ -125,8 +114,7 @@ struct Bound {
 impl Bound {
     fn new(dims: usize) -> Bound {
         let (u, t, n) = (2f64.powi(-8), 2f64.powi(-126), dims as f64);
-        let m = (dims / 4 + 64) as f64 * 2f64.powi(-24);
-        let g = m / (1.0 - m);
+        let g = kernels::relative_error(dims);
         Bound {
             relative: 2.0 * u + u * u + 2.0 * g * (1.0 + u) * (1.0 + u) + 2f64.powi(-20),
             per_norm: 2.0 * (1.0 + g) * (1.0 + u) * t * n.sqrt(),
@@ -141,7 +129,10 @@ impl Bound {
             return (f32::INFINITY, f32::INFINITY);
         }
         let norm = f64::from(norm);
-        (f32_at_least(self.relative * norm + self.per_norm), f32_at_least(self.per_norm * norm + self.absolute))
+        (
+            kernels::f32_at_least(self.relative * norm + self.per_norm),
+            kernels::f32_at_least(self.per_norm * norm + self.absolute),
+        )
     }
 }
 

@@ -51,12 +51,11 @@
 //!   (`|x_i - q_i| >= a (s_i - 1)`) would lose a whole step in each.
 //!
 //! The f32 kernels (`kernels::distances`) add non-negative terms, each off
-//! by at most 2^-24 of itself, in at most `m = n / 4 + 64` roundings per
-//! term (lanes of at least 8, a reduction, a tail of at most 15, the term's
-//! own); among f32's subnormals those sums and differences are exact. So
-//! their l1 and each of Bray-Curtis's sums are within `g = m 2^-24 / (1 -
-//! m 2^-24)` of the exact ones, linf within 2^-24, and Bray-Curtis's
-//! quotient adds one rounding of 2^-24.
+//! by at most 2^-24 of itself; among f32's subnormals those sums and
+//! differences are exact. So by the kernels' error model their l1 and each
+//! of Bray-Curtis's sums are within `g = kernels::relative_error(n)` of the
+//! exact ones (at most `m = n / 4 + 64` roundings per term, argued there),
+//! linf within 2^-24, and Bray-Curtis's quotient adds one rounding of 2^-24.
 //!
 //! lp's kernel scales each pair by its largest difference `w`, so its sum
 //! is of ratios at most 1, one of them 1: each ratio is within three
@@ -127,6 +126,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::{exponent_of, ratios, shannon, stored, Codes, Grid, Int8, Kernel, NormAbove, BLOCK};
+use crate::store::kernels::{relative_error, BOUND_SURPLUS};
 
 /// The distances this pass bounds.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -235,9 +235,6 @@ const NO_SLOT: u16 = u16::MAX;
 /// No limit memoized yet (`Grids::limits`): a threshold of NaN's bits,
 /// which no search holds rows against.
 const NO_LIMIT: u64 = u64::MAX;
-
-/// The surplus that covers evaluating the bound in f64 (the parent's).
-const SURPLUS: f64 = 1.0 / (1u64 << 40) as f64;
 
 /// One query's side of the bound: its code for each scale the index's rows
 /// have. Its buffers are kept from search to search.
@@ -394,15 +391,14 @@ impl Grids {
                 self.sides.push((scale, near - far + surplus, all + surplus));
             }
         }
-        let m = (query.len() / 4 + 64) as f64 * 2f64.powi(-24);
-        self.relative = m / (1.0 - m);
+        self.relative = relative_error(query.len());
         if floor == Floor::Canberra {
-            self.factor = (1.0 - 3.0 * 2f64.powi(-24)) * (1.0 - self.relative) * (1.0 - SURPLUS);
+            self.factor = (1.0 - 3.0 * 2f64.powi(-24)) * (1.0 - self.relative) * (1.0 - BOUND_SURPLUS);
             self.absolute = query.len() as f64 * 2f64.powi(-149);
             self.signed = codes.negatives() > 0 || query.iter().any(|&q| q < 0.0);
         }
         if floor == Floor::JensenShannon {
-            self.factor = (1.0 - 2f64.powi(-15)) * (1.0 - self.relative) * (1.0 - SURPLUS);
+            self.factor = (1.0 - 2f64.powi(-15)) * (1.0 - self.relative) * (1.0 - BOUND_SURPLUS);
             self.absolute = query.len() as f64 * 2f64.powi(-148);
             self.vbmi = vbmi();
         }
@@ -424,7 +420,7 @@ impl Grids {
             };
             let p = f64::from(p);
             let factor = ((1.0 - lost) * (1.0 - self.relative)).powf(1.0 / p) * (1.0 - 2f64.powi(-23));
-            self.factor = factor * (1.0 - SURPLUS);
+            self.factor = factor * (1.0 - BOUND_SURPLUS);
         }
     }
 
@@ -490,7 +486,8 @@ impl Grids {
         let mut shared = [(0.0f64, 0.0f64); 256];
         for (slot, &(_, h, _)) in self.sides.iter().enumerate() {
             let t = f64::from(threshold) / self.factor + h;
-            shared[slot] = (p / t * (1.0 + SURPLUS) * (1.0 + 2f64.powi(-50)), self.limit_lp(p, slot, threshold, t));
+            shared[slot] =
+                (p / t * (1.0 + BOUND_SURPLUS) * (1.0 + 2f64.powi(-50)), self.limit_lp(p, slot, threshold, t));
         }
         for (row, key) in rows {
             let (scale, residual) = codes.scale_and_residual(row);
@@ -589,7 +586,7 @@ impl Grids {
         let (_, residual) = codes.scale_and_residual(row);
         // Rounded up, as `1 - p u` is then rounded down: within the
         // surplus the limit carries. A NaN rules nothing out.
-        let u = p * f64::from(residual) / t * (1.0 + SURPLUS);
+        let u = p * f64::from(residual) / t * (1.0 + BOUND_SURPLUS);
         u < 1.0 && sum * (1.0 - u) > self.limit_lp(p, slot, threshold, t)
     }
 
@@ -603,7 +600,7 @@ impl Grids {
             return f64::from(f32::from_bits(last as u32));
         }
         let (scale, _, _) = self.sides[slot];
-        let limit = (t / scale).powf(p) * (1.0 + SURPLUS);
+        let limit = (t / scale).powf(p) * (1.0 + BOUND_SURPLUS);
         // Up to the next f32 at or above: never below the exact limit, so
         // it rules out no row the f64 one would not.
         let mut rounded = limit as f32;
@@ -632,7 +629,7 @@ impl Grids {
     /// The most the first pass's lp sum exceeds the exact one by, as a
     /// factor (the module doc).
     pub fn sums_slack(&self) -> f64 {
-        (1.0 + 2f64.powi(-10)) * (1.0 + self.relative) * (1.0 + SURPLUS)
+        (1.0 + 2f64.powi(-10)) * (1.0 + self.relative) * (1.0 + BOUND_SURPLUS)
     }
 
     /// The slot of the query's code for row `row`'s scale.
@@ -700,7 +697,7 @@ impl Grids {
             let sums: [u64; R] = unreachable!("no kernel is available off x86-64");
             // Each `T(s)` is at most `s^p κ`: the sum over `κ`, exact but
             // for the quotient's rounding, is at most `S`.
-            return (sums.map(|sum| sum as f64 / self.table.kappa), 1.0 + SURPLUS);
+            return (sums.map(|sum| sum as f64 / self.table.kappa), 1.0 + BOUND_SURPLUS);
         }
         assert!(is_quarter(self.floor_p()), "only the lookups raise to a p not a multiple of 1/4 (`Floor::runs_on`)");
         macro_rules! powers {
@@ -811,13 +808,13 @@ impl Grids {
     fn nearest(&self, (a, near, outer): (f64, f64, f64), residual: f64, span: u32, plus: u32) -> f64 {
         let (span, plus) = (a * f64::from(span), a * f64::from(plus));
         let apart = span - residual - near;
-        let apart = apart - SURPLUS * (span + residual + near.abs());
+        let apart = apart - BOUND_SURPLUS * (span + residual + near.abs());
         match self.floor {
             Floor::L1 => apart * (1.0 - self.relative),
             Floor::Linf => (span - a) * (1.0 - 2f64.powi(-23)),
             Floor::BrayCurtis if apart <= 0.0 => 0.0,
             Floor::BrayCurtis => {
-                let sums = (plus + residual + outer) * (1.0 + SURPLUS);
+                let sums = (plus + residual + outer) * (1.0 + BOUND_SURPLUS);
                 apart / sums * (1.0 - self.relative) / (1.0 + self.relative) * (1.0 - 2f64.powi(-23))
             }
             Floor::Lp(_) => unreachable!("lp's floor is `rules_out_lp`"),
@@ -973,7 +970,7 @@ pub fn spans_scalar(query: &[i8], row: impl Iterator<Item = i8>) -> (u32, u32, u
 pub(super) mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::x86::{pair_256, pair_512};
+    use super::super::x86::{pair_256, pair_512, sum_of};
     use super::{PowerTable, BRAY_CURTIS, CUBED_MAX, LINF, SQUARED_MAX, TABLE_MAX};
 
     /// `spans` on 64-byte blocks, and a last one of 32, with AVX-512BW.
@@ -1423,14 +1420,6 @@ pub(super) mod x86 {
             }
             power
         }
-    }
-
-    /// The sum of four u64 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    pub(in crate::store::codes) fn sum_of(v: __m256i) -> u64 {
-        let v = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-        (_mm_cvtsi128_si64(v) + _mm_extract_epi64::<1>(v)) as u64
     }
 
     /// The largest of 32 u8 lanes.

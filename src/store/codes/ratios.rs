@@ -206,8 +206,7 @@ pub fn bound_of(m: u8) -> f64 {
 pub mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::floors::x86::sum_of;
-    use super::super::x86::{pair_256, pair_512, sum256};
+    use super::super::x86::{pair_256, pair_512, sum256, sum_of};
     use super::Table;
 
     /// Each row's `sum base[h]` and `sum m slope[h]` (the module doc), of

@@ -175,8 +175,7 @@ pub fn sums_scalar(query: &[u8], row: &[u8], width: usize) -> u64 {
 pub mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::floors::x86::sum_of;
-    use super::super::x86::{look_up, pair_256, pair_512, registers};
+    use super::super::x86::{look_up, pair_256, pair_512, registers, sum_of};
     use super::Table;
 
     /// Each row's `sum V(e_i)` (the module doc), of the levels at `starts`

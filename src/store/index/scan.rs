@@ -140,7 +140,7 @@ type CodedScan<'a, 'b> =
 /// read with, the queries' side, and each query's farthest kept as the
 /// threads of a split scan share it.
 struct Coded<'a> {
-    kernel: codes::Kernel,
+    kernel: cpu::Kernel,
     queries: CodedQueries<'a>,
     farthest: &'a [AtomicU32],
 }
@@ -477,7 +477,7 @@ impl Index {
 
     /// The int8 first pass's bound and kernel, where the index keeps codes
     /// and the process runs the pass.
-    fn coded_pass(&self) -> Option<(Bound, codes::Kernel)> {
+    fn coded_pass(&self) -> Option<(Bound, cpu::Kernel)> {
         let (_, kernel) = (self.codes.as_ref()?, cpu::paths().int8()?);
         Some((Bound::of(self.metric)?, kernel))
     }
@@ -680,7 +680,7 @@ impl Index {
     fn search_in_order(
         &self,
         (query, scales): (&[f32], &[f32]),
-        (kernel, grids): (codes::Kernel, &Grids),
+        (kernel, grids): (cpu::Kernel, &Grids),
         top: &mut TopK,
         (partials, chunk): (&mut [Vec<TopK>], usize),
         order: &mut InOrder,
@@ -928,9 +928,9 @@ impl Index {
         // instructions (`Kernel::on_this_cpu`).
         unsafe {
             match coded.kernel.isa() {
-                codes::Int8::Vnni512 => self.scan_coded_vnni512(scan),
-                codes::Int8::Vnni256 => self.scan_coded_vnni256(scan),
-                codes::Int8::Avx2 => self.scan_coded_avx2(scan),
+                cpu::Int8::Vnni512 => self.scan_coded_vnni512(scan),
+                cpu::Int8::Vnni256 => self.scan_coded_vnni256(scan),
+                cpu::Int8::Avx2 => self.scan_coded_avx2(scan),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -1163,7 +1163,7 @@ impl Index {
     fn coded_tile<const Q: usize, const R: usize>(
         &self,
         query_codes: &[QueryCode],
-        (kernel, bounds): (codes::Kernel, &codes::Bounds),
+        (kernel, bounds): (cpu::Kernel, &codes::Bounds),
         (codes, rows, norms, row_scales): (&Codes, [usize; R], [f32; R], [f32; R]),
         thresholds: [f32; Q],
     ) -> [u32; Q] {
@@ -1528,7 +1528,7 @@ struct ScreenTile<'a, const R: usize> {
 /// Each query's code for the int8 pass, and the bounds of each tile of
 /// the kernel's queries, from their `squared_norms` and `scales`.
 fn code_queries(
-    (shape, kernel): (codes::Shape, codes::Kernel),
+    (shape, kernel): (codes::Shape, cpu::Kernel),
     queries: &[&[f32]],
     squared_norms: &[f64],
     scales: &[f32],
@@ -1946,13 +1946,13 @@ pub(crate) mod tests {
         bounds: Vec<codes::Bounds>,
         grids: Vec<Grids>,
         scales: Vec<f32>,
-        kernel: codes::Kernel,
+        kernel: cpu::Kernel,
         farthest: Vec<AtomicU32>,
     }
 
     #[cfg(target_arch = "x86_64")]
     impl Pass {
-        fn new(index: &Index, queries: &[&[f32]], kernel: codes::Kernel) -> Pass {
+        fn new(index: &Index, queries: &[&[f32]], kernel: cpu::Kernel) -> Pass {
             let squared: Vec<f64> = queries.iter().map(|query| kernels::squared_norm(query)).collect();
             let scales: Vec<f32> = squared.iter().map(|&squared| index.query_scale(|| squared)).collect();
             let (mut codes, mut bounds, mut grids) = (Vec::new(), Vec::new(), Vec::new());
@@ -1980,9 +1980,9 @@ pub(crate) mod tests {
 
     /// The kernels this CPU has; a skip, recorded, for each it has not.
     #[cfg(target_arch = "x86_64")]
-    fn int8_kernels(what: &str) -> Vec<codes::Kernel> {
-        let here = crate::testing::on_this_cpu(&codes::Int8::ALL, what, codes::Int8::name, codes::Int8::available);
-        here.into_iter().map(|isa| codes::Kernel::on_this_cpu(isa).expect("a kernel this CPU has")).collect()
+    fn int8_kernels(what: &str) -> Vec<cpu::Kernel> {
+        let here = crate::testing::on_this_cpu(&cpu::Int8::ALL, what, cpu::Int8::name, cpu::Int8::available);
+        here.into_iter().map(|isa| cpu::Kernel::on_this_cpu(isa).expect("a kernel this CPU has")).collect()
     }
 
     /// Every kernel's integer products against the scalar reference, and the
@@ -2056,7 +2056,7 @@ pub(crate) mod tests {
                 continue;
             };
             // lp with a p not a multiple of 1/4 on the lookups' kernel only.
-            let kernels: Vec<codes::Kernel> = (kernels.iter().copied())
+            let kernels: Vec<cpu::Kernel> = (kernels.iter().copied())
                 .filter(|&kernel| !matches!(bound, Bound::Floors(floor) if !floor.runs_on(kernel.isa())))
                 .collect();
             for dims in [1, 3, 17, 64, 100, 768] {
@@ -2434,12 +2434,7 @@ pub(crate) mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn a_tile_of_queries_gets_each_pair_exactly() {
-        fn check<const Q: usize, const R: usize>(
-            kernel: codes::Kernel,
-            queries: &[QueryCode],
-            codes: &Codes,
-            at: usize,
-        ) {
+        fn check<const Q: usize, const R: usize>(kernel: cpu::Kernel, queries: &[QueryCode], codes: &Codes, at: usize) {
             let tile: [&QueryCode; Q] = std::array::from_fn(|q| &queries[(at + q) % queries.len()]);
             let rows: [usize; R] = std::array::from_fn(|r| (at * 7 + r * 3) % codes.rows());
             let dots = kernel.dots_tile(tile, codes, rows);
@@ -2578,7 +2573,7 @@ pub(crate) mod tests {
         for p in [1.1f32, 2.7, std::f32::consts::PI, 7.99] {
             assert_eq!(Floor::lp(p), lookups.then_some(Floor::Lp(p)));
             if lookups {
-                assert!(Floor::Lp(p).runs_on(codes::Int8::Vnni512) && !Floor::Lp(p).runs_on(codes::Int8::Avx2));
+                assert!(Floor::Lp(p).runs_on(cpu::Int8::Vnni512) && !Floor::Lp(p).runs_on(cpu::Int8::Avx2));
             }
         }
         for p in [0.25f32, 0.75, 0.99, 8.25, 9.0] {
