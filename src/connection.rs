@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use mio::net::TcpStream;
 
 use crate::api::{ApiError, App, Endpoint, Handled, Seat, Target};
-use crate::db::StorageError;
 use crate::http::{Event, Framing, FramingLimits, Parser, ReadBuf};
 use crate::limits::{
     BUF_KEEP_BYTES_MAX, READ_BUF_INITIAL_BYTES, READ_BYTES_PER_TICK_MAX, READ_CHUNK_BYTES, WRITE_PENDING_BYTES_MAX,
@@ -288,12 +287,12 @@ impl Connection {
 
     /// After the tick's sync: the held answer may go, or, if the sync
     /// failed, is replaced by the storage error (its write was undone).
-    pub fn settle(&mut self, synced: &Result<(), StorageError>) {
+    pub fn settle(&mut self, synced: &Result<(), ApiError>) {
         let Some((reply_at, keep_alive)) = self.sync_mark.take() else { return };
         if let Err(error) = synced {
             debug_assert!(self.written <= reply_at);
             self.write.truncate(reply_at);
-            ApiError::Storage(error.clone()).write(&mut self.write, keep_alive);
+            error.write(&mut self.write, keep_alive);
         }
     }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use ahash::AHashSet;
 
 use crate::auth::{self, KeyCheck};
-use crate::db::{Database, StorageError};
+use crate::db::Database;
 pub use crate::endpoint::Endpoint;
 use crate::http::{response, Head};
 use crate::metrics::Metrics;
@@ -178,8 +178,9 @@ impl App {
         self.batches.end_turn();
     }
 
-    /// Syncs this tick's writes (see `Database::commit`).
-    pub fn commit(&mut self) -> Result<(), StorageError> {
+    /// Syncs this tick's writes (see `Database::commit`); a failure is the
+    /// error the writes of the tick are answered with instead.
+    pub fn commit(&mut self) -> Result<(), ApiError> {
         let records = self.db.uncommitted();
         if records == 0 {
             return Ok(());
@@ -193,7 +194,7 @@ impl App {
             let (us, s) = (elapsed.as_micros(), if records == 1 { "" } else { "s" });
             crate::log::debug(format_args!("commit: {records} log record{s} {outcome} in {us} µs"));
         }
-        result
+        result.map_err(ApiError::Storage)
     }
 
     pub fn maintain(&mut self) {
