@@ -183,24 +183,37 @@ fn share_in(farthest: &AtomicU32, top: &TopK) {
     }
 }
 
-/// Runs `work` on `top`, and on each of `partials`' first `TopK` (reset to
-/// `k`) on a thread of its own, each with its part's number and how many
-/// parts there are.
-fn in_parts(top: &mut TopK, partials: &mut [Vec<TopK>], k: usize, work: impl Fn(&mut TopK, usize, usize) + Sync) {
+/// Runs `work` on `tops`, and on the first `tops.len()` tops of each of
+/// `partials` (`reset` first) on a thread of its own, each with its part's
+/// number and how many parts there are: the one way a scan goes onto
+/// threads.
+fn on_threads(
+    tops: &mut [TopK],
+    partials: &mut [Vec<TopK>],
+    reset: impl Fn(&mut [TopK]) + Sync,
+    work: impl Fn(&mut [TopK], usize, usize) + Sync,
+) {
     let parts = partials.len() + 1;
     if parts == 1 {
         // No scope to set up (it would allocate).
-        return work(top, 0, 1);
+        return work(tops, 0, 1);
     }
-    let work = &work;
+    let (work, queries) = (&work, tops.len());
     std::thread::scope(|scope| {
         for (part, partial) in partials.iter_mut().enumerate() {
-            let own = &mut partial[0];
-            own.reset(k);
+            let own = &mut partial[..queries];
+            reset(own);
             scope.spawn(move || work(own, part + 1, parts));
         }
-        work(top, 0, parts);
+        work(tops, 0, parts);
     });
+}
+
+/// `on_threads` for a lone search: `work` on `top`, and on each of
+/// `partials`' first `TopK`, reset to `k`.
+fn in_parts(top: &mut TopK, partials: &mut [Vec<TopK>], k: usize, work: impl Fn(&mut TopK, usize, usize) + Sync) {
+    let reset = |own: &mut [TopK]| own[0].reset(k);
+    on_threads(std::slice::from_mut(top), partials, reset, |tops, part, parts| work(&mut tops[0], part, parts));
 }
 
 /// Offers what each of `partials`' first `TopK` kept (`in_parts`) to `top`.
@@ -637,19 +650,7 @@ impl Index {
                 }
             }
         };
-        if partials.is_empty() {
-            // One thread: no scope to set up (it would allocate).
-            scan(tops);
-            return first_pass();
-        }
-        std::thread::scope(|scope| {
-            for partial in partials.iter_mut() {
-                let partial = &mut partial[..queries.len()];
-                reset(partial);
-                scope.spawn(|| scan(partial));
-            }
-            scan(tops);
-        });
+        on_threads(tops, partials, reset, |tops, _, _| scan(tops));
         for partial in partials {
             for (top, partial) in tops.iter_mut().zip(partial.iter_mut()) {
                 for &candidate in partial.sorted() {
