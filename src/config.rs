@@ -147,6 +147,11 @@ pub struct Config {
     #[arg(long)]
     pub no_int8_pass: bool,
 
+    /// Threads that scan a large index, the loop's own among them: a pool started
+    /// once (a scan uses at most 8). Default: this machine's cores.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256).map(usize::from))]
+    pub scan_threads: Option<usize>,
+
     /// How much to log.
     #[arg(long, value_enum, default_value_t = crate::log::Level::Info)]
     pub log_level: crate::log::Level,

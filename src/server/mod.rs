@@ -34,7 +34,22 @@ const SIGNALS: Token = Token(1);
 const _: () = assert!(LISTENER.0 < FIRST_CONNECTION && SIGNALS.0 < FIRST_CONNECTION);
 
 /// Starts the server and runs it until SIGTERM or SIGINT.
+///
+/// The loop runs on a thread of the scan pool (`--scan-threads`), made
+/// here once: a large scan offers its parts to the pool's other threads,
+/// and none is started per search (`store::index::scan`).
 pub fn run(config: Config) -> io::Result<()> {
+    let threads = config.scan_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|n| format!("quiver-{n}"))
+        .build()
+        .map_err(|e| io::Error::other(format!("cannot start the scan threads: {e}")))?;
+    pool.install(|| serve(config))
+}
+
+/// `run`, on a thread of the scan pool.
+fn serve(config: Config) -> io::Result<()> {
     let started = Instant::now();
     // The port first, then the lock and recovery (which create the data
     // directory), then the key file: a second process, on the same port or
@@ -55,7 +70,8 @@ pub fn run(config: Config) -> io::Result<()> {
     if config.unsafe_no_sync {
         log::warn(format_args!("--unsafe-no-sync: answered writes are not synced and can be lost on power failure"));
     }
-    log::info(format_args!("scanning with {}", paths.describe()));
+    let threads = rayon::current_num_threads();
+    log::info(format_args!("scanning with {}, {threads} threads", paths.describe()));
     let database = Database::open(&options).map_err(io::Error::other)?;
     let (api_key, key_source) = auth::load_or_create(&config.data_dir, config.api_key.as_deref())?;
     raise_descriptor_limit(config.connections_max);

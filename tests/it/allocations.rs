@@ -44,55 +44,74 @@ fn allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
 }
 
-#[test]
-fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
-    let dir = tempfile::tempdir().unwrap();
-    let app = app_in(dir.path());
+/// A real connection over a loopback socket to an `App`, driven in-process
+/// by the server's own turn of the loop.
+struct Exchange {
+    poll: mio::Poll,
+    events: mio::Events,
+    clients: Clients,
+    client: std::net::TcpStream,
+}
 
-    let mut poll = mio::Poll::new().unwrap();
-    let mut events = mio::Events::with_capacity(64);
-    let limits = ConnectionLimits {
-        framing: FramingLimits {
-            head_bytes_max: 16384,
-            headers_max: 64,
-            body_bytes_max: 1 << 20,
-            chunks_max: 1024,
-            chunk_bytes_max: 1 << 20,
-        },
-        requests_per_tick_max: 32,
-    };
-    let mut clients = Clients::new(&poll, app, limits, 4).unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-    client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let (server_side, peer) = listener.accept().unwrap();
-    server_side.set_nonblocking(true).unwrap();
-    clients.add(mio::net::TcpStream::from_std(server_side), peer, Instant::now()).unwrap();
+impl Exchange {
+    fn new(app: quiver::api::App) -> Exchange {
+        let poll = mio::Poll::new().unwrap();
+        let limits = ConnectionLimits {
+            framing: FramingLimits {
+                head_bytes_max: 16384,
+                headers_max: 64,
+                body_bytes_max: 1 << 20,
+                chunks_max: 1024,
+                chunk_bytes_max: 1 << 20,
+            },
+            requests_per_tick_max: 32,
+        };
+        let mut clients = Clients::new(&poll, app, limits, 4).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (server_side, peer) = listener.accept().unwrap();
+        server_side.set_nonblocking(true).unwrap();
+        clients.add(mio::net::TcpStream::from_std(server_side), peer, Instant::now()).unwrap();
+        Exchange { poll, events: mio::Events::with_capacity(64), clients, client }
+    }
 
-    // One request through the connection: send, then poll and run turns as
-    // the server does until the connection has been serviced; read the answer.
-    let mut exchange = |bytes: &[u8]| -> u64 {
-        client.write_all(bytes).unwrap();
+    /// Whether the first bytes of an answer wait to be read.
+    fn answer_arrived(&mut self) -> bool {
+        self.client.set_nonblocking(true).unwrap();
+        let arrived = self.client.peek(&mut [0u8; 1]).is_ok_and(|n| n > 0);
+        self.client.set_nonblocking(false).unwrap();
+        arrived
+    }
+
+    /// One request through the connection: send, then poll and run turns
+    /// as the server does until the connection has been serviced; read the
+    /// answer (which must be a 200). Returns what the turns allocated.
+    fn call(&mut self, bytes: &[u8]) -> u64 {
+        self.client.write_all(bytes).unwrap();
         let before = allocations();
-        let mut wait = Duration::from_secs(10);
-        loop {
-            poll.poll(&mut events, Some(wait)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // Until the answer is on its way: a large body arrives over several turns.
+        while self.clients.has_work() || !self.answer_arrived() {
+            assert!(
+                Instant::now() < deadline,
+                "no answer to {}",
+                String::from_utf8_lossy(&bytes[..80.min(bytes.len())])
+            );
+            let wait = if self.clients.has_work() { Duration::ZERO } else { Duration::from_millis(10) };
+            self.poll.poll(&mut self.events, Some(wait)).unwrap();
             let now = Instant::now();
-            clients.take_events(&events);
-            clients.turn(&mut poll, &mut events, now);
-            if !clients.has_work() {
-                break;
-            }
-            wait = Duration::ZERO;
+            self.clients.take_events(&self.events);
+            self.clients.turn(&mut self.poll, &mut self.events, now);
         }
         let allocated = allocations() - before;
         let mut head = [0u8; 12];
-        client.read_exact(&mut head).unwrap();
+        self.client.read_exact(&mut head).unwrap();
         assert_eq!(&head[9..12], b"200", "{}", String::from_utf8_lossy(bytes));
         let mut rest = vec![0u8; 1 << 16];
         let mut got = Vec::new();
         loop {
-            let n = client.read(&mut rest).unwrap();
+            let n = self.client.read(&mut rest).unwrap();
             got.extend_from_slice(&rest[..n]);
             let text = String::from_utf8_lossy(&got);
             if let Some((head, body)) = text.split_once("\r\n\r\n") {
@@ -104,7 +123,14 @@ fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
             }
         }
         allocated
-    };
+    }
+}
+
+#[test]
+fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut exchange = Exchange::new(app_in(dir.path()));
+    let mut exchange = |bytes: &[u8]| exchange.call(bytes);
 
     let auth = [("X-Service-API-Key", KEY)];
     let create =
@@ -147,4 +173,35 @@ fn health_search_and_retrieve_allocate_nothing_in_steady_state() {
         let allocated: u64 = (0..20).map(|_| exchange(request)).sum();
         assert_eq!(allocated, 0, "{name} allocated {allocated} times in 20 requests");
     }
+}
+
+/// A search large enough to be split across the scan threads starts no
+/// thread: its parts go to the pool the loop runs in, and the loop's thread
+/// allocates nothing for them (starting a thread would).
+#[test]
+fn a_search_split_across_threads_allocates_nothing() {
+    const DIMS: usize = 1024;
+    const ROWS: usize = 8_400;
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    pool.install(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut exchange = Exchange::new(app_in(dir.path()));
+        let auth = [("X-Service-API-Key", KEY)];
+        let create = format!(r#"{{"dimensions":{DIMS},"metric":"l2"}}"#);
+        exchange.call(&request_bytes("PUT", "/api/v1/indexes/wide/create", &auth, Some(&create)));
+        for first in (0..ROWS).step_by(100) {
+            let items: Vec<String> = (first..first + 100)
+                .map(|id| format!(r#"{{"id":{id},"data":[{}]}}"#, vec![format!("{}", id % 97); DIMS].join(",")))
+                .collect();
+            let body = format!(r#"{{"embeddings":[{}]}}"#, items.join(","));
+            exchange.call(&request_bytes("PUT", "/api/v1/embeddings/wide/insert", &auth, Some(&body)));
+        }
+        let query = format!(r#"{{"queryVector":[{}],"k":10}}"#, vec!["3.5"; DIMS].join(","));
+        let search = request_bytes("POST", "/api/v1/embeddings/wide/search", &auth, Some(&query));
+        for _ in 0..3 {
+            exchange.call(&search);
+        }
+        let allocated: u64 = (0..20).map(|_| exchange.call(&search)).sum();
+        assert_eq!(allocated, 0, "a split search allocated {allocated} times in 20 requests");
+    });
 }

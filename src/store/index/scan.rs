@@ -184,9 +184,16 @@ fn share_in(farthest: &AtomicU32, top: &TopK) {
 }
 
 /// Runs `work` on `tops`, and on the first `tops.len()` tops of each of
-/// `partials` (`reset` first) on a thread of its own, each with its part's
-/// number and how many parts there are: the one way a scan goes onto
-/// threads.
+/// `partials` (`reset` first), each with its part's number and how many
+/// parts there are: the one way a scan goes onto threads.
+///
+/// The parts are offered to the threads of rayon's pool, which live as
+/// long as the process (`server::run` makes the pool and runs the loop on
+/// one of its threads): no thread is started per search, and nothing is
+/// allocated (`rayon::join` keeps its jobs on the stack). A part no other
+/// thread takes in time runs on the calling thread after its own: the
+/// scans share their rows through counters, so a part that starts late
+/// finds fewer rows left, and the answer is the same.
 fn on_threads(
     tops: &mut [TopK],
     partials: &mut [Vec<TopK>],
@@ -195,18 +202,37 @@ fn on_threads(
 ) {
     let parts = partials.len() + 1;
     if parts == 1 {
-        // No scope to set up (it would allocate).
         return work(tops, 0, 1);
     }
-    let (work, queries) = (&work, tops.len());
-    std::thread::scope(|scope| {
-        for (part, partial) in partials.iter_mut().enumerate() {
+    let queries = tops.len();
+    let (work, reset) = (&work, &reset);
+    rayon::join(|| work(tops, 0, parts), || on_pool(partials, 1, (parts, queries), reset, work));
+}
+
+/// `on_threads`' parts `first..` on `partials`, halved until each is one.
+fn on_pool(
+    partials: &mut [Vec<TopK>],
+    first: usize,
+    (parts, queries): (usize, usize),
+    reset: &(impl Fn(&mut [TopK]) + Sync),
+    work: &(impl Fn(&mut [TopK], usize, usize) + Sync),
+) {
+    match partials {
+        [] => {}
+        [partial] => {
             let own = &mut partial[..queries];
             reset(own);
-            scope.spawn(move || work(own, part + 1, parts));
+            work(own, first, parts);
         }
-        work(tops, 0, parts);
-    });
+        _ => {
+            let (low, high) = partials.split_at_mut(partials.len() / 2);
+            let middle = first + low.len();
+            rayon::join(
+                || on_pool(low, first, (parts, queries), reset, work),
+                || on_pool(high, middle, (parts, queries), reset, work),
+            );
+        }
+    }
 }
 
 /// `on_threads` for a lone search: `work` on `top`, and on each of
@@ -376,8 +402,10 @@ const EXACT_SCAN_SHARE: usize = 4;
 const THIRD_STEP_SPLIT_MIN: usize = 64;
 
 impl Default for Scanner {
+    /// As many parts as the pool it runs in has threads (`on_threads`), at
+    /// most `SCAN_THREADS_MAX`.
     fn default() -> Scanner {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(SCAN_THREADS_MAX);
+        let threads = rayon::current_num_threads().min(SCAN_THREADS_MAX);
         Scanner::with_threads(threads)
     }
 }
