@@ -866,30 +866,36 @@ impl FilterReader<'_, '_> {
 /// mistakes get words of their own, where the parser's would mislead: a
 /// `NaN` or infinity written as if it were a number, and text after a
 /// complete value (the parser blames the value's last bracket). Either
-/// is told from where the parser stopped: a word where a value starts,
-/// or a closing bracket that ends the outermost value and follows a value
-/// (not a `:` or `,`: `{"a":}` stops there too). `structurals` are the
-/// parser's marks of where each token starts; strings unescaped in place
-/// keep those bytes (see `reread_numbers`), and a mark past `at` is never
-/// read.
+/// is told from where the parser stopped, and only for the errors it
+/// stops there with (inside a string it counts from the string, not the
+/// body): a word where a value starts, or a closing bracket that closes
+/// the outermost value, matching its opening, after a value (not a `:`
+/// or `,`: `{"a":}` stops there too). `structurals` are the parser's marks
+/// of where each token starts; strings unescaped in place keep those
+/// bytes (see `reread_numbers`), and a mark past `at` is never read.
 fn not_json(body: &[u8], structurals: &[u32], error: &simd_json::Error) -> String {
+    use simd_json::ErrorType;
     let at = error.index();
     let rest = body.get(at..).unwrap_or_default();
+    let where_a_value_starts =
+        matches!(error.error(), ErrorType::InternalError | ErrorType::InvalidNumber | ErrorType::ExpectedNull);
     // The parser stops at the `I` of `-Infinity`, at the `N` of `NaN`.
     let word = rest.strip_prefix(b"-").unwrap_or(rest);
-    if [b"nan", b"inf"].iter().any(|start| word.len() >= 3 && word[..3].eq_ignore_ascii_case(*start)) {
+    let not_a_number = [b"nan", b"inf"].iter().any(|start| word.len() >= 3 && word[..3].eq_ignore_ascii_case(*start));
+    if where_a_value_starts && not_a_number {
         let start = if at > 0 && body[at - 1] == b'-' { at - 1 } else { at };
         let len = body[start..].iter().take(16).take_while(|b| b.is_ascii_alphanumeric() || **b == b'-').count();
         let text = String::from_utf8_lossy(&body[start..start + len]);
-        return format!("body: {text} is not a JSON number (at character {start}); JSON has no NaN or infinity");
+        return format!("body: {text} is not a JSON number (at byte {start}); JSON has no NaN or infinity");
     }
-    if matches!(rest.first(), Some(b'}' | b']')) {
+    if matches!(error.error(), ErrorType::InternalError) && matches!(rest.first(), Some(b'}' | b']')) {
+        let (mut open, mut before, mut matched) = (Vec::new(), None, true);
         let marks = structurals.iter().map(|&mark| mark as usize).take_while(|&mark| mark <= at);
-        let (mut depth, mut before) = (0i64, None);
         for mark in marks.filter(|&mark| mark < body.len()) {
             match body[mark] {
-                b'{' | b'[' => depth += 1,
-                b'}' | b']' => depth -= 1,
+                byte @ (b'{' | b'[') => open.push(byte),
+                b'}' => matched &= open.pop() == Some(b'{'),
+                b']' => matched &= open.pop() == Some(b'['),
                 _ => {}
             }
             if mark < at {
@@ -897,11 +903,9 @@ fn not_json(body: &[u8], structurals: &[u32], error: &simd_json::Error) -> Strin
             }
         }
         let after = rest[1..].iter().position(|b| !b.is_ascii_whitespace());
-        if let (0, Some(after)) = (depth, after) {
-            if !matches!(before, Some(b':' | b',')) {
-                let at = at + 1 + after;
-                return format!("body: unexpected text at character {at}, after the end of the JSON value");
-            }
+        if let (true, true, Some(after)) = (matched && open.is_empty(), !matches!(before, Some(b':' | b',')), after) {
+            let at = at + 1 + after;
+            return format!("body: unexpected text at byte {at}, after the end of the JSON value");
         }
     }
     format!("body: invalid JSON ({error})")
@@ -1252,11 +1256,11 @@ mod tests {
         let mut search =
             |text: &str| detail(decoder.search(&mut text.as_bytes().to_vec(), 10, BodyLimits::DEFAULT, &mut query));
         let nan = r#"{"k": 1, "queryVector": [1, 2, NaN]}"#;
-        assert_eq!(search(nan), "body: NaN is not a JSON number (at character 31); JSON has no NaN or infinity");
+        assert_eq!(search(nan), "body: NaN is not a JSON number (at byte 31); JSON has no NaN or infinity");
         assert!(search(r#"{"k":1,"queryVector":[Infinity]}"#).starts_with("body: Infinity is not a JSON number"));
         assert!(search(r#"{"k":1,"queryVector":[-Infinity]}"#).starts_with("body: -Infinity is not a JSON number"));
         assert!(search(r#"{"k":1,"queryVector":[1,nan]}"#).starts_with("body: nan is not a JSON number"));
-        let after = "body: unexpected text at character";
+        let after = "body: unexpected text at byte";
         assert_eq!(search(r#"{"k":1,"queryVector":[1]} x"#), format!("{after} 26, after the end of the JSON value"));
         assert_eq!(search(r#"{"k":1,"queryVector":[1]}}"#), format!("{after} 25, after the end of the JSON value"));
         assert_eq!(
@@ -1268,5 +1272,10 @@ mod tests {
         assert!(search(r#"{"k":1,"queryVector":} x"#).starts_with("body: invalid JSON"));
         assert!(search(r#"{"k":1,"queryVector":[1,]} x"#).starts_with("body: invalid JSON"));
         assert!(search(r#"{"k":1,"queryVector":[1]"#).starts_with("body: invalid JSON"));
+        // Brackets that do not match end no value.
+        assert!(search(r#"{"k":1,"queryVector":[1]]} x"#).starts_with("body: invalid JSON"));
+        assert!(search(r#"{"a":1]}"#).starts_with("body: invalid JSON"), "{}", search(r#"{"a":1]}"#));
+        // Inside a string the parser counts from the string: no words of ours.
+        assert!(search(r#"{"k":1,"queryVector":[1],"filter":{"a":"\q NaN"}}"#).starts_with("body: invalid JSON"));
     }
 }

@@ -327,7 +327,7 @@ fn cases() -> Vec<Case> {
             Some(r#"{"queryVector":[NaN,1,2],"k":1}"#),
             400,
             BAD,
-            "body: NaN is not a JSON number (at character 16)",
+            "body: NaN is not a JSON number (at byte 16)",
         ),
         api(
             "Infinity",
@@ -336,7 +336,7 @@ fn cases() -> Vec<Case> {
             Some(r#"{"queryVector":[Infinity,1,2],"k":1}"#),
             400,
             BAD,
-            "body: Infinity is not a JSON number (at character 16)",
+            "body: Infinity is not a JSON number (at byte 16)",
         ),
         api(
             "float overflowing f64",
@@ -380,7 +380,7 @@ fn cases() -> Vec<Case> {
             Some(r#"{"ids":[1]} {"ids":[2]}"#),
             400,
             BAD,
-            "body: unexpected text at character 12, after the end of the JSON value",
+            "body: unexpected text at byte 12, after the end of the JSON value",
         ),
         api(
             "unknown field",

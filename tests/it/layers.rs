@@ -56,6 +56,12 @@ impl Names<'_> {
         let mut module = match segments.first().map(String::as_str) {
             Some("crate") => Vec::new(),
             Some("self" | "super") => self.here.clone(),
+            // A child module named bare, as its parent names it (`use batch::Batches`).
+            Some(first) if self.modules.contains_key(&[&self.here[..], &[first.to_owned()]].concat()) => {
+                let mut child = self.here.clone();
+                child.extend(segments.iter().cloned());
+                return self.resolve(child);
+            }
             _ => return,
         };
         let mut rest = &segments[1..];
@@ -66,9 +72,12 @@ impl Names<'_> {
                 rest = &rest[1..];
             }
         }
-        for segment in rest {
-            module.push(segment.clone());
-        }
+        module.extend(rest.iter().cloned());
+        self.resolve(module);
+    }
+
+    /// Notes the longest prefix of `module` that is a module with a file.
+    fn resolve(&mut self, mut module: Module) {
         while !module.is_empty() && !self.modules.contains_key(&module) {
             module.pop();
         }
@@ -189,6 +198,8 @@ fn no_file_depends_on_itself_through_others() {
     assert!(graph[&named("api::embeddings")].contains(&named("store")), "{graph:?}");
     assert!(graph[&named("store::codes::floors")].contains(&named("store::codes::ratios")), "{graph:?}");
     assert!(graph[&named("store::index::scan")].contains(&named("store::cpu")), "{graph:?}");
+    // A child named bare by its parent (`use batch::Batches` in `api`).
+    assert!(graph[&named("api")].contains(&named("api::batch")), "{graph:?}");
     assert_eq!(circle(&graph), None);
 
     // A planted circle is found: between two top-level modules, and

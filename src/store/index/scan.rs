@@ -16,8 +16,9 @@ use crate::store::kernels::{self, distances};
 use crate::store::screen::{self, Screen};
 use crate::store::topk::{Candidate, TopK};
 
-/// Below this many floats per thread, one thread scans alone: starting a
-/// thread costs more than it would save (4 Mi floats is 16 MiB, a few ms).
+/// Below this many floats per thread, one thread scans alone: handing a
+/// part to another thread (waking it, and merging its top) costs more than
+/// it would save (4 Mi floats is 16 MiB, a few ms).
 const PARALLEL_SCAN_FLOATS_MIN: usize = 4 << 20;
 
 /// How far ahead of the tile of rows being scored `search_many` asks for
@@ -808,7 +809,8 @@ impl Index {
             }
             rescored.fetch_add(scored, Ordering::Relaxed);
         };
-        // A thread's start costs about as much as scoring a few dozen rows.
+        // Handing a part to another thread costs about as much as scoring a
+        // few dozen rows.
         let helpers = if left.len() < THIRD_STEP_SPLIT_MIN { &mut [][..] } else { &mut *partials };
         in_parts(top, helpers, k, third);
         merge_partials(top, helpers);
