@@ -47,12 +47,11 @@ pub struct Connection {
     peer: SocketAddr,
     read: ReadBuf,
     parser: Parser,
-    /// Replies not yet sent. Invariant: `written <= sync_mark offset (if any) <= write.len()`.
+    /// Replies not yet sent. Invariant: `written <= sync_mark's reply_at (if any) <= write.len()`.
     write: Vec<u8>,
     written: usize,
-    /// Where the answer to a write starts that may not leave before the log
-    /// is synced, and whether that request kept the connection alive.
-    sync_mark: Option<(usize, bool)>,
+    /// The answer to a write, which may not leave before the log is synced.
+    sync_mark: Option<Held>,
     /// The verdict on the current request, taken when its head arrived.
     admitted: Option<Result<Target, ApiError>>,
     requests_per_tick_max: usize,
@@ -230,12 +229,13 @@ impl Connection {
             // Counted when it is answered.
             Handled::Parked => self.parked_body_bytes = body_bytes,
             Handled::Answered(status) => {
-                self.record(app, route, status, started, (body_bytes, reply_bytes));
+                self.record(app, route, status, started.elapsed(), (body_bytes, reply_bytes));
             }
+            // Counted when its status is final, after the sync.
             Handled::Mutated(status) => {
-                self.record(app, route, status, started, (body_bytes, reply_bytes));
                 debug_assert!(self.sync_mark.is_none());
-                self.sync_mark = Some((reply_at, keep_alive));
+                let elapsed = started.elapsed();
+                self.sync_mark = Some(Held { reply_at, keep_alive, route, status, elapsed, body_bytes });
             }
         }
         self.parser.finish(&mut self.read);
@@ -254,15 +254,15 @@ impl Connection {
         let reply_at = self.write.len();
         if let Some((status, started)) = app.answer_parked(&mut self.seat, &mut self.write) {
             let bytes = (self.parked_body_bytes, self.write.len() - reply_at);
-            self.record(app, Some(Endpoint::Search), status, started, bytes);
+            self.record(app, Some(Endpoint::Search), status, started.elapsed(), bytes);
         }
     }
 
     /// Counts an answered request and, at debug level, logs it: the
     /// client, the request line, the status, body bytes in and reply bytes
-    /// out, and the time from its body's arrival to its answer.
-    fn record(&self, app: &mut App, route: Option<Endpoint>, status: u16, started: Instant, bytes: (usize, usize)) {
-        let elapsed = started.elapsed();
+    /// out, and the time from its body's arrival to its answer (a write's
+    /// sync not included: the log's commit line times it).
+    fn record(&self, app: &mut App, route: Option<Endpoint>, status: u16, elapsed: Duration, bytes: (usize, usize)) {
         app.metrics().observe_request(route, status, elapsed);
         if log::enabled(log::Level::Debug) {
             let head = &self.parser.head;
@@ -286,14 +286,19 @@ impl Connection {
     }
 
     /// After the tick's sync: the held answer may go, or, if the sync
-    /// failed, is replaced by the storage error (its write was undone).
-    pub fn settle(&mut self, synced: &Result<(), ApiError>) {
-        let Some((reply_at, keep_alive)) = self.sync_mark.take() else { return };
+    /// failed, is replaced by the storage error (its write was undone);
+    /// either is counted then, with the status the client gets.
+    pub fn settle(&mut self, app: &mut App, synced: &Result<(), ApiError>) {
+        let Some(Held { reply_at, keep_alive, route, mut status, elapsed, body_bytes }) = self.sync_mark.take() else {
+            return;
+        };
         if let Err(error) = synced {
             debug_assert!(self.written <= reply_at);
             self.write.truncate(reply_at);
-            error.write(&mut self.write, keep_alive);
+            status = error.write(&mut self.write, keep_alive);
         }
+        let reply_bytes = self.write.len() - reply_at;
+        self.record(app, route, status, elapsed, (body_bytes, reply_bytes));
     }
 
     /// Answers with an error that ends the connection. Those that mean a
@@ -357,7 +362,7 @@ impl Connection {
     /// held for the log's sync, and what follows it, stays; so does the
     /// connection while a parked search of it has yet to be answered.
     pub fn flush(&mut self, now: Instant) -> Flushed {
-        let sendable = self.sync_mark.map_or(self.write.len(), |(reply_at, _)| reply_at);
+        let sendable = self.sync_mark.map_or(self.write.len(), |held| held.reply_at);
         while self.written < sendable {
             match self.socket.write(&self.write[self.written..sendable]) {
                 Ok(0) => return Flushed::Close,
@@ -440,6 +445,19 @@ impl Connection {
         }
         Timeout::None
     }
+}
+
+/// A write's answer, held in `write` until the log is synced: where it
+/// starts, whether its request kept the connection alive, and what is
+/// counted and logged of it once its status is final (`settle`).
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    reply_at: usize,
+    keep_alive: bool,
+    route: Option<Endpoint>,
+    status: u16,
+    elapsed: Duration,
+    body_bytes: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

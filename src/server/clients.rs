@@ -153,7 +153,7 @@ impl Clients {
             let key = self.to_flush[i];
             if let Some(connection) = self.connections.get_mut(key) {
                 if connection.awaits_sync() {
-                    connection.settle(&synced);
+                    connection.settle(&mut self.app, &synced);
                     self.flush(key, now);
                 }
             }

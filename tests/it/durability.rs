@@ -433,6 +433,9 @@ fn a_failed_sync_answers_500_applies_nothing_and_turns_read_only() {
     r.check_envelope();
     assert_eq!((r.status, r.code()), (500, "STORAGE_ERROR"), "{r:?}");
     assert!(r.body["error"]["description"].as_str().unwrap().contains("injected sync failure"));
+    // Counted with the status the client got, not the one before the sync.
+    assert_eq!(server.metric("quiver_requests_total{route=\"upsert\",status=\"500\"}"), 1.0);
+    assert_eq!(server.metric("quiver_requests_total{route=\"upsert\",status=\"200\"}"), 0.0);
     // Not applied: id 1 keeps its old vector, id 2 does not exist.
     let state = retrieve_all(&mut server.connect(), "fragile", [1, 2]);
     assert_eq!(state.keys().copied().collect::<Vec<_>>(), vec![1]);
