@@ -148,12 +148,7 @@ impl Metrics {
 
     /// What searches read, and how many ran together (`Scanner::take_work`).
     pub fn add_search_work(&mut self, work: Work) {
-        let total = &mut self.search_work;
-        total.first_pass += work.first_pass;
-        total.code_bytes += work.code_bytes;
-        total.vector_bytes += work.vector_bytes;
-        total.batches += work.batches;
-        total.batched_searches += work.batched_searches;
+        self.search_work += work;
     }
 
     /// A turn that waited `waited` for more searches to join its batch.

@@ -125,6 +125,16 @@ pub struct Work {
     pub batched_searches: u64,
 }
 
+impl std::ops::AddAssign for Work {
+    fn add_assign(&mut self, other: Work) {
+        self.first_pass += other.first_pass;
+        self.code_bytes += other.code_bytes;
+        self.vector_bytes += other.vector_bytes;
+        self.batches += other.batches;
+        self.batched_searches += other.batched_searches;
+    }
+}
+
 impl std::ops::AddAssign for FirstPass {
     fn add_assign(&mut self, other: FirstPass) {
         self.rows += other.rows;
