@@ -51,7 +51,7 @@ fn ours(index: &Index, queries: &[Vec<f32>]) -> (f64, f64, f64) {
     for _ in 0..3 {
         for query in queries {
             let started = Instant::now();
-            scanner.search(index, &[query], &[K], std::slice::from_mut(&mut top), None);
+            scanner.search(index.view(), &[query], &[K], std::slice::from_mut(&mut top), None);
             with.push(started.elapsed().as_secs_f64() * 1000.0);
             let started = Instant::now();
             index.search_f32(query, K, &mut top);

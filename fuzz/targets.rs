@@ -547,7 +547,13 @@ pub fn store_ops(input: &[u8]) {
                 let filter = if choices.below(2) == 0 { None } else { Some(filter_from(&mut choices, 0)) };
                 let mask = filter.as_ref().and_then(|filter| store.index_mut(name).unwrap().matching(filter));
                 let index: &Index = store.index(name).unwrap();
-                Scanner::with_threads(1).search(index, &[&query], &[k], std::slice::from_mut(&mut top), mask.as_ref());
+                Scanner::with_threads(1).search(
+                    index.view(),
+                    &[&query],
+                    &[k],
+                    std::slice::from_mut(&mut top),
+                    mask.as_ref(),
+                );
                 let got: Vec<(i64, u32)> = top.sorted().iter().map(|c| (c.id, c.distance.to_bits())).collect();
                 let mut want: Vec<(f32, i64)> = entry
                     .rows

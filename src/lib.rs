@@ -29,7 +29,7 @@
 //! - [`db`]: the durable store: apply, log, commit or undo, recovery; snapshots
 //!   in `db::snapshots`.
 //! - [`store`]: indexes (rows in `index`, scans and their threads in
-//!   `index::scan`), distance kernels (SIMD for each instruction set and a
+//!   `scan`), distance kernels (SIMD for each instruction set and a
 //!   scalar reference), the paths chosen for this CPU at start (`cpu`), the
 //!   int8 codes and first pass of lone searches (`codes`), the bfloat16
 //!   first pass of batched searches (`screen`), top-k.

@@ -200,7 +200,7 @@ impl Batches {
                 // Alone on its index: no batch to build.
                 let slot = &mut self.parked[first];
                 let top = std::slice::from_mut(&mut slot.top);
-                self.scanner.search(index, &[&slot.query], &[slot.ask.k], top, mask.as_ref());
+                self.scanner.search(index.view(), &[&slot.query], &[slot.ask.k], top, mask.as_ref());
                 slot.answer(index, reply_bytes_max);
                 continue;
             }
@@ -208,7 +208,7 @@ impl Batches {
             let mut tops: Vec<TopK> = group.iter().map(|&s| std::mem::take(&mut self.parked[s].top)).collect();
             let queries: Vec<&[f32]> = group.iter().map(|&s| self.parked[s].query.as_slice()).collect();
             let ks: Vec<usize> = group.iter().map(|&s| self.parked[s].ask.k).collect();
-            self.scanner.search(index, &queries, &ks, &mut tops, mask.as_ref());
+            self.scanner.search(index.view(), &queries, &ks, &mut tops, mask.as_ref());
             for (&s, top) in group.iter().zip(tops) {
                 self.parked[s].top = top;
                 self.parked[s].answer(index, reply_bytes_max);

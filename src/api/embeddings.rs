@@ -227,7 +227,7 @@ pub fn search_batch(
         let query_refs: Vec<&[f32]> = group.iter().map(|&s| &queries[searches[s].query.clone()]).collect();
         let ks: Vec<usize> = group.iter().map(|&s| asks[s].k).collect();
         let mut group_tops: Vec<TopK> = group.iter().map(|&s| std::mem::take(&mut tops[s])).collect();
-        scanner.search(index, &query_refs, &ks, &mut group_tops, mask.as_ref());
+        scanner.search(index.view(), &query_refs, &ks, &mut group_tops, mask.as_ref());
         for (&s, top) in group.iter().zip(group_tops) {
             tops[s] = top;
         }

@@ -15,7 +15,7 @@
 //! the build's baseline compiles them (SSE2 on any x86-64). Which one runs
 //! is chosen once per process, at start (`cpu`), not when the binary was
 //! built, and the entry points here (`dot`, `l2_squared`, and the scans of
-//! `index::scan`) call the kernels compiled for it.
+//! `scan`) call the kernels compiled for it.
 
 pub mod distances;
 

@@ -11,13 +11,16 @@ pub mod cpu;
 pub mod filter;
 pub mod index;
 pub mod kernels;
+pub mod metric;
+pub mod scan;
 pub mod screen;
 pub mod topk;
 
 use std::collections::BTreeMap;
 
 pub use filter::Filter;
-pub use index::{FirstPass, Index, Metric, MetricError, Power, Scanner, VectorError, Work};
+pub use index::{Index, Metric, MetricError, Power, VectorError};
+pub use scan::{FirstPass, Scanner, View, Work};
 
 /// Decoded embeddings of one request, in flat reusable buffers.
 ///

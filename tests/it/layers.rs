@@ -197,7 +197,7 @@ fn no_file_depends_on_itself_through_others() {
     // The parser found what the layering rests on.
     assert!(graph[&named("api::embeddings")].contains(&named("store")), "{graph:?}");
     assert!(graph[&named("store::codes::floors")].contains(&named("store::codes::ratios")), "{graph:?}");
-    assert!(graph[&named("store::index::scan")].contains(&named("store::cpu")), "{graph:?}");
+    assert!(graph[&named("store::scan::coded")].contains(&named("store::cpu")), "{graph:?}");
     // A child named bare by its parent (`use batch::Batches` in `api`).
     assert!(graph[&named("api")].contains(&named("api::batch")), "{graph:?}");
     assert_eq!(circle(&graph), None);

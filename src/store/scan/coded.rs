@@ -1,0 +1,491 @@
+//! The int8 first pass of a scan (`codes` for products, `codes::floors`
+//! for coordinate distances): each pair's bound from the codes, and the
+//! pairs the bounds cannot rule out scored exactly a few pairs later.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use roaring::RoaringBitmap;
+
+use super::threads::{share_in, threshold_of};
+use super::{FirstPass, View};
+use crate::store::codes::floors::{Floor, Grids};
+use crate::store::codes::{self, Codes, QueryCode};
+use crate::store::cpu;
+use crate::store::metric::Metric;
+use crate::store::topk::TopK;
+
+/// How far ahead of the rows being decided the int8 pass asks for codes.
+pub(super) const CODES_PREFETCH_ROWS: usize = 16;
+
+/// Pairs a first pass could not rule out wait this many more such pairs
+/// before they are scored (`Later`).
+pub(super) const RESCORE_LAG: usize = 8;
+
+/// What `scan_coded_for` scans: queries, their scales, their int8 pass, a
+/// mask if any, the rows and the queries' tops.
+pub(super) type CodedScan<'a, 'b> =
+    (&'a [&'a [f32]], &'a [f32], &'a Coded<'a>, Option<&'a RoaringBitmap>, Range<usize>, &'b mut [TopK]);
+
+/// The int8 first pass of a search or a batch: the kernel its codes are
+/// read with, the queries' side, and each query's farthest kept as the
+/// threads of a split scan share it.
+pub(super) struct Coded<'a> {
+    pub(super) kernel: cpu::Kernel,
+    pub(super) queries: CodedQueries<'a>,
+    pub(super) farthest: &'a [AtomicU32],
+}
+
+impl Coded<'_> {
+    /// The distance query `q`'s rows must beat to enter: the farthest its
+    /// `top` keeps, or any other thread's top for it, whichever is nearer
+    /// (infinite while none keeps k). A row farther than another thread's
+    /// farthest is farther than k rows that thread keeps, so it is not
+    /// among the k nearest either.
+    #[inline(always)]
+    fn threshold(&self, q: usize, top: &TopK) -> f32 {
+        threshold_of(&self.farthest[q], top)
+    }
+
+    /// Shares `top`'s farthest kept for query `q` (`share_in`).
+    #[inline(always)]
+    fn share(&self, q: usize, top: &TopK) {
+        share_in(&self.farthest[q], top);
+    }
+}
+
+/// The queries' side of an int8 first pass.
+pub(super) enum CodedQueries<'a> {
+    /// Cosine, ip, l2 (`codes`): each query's code, and the bounds of each
+    /// tile of `kernel.query_tile()` queries.
+    Products { codes: &'a [QueryCode], bounds: &'a [codes::Bounds] },
+    /// l1, linf, Bray-Curtis, lp (`codes::floors`): each query's codes.
+    Floors(&'a [Grids]),
+}
+
+/// Pairs (query, row) a first pass could not rule out, waiting to be
+/// scored exactly: each row's f32 values are asked for when it is queued,
+/// and scored only `RESCORE_LAG` such pairs later, so that they arrive
+/// while the pass goes on instead of stalling the scoring. The answer is
+/// the same in any order (`TopK` breaks ties by id); a threshold tightened
+/// a few pairs later only scores a few more.
+#[derive(Default)]
+pub(super) struct Later {
+    pub(super) pairs: [(usize, usize); RESCORE_LAG],
+    /// Pairs queued in all; the next goes to `pairs[queued % RESCORE_LAG]`.
+    pub(super) queued: usize,
+    /// Pairs scored or to be, for `FirstPass`.
+    pub(super) rescored: u64,
+    /// A lone search's farthest as the threads share it, when last read
+    /// (`lone_threshold`), and the tiles of rows since.
+    pub(super) lone_shared: f32,
+    pub(super) lone_tiles: u32,
+}
+
+/// A lone search reads the farthest the threads share once in this many
+/// tiles of rows, not once a tile: with the atomic load in every tile a
+/// search of 1,000,000 x 128 on one thread took 14% longer. A value read a
+/// while ago is a distance k rows were within then, so it still rules out
+/// only rows that cannot enter.
+pub(super) const SHARED_READ_TILES: u32 = 16;
+
+impl Later {
+    /// `Coded::threshold` for a lone search (query 0), the shared part read
+    /// afresh every `SHARED_READ_TILES` calls.
+    #[inline(always)]
+    fn lone_threshold(&mut self, coded: &Coded, top: &TopK) -> f32 {
+        // The first call reads it: `lone_tiles` starts at 0.
+        if self.lone_tiles.is_multiple_of(SHARED_READ_TILES) {
+            self.lone_shared = f32::from_bits(coded.farthest[0].load(Ordering::Relaxed));
+        }
+        self.lone_tiles = self.lone_tiles.wrapping_add(1);
+        let shared = self.lone_shared;
+        top.threshold().map_or(shared, |own| own.min(shared))
+    }
+
+    /// Queues `pair`; returns the pair queued `RESCORE_LAG` pairs before
+    /// it, if any, to be scored now.
+    #[inline(always)]
+    fn queue(&mut self, pair: (usize, usize)) -> Option<(usize, usize)> {
+        let slot = &mut self.pairs[self.queued % RESCORE_LAG];
+        let oldest = (self.queued >= RESCORE_LAG).then_some(*slot);
+        *slot = pair;
+        self.queued += 1;
+        oldest
+    }
+
+    /// The pairs still queued.
+    fn drain(&mut self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let waiting = self.queued.min(RESCORE_LAG);
+        (self.queued - waiting..self.queued).map(|n| self.pairs[n % RESCORE_LAG])
+    }
+}
+
+/// Which int8 first pass an index's searches take.
+#[derive(Clone, Copy)]
+pub(in crate::store) enum Bound {
+    Products(codes::Shape),
+    Floors(Floor),
+}
+
+impl Bound {
+    /// The first pass of `metric`'s searches, if a bound is proved for it.
+    pub(in crate::store) fn of(metric: Metric) -> Option<Bound> {
+        Some(match metric {
+            Metric::Cosine => Bound::Products(codes::Shape::Cosine),
+            Metric::Ip => Bound::Products(codes::Shape::Ip),
+            Metric::L2 => Bound::Products(codes::Shape::L2),
+            Metric::L1 => Bound::Floors(Floor::L1),
+            Metric::Linf => Bound::Floors(Floor::Linf),
+            Metric::BrayCurtis => Bound::Floors(Floor::BrayCurtis),
+            Metric::Lp(p) => Bound::Floors(Floor::lp(p.get())?),
+            Metric::Canberra => Bound::Floors(Floor::Canberra),
+            Metric::JensenShannon => Bound::Floors(Floor::JensenShannon),
+        })
+    }
+
+    /// The grid its codes are on.
+    pub(in crate::store) fn grid(self) -> codes::Grid {
+        match self {
+            Bound::Products(_) => codes::Grid::Fitted,
+            Bound::Floors(floor) => floor.grid(),
+        }
+    }
+}
+
+#[inline(always)]
+/// Each query's code for the int8 pass, and the bounds of each tile of
+/// the kernel's queries, from their `squared_norms` and `scales`.
+pub(super) fn code_queries(
+    (shape, kernel): (codes::Shape, cpu::Kernel),
+    queries: &[&[f32]],
+    squared_norms: &[f64],
+    scales: &[f32],
+) -> (Vec<QueryCode>, Vec<codes::Bounds>) {
+    let codes: Vec<QueryCode> = queries.iter().map(|query| QueryCode::of(query)).collect();
+    let tile = kernel.query_tile();
+    let bounds = (codes.chunks(tile).zip(squared_norms.chunks(tile)).zip(scales.chunks(tile)))
+        .map(|((codes, squared), scales)| codes::Bounds::new(shape, codes, squared, scales))
+        .collect();
+    (codes, bounds)
+}
+
+impl View<'_> {
+    /// `scan_coded` or `scan_coded_masked` compiled for the
+    /// instructions of `coded`'s kernel, so that what they inline (the
+    /// bounds' f64 arithmetic among it) uses them too, in a build for any
+    /// x86-64. The answers do not change: Rust neither fuses nor reorders
+    /// float operations, so wider vectors compute the same values.
+    pub(super) fn scan_coded_for(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        coded: &Coded,
+        mask: Option<&RoaringBitmap>,
+        rows: Range<usize>,
+        tops: &mut [TopK],
+    ) -> FirstPass {
+        let scan = (queries, scales, coded, mask, rows, tops);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a `Kernel` exists only where the CPU has its
+        // instructions (`Kernel::on_this_cpu`).
+        unsafe {
+            match coded.kernel.isa() {
+                cpu::Int8::Vnni512 => self.scan_coded_vnni512(scan),
+                cpu::Int8::Vnni256 => self.scan_coded_vnni256(scan),
+                cpu::Int8::Avx2 => self.scan_coded_avx2(scan),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        self.scan_coded_any(scan)
+    }
+
+    /// `scan_coded_any` compiled for `Kernel::Vnni512`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F, BW and VNNI.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn scan_coded_vnni512(&self, scan: CodedScan) -> FirstPass {
+        self.scan_coded_any(scan)
+    }
+
+    /// `scan_coded_any` compiled for `Kernel::Vnni256`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and AVX-VNNI.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,avxvnni")]
+    pub(super) unsafe fn scan_coded_vnni256(&self, scan: CodedScan) -> FirstPass {
+        self.scan_coded_any(scan)
+    }
+
+    /// `scan_coded_any` compiled for `Kernel::Avx2`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn scan_coded_avx2(&self, scan: CodedScan) -> FirstPass {
+        self.scan_coded_any(scan)
+    }
+
+    /// `scan_coded`, or `scan_coded_masked` under a mask.
+    #[inline(always)]
+    pub(super) fn scan_coded_any(&self, (queries, scales, coded, mask, rows, tops): CodedScan) -> FirstPass {
+        match mask {
+            Some(mask) => self.scan_coded_masked(queries, scales, coded, mask, rows, tops),
+            None => self.scan_coded(queries, scales, coded, rows, tops),
+        }
+    }
+
+    /// `rows` through the int8 pass (`codes`), for each query: the codes
+    /// of `ROWS` rows at a time give each pair an interval holding its exact
+    /// score, and only a pair whose interval can still beat the farthest
+    /// its query's top keeps is scored exactly, as the f32 scan scores it
+    /// (`scan_tile`), so the answer is the f32 scan's, bit for bit. A batch
+    /// takes its queries a tile at a time over each tile of rows, whose codes stay
+    /// in L1 meanwhile. Counts pairs: rows times queries.
+    #[inline(always)]
+    pub(super) fn scan_coded(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        coded: &Coded,
+        rows: Range<usize>,
+        tops: &mut [TopK],
+    ) -> FirstPass {
+        let codes = self.codes.expect("a coded scan is of an index with codes");
+        let mut later = Later::default();
+        let mut row = rows.start;
+        while row + codes::ROWS <= rows.end {
+            let ahead: [usize; codes::ROWS] = std::array::from_fn(|r| row + CODES_PREFETCH_ROWS + r);
+            self.coded_rows::<{ codes::ROWS }>(
+                queries,
+                scales,
+                coded,
+                (codes, std::array::from_fn(|r| row + r), &ahead),
+                tops,
+                &mut later,
+            );
+            row += codes::ROWS;
+        }
+        for row in row..rows.end {
+            self.coded_rows(queries, scales, coded, (codes, [row], &[]), tops, &mut later);
+        }
+        FirstPass {
+            rows: (rows.len() * queries.len()) as u64,
+            rescored: self.rescore_all((queries, scales), tops, coded, later),
+        }
+    }
+
+    /// `scan_coded` of the rows of `mask` within `rows`, taken `ROWS` at a
+    /// time wherever they are: a sparse mask costs what its rows cost, not
+    /// a call per run of consecutive rows.
+    #[inline(always)]
+    pub(super) fn scan_coded_masked(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        coded: &Coded,
+        mask: &RoaringBitmap,
+        rows: Range<usize>,
+        tops: &mut [TopK],
+    ) -> FirstPass {
+        const BLOCK: usize = 64;
+        let codes = self.codes.expect("a coded scan is of an index with codes");
+        let mut matching = mask.iter();
+        matching.advance_to(rows.start as u32);
+        let mut matching = matching.map(|row| row as usize).take_while(|&row| row < rows.end);
+        let (mut block, mut passed, mut later) = ([0usize; BLOCK], 0, Later::default());
+        loop {
+            let taken = block.iter_mut().zip(&mut matching).map(|(slot, row)| *slot = row).count();
+            let block = &block[..taken];
+            for &row in block.iter().take(CODES_PREFETCH_ROWS) {
+                codes.prefetch(row, 1);
+            }
+            let mut at = 0;
+            while at + codes::ROWS <= block.len() {
+                let ahead = block.get(at + CODES_PREFETCH_ROWS..).unwrap_or_default();
+                self.coded_rows::<{ codes::ROWS }>(
+                    queries,
+                    scales,
+                    coded,
+                    (codes, std::array::from_fn(|r| block[at + r]), &ahead[..ahead.len().min(codes::ROWS)]),
+                    tops,
+                    &mut later,
+                );
+                at += codes::ROWS;
+            }
+            for &row in &block[at..] {
+                self.coded_rows(queries, scales, coded, (codes, [row], &[]), tops, &mut later);
+            }
+            passed += block.len();
+            if block.len() < BLOCK {
+                break;
+            }
+        }
+        FirstPass {
+            rows: (passed * queries.len()) as u64,
+            rescored: self.rescore_all((queries, scales), tops, coded, later),
+        }
+    }
+
+    /// The int8 pass of `rows` (of `codes`) for every query: their integer
+    /// products, a tile of queries at a time (`Kernel::query_tile`), their
+    /// bounds against each query's farthest kept, and the pairs those cannot
+    /// rule out scored exactly (`later`). The codes of the rows
+    /// `ahead` are asked for meanwhile, one row per tile of queries (all at
+    /// once stalls on the lines in flight) and the rest after the last.
+    #[inline(always)]
+    pub(super) fn coded_rows<const R: usize>(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        coded: &Coded,
+        (codes, rows, ahead): (&Codes, [usize; R], &[usize]),
+        tops: &mut [TopK],
+        later: &mut Later,
+    ) {
+        let (query_codes, tile_bounds) = match coded.queries {
+            CodedQueries::Products { codes, bounds } => (codes, bounds),
+            CodedQueries::Floors(grids) => {
+                // One query at a time: each row may want another of the
+                // query's codes (one per scale).
+                for &row in ahead {
+                    codes.prefetch(row, 1);
+                }
+                for (q, grids) in grids.iter().enumerate() {
+                    let ruled = grids.rules_out(coded.kernel, codes, rows, coded.threshold(q, &tops[q]));
+                    self.rescore_later((queries, scales, q), rows, ruled, (tops, coded), later);
+                }
+                return;
+            }
+        };
+        let norms = rows.map(|row| self.norms[row]);
+        let row_scales = match self.metric {
+            Metric::Cosine => rows.map(|row| self.inverse_norms[row]),
+            _ => [1.0; R],
+        };
+        let rows = (codes, rows, norms, row_scales);
+        if let ([_], [bounds]) = (&*tops, tile_bounds) {
+            // A lone search takes its own straight path: inside the loop
+            // that serves every tile shape below, searches of 1,000 x 128
+            // took a third longer.
+            for &row in ahead {
+                codes.prefetch(row, 1);
+            }
+            let thresholds = [later.lone_threshold(coded, &tops[0])];
+            let [ruled] = self.coded_tile::<1, R>(query_codes, (coded.kernel, bounds), rows, thresholds);
+            self.rescore_later((queries, scales, 0), rows.1, ruled, (tops, coded), later);
+            return;
+        }
+        let tile = coded.kernel.query_tile();
+        let mut asked = 0;
+        for (at, bounds) in tile_bounds.iter().enumerate() {
+            if let Some(&row) = ahead.get(at) {
+                codes.prefetch(row, 1);
+                asked += 1;
+            }
+            let first = at * tile;
+            let (codes_of, in_tile) = (&query_codes[first..], tile.min(tops.len() - first));
+            let kernel = (coded.kernel, bounds);
+            // A loop, not `array::from_fn`: that was called out of line
+            // (leaving the kernel's instructions) once per tile, a tenth of
+            // a batch's time.
+            let mut t = [f32::INFINITY; codes::QUERIES_MAX];
+            for (q, t) in t.iter_mut().enumerate().take(in_tile) {
+                *t = coded.threshold(first + q, &tops[first + q]);
+            }
+            let mut ruled = [0u32; codes::QUERIES_MAX];
+            match in_tile {
+                4 => ruled[..4].copy_from_slice(&self.coded_tile::<4, R>(
+                    codes_of,
+                    kernel,
+                    rows,
+                    [t[0], t[1], t[2], t[3]],
+                )),
+                3 => ruled[..3].copy_from_slice(&self.coded_tile::<3, R>(codes_of, kernel, rows, [t[0], t[1], t[2]])),
+                2 => ruled[..2].copy_from_slice(&self.coded_tile::<2, R>(codes_of, kernel, rows, [t[0], t[1]])),
+                _ => ruled[..1].copy_from_slice(&self.coded_tile::<1, R>(codes_of, kernel, rows, [t[0]])),
+            }
+            for (q, &ruled) in (first..).zip(&ruled[..in_tile]) {
+                self.rescore_later((queries, scales, q), rows.1, ruled, (tops, coded), later);
+            }
+        }
+        for &row in ahead.get(asked..).unwrap_or_default() {
+            codes.prefetch(row, 1);
+        }
+    }
+
+    /// `coded_rows` for the `Q` queries whose codes start `query_codes`,
+    /// with the `kernel` and their `bounds`, against the distances each
+    /// must beat (`Coded::threshold`): for each query, which of `rows` it
+    /// rules out (bit `r` for `rows[r]`).
+    #[inline(always)]
+    pub(super) fn coded_tile<const Q: usize, const R: usize>(
+        &self,
+        query_codes: &[QueryCode],
+        (kernel, bounds): (cpu::Kernel, &codes::Bounds),
+        (codes, rows, norms, row_scales): (&Codes, [usize; R], [f32; R], [f32; R]),
+        thresholds: [f32; Q],
+    ) -> [u32; Q] {
+        let tile: [&QueryCode; Q] = std::array::from_fn(|q| &query_codes[q]);
+        let dots = kernel.dots_tile(tile, codes, rows);
+        bounds.rules_out(codes, rows, dots, (norms, row_scales), thresholds)
+    }
+
+    /// Queues query `q` with each of `rows` a first pass could not rule out
+    /// (bit `r` of `ruled` clear) to be scored exactly (`Later`), scoring
+    /// the pairs queued longest ago to make room.
+    #[inline(always)]
+    pub(super) fn rescore_later<const R: usize>(
+        &self,
+        (queries, scales, q): (&[&[f32]], &[f32], usize),
+        rows: [usize; R],
+        ruled: u32,
+        (tops, coded): (&mut [TopK], &Coded),
+        later: &mut Later,
+    ) {
+        let mut left = !ruled & ((1 << R) - 1);
+        later.rescored += u64::from(left.count_ones());
+        while left != 0 {
+            let row = rows[left.trailing_zeros() as usize];
+            left &= left - 1;
+            self.prefetch_row(row);
+            if let Some((q, row)) = later.queue((q, row)) {
+                self.rescore((queries, scales), (q, row), tops, coded);
+            }
+        }
+    }
+
+    /// Scores every pair still queued in `later`; returns how many pairs it
+    /// queued in all.
+    pub(super) fn rescore_all(
+        &self,
+        queries: (&[&[f32]], &[f32]),
+        tops: &mut [TopK],
+        coded: &Coded,
+        mut later: Later,
+    ) -> u64 {
+        for pair in later.drain() {
+            self.rescore(queries, pair, tops, coded);
+        }
+        later.rescored
+    }
+
+    /// Scores query `q` exactly against row `row`, offering it to its top,
+    /// and shares the top's farthest kept (`Coded::share`).
+    #[inline(always)]
+    pub(super) fn rescore(
+        &self,
+        (queries, scales): (&[&[f32]], &[f32]),
+        (q, row): (usize, usize),
+        tops: &mut [TopK],
+        coded: &Coded,
+    ) {
+        let top = std::slice::from_mut(&mut tops[q]);
+        self.scan_tile::<1, 1>(&queries[q..=q], &scales[q..=q], row..row + 1, top, &[]);
+        coded.share(q, &tops[q]);
+    }
+}
