@@ -27,7 +27,6 @@ use super::Reply;
 use crate::metrics::Metrics;
 use crate::store::topk::TopK;
 use crate::store::{Filter, Index, Scanner, Store};
-use roaring::RoaringBitmap;
 
 /// The longest the loop waits for more searches to join a batch.
 const GATHER_WINDOW_MAX: Duration = Duration::from_millis(2);
@@ -55,12 +54,10 @@ struct Parked {
     index: String,
     query: Vec<f32>,
     ask: Ask,
-    /// The rows it may find (`None` for every row): the filter, by which
-    /// searches are grouped, and the rows it matched when it was parked (no
-    /// change can come between that and the run). Only the first search of
-    /// a group holds the rows; the others share them.
+    /// The rows it may find (`None` for every row), by which searches are
+    /// grouped: its keys indexed when it was parked, its rows found when
+    /// it runs (no change can come between).
     filter: Option<Filter>,
-    mask: Option<RoaringBitmap>,
     keep_alive: bool,
     top: TopK,
     /// The answer and its status, rendered as soon as the search has run: a
@@ -114,23 +111,15 @@ impl Batches {
         &mut self.parked[self.parked_len].query
     }
 
-    /// Whether a search not yet run is parked on the index `index` with
-    /// `filter`: a search parked now joins its group and needs no rows of
-    /// its own (`park`).
-    pub fn has_group(&self, index: &str, filter: &Filter) -> bool {
-        self.parked[..self.parked_len].iter().any(|p| !p.done && p.index == index && p.filter.as_ref() == Some(filter))
-    }
-
     /// Parks the search whose query is in `next_query()`: what `ask` asks
-    /// of the rows of the index `index` that `filter` matches (`mask`, or
-    /// all; `None` too when it joins a group, `has_group`), taken at
-    /// `started`.
+    /// of the rows of the index `index` that `filter` matches (all if
+    /// `None`; the keys it names indexed already), taken at `started`.
     pub fn park(
         &mut self,
         seat: &mut Seat,
         index: &str,
         ask: Ask,
-        (filter, mask): (Option<Filter>, Option<RoaringBitmap>),
+        filter: Option<Filter>,
         keep_alive: bool,
         started: Instant,
     ) {
@@ -140,7 +129,6 @@ impl Batches {
         slot.index.push_str(index);
         slot.ask = ask;
         slot.filter = filter;
-        slot.mask = mask;
         slot.keep_alive = keep_alive;
         slot.done = false;
         seat.parked = Some((self.parked_len, started));
@@ -190,29 +178,17 @@ impl Batches {
             let Some(index) = store.index(&self.parked[first].index) else {
                 unreachable!("a parked search's index exists until the searches parked before a change are run")
             };
-            let mask = self.parked[first].mask.take();
-            let (name, filter) = (&self.parked[first].index, &self.parked[first].filter);
-            let together = |s: &usize| {
-                let other = &self.parked[*s];
-                !other.done && other.index == *name && other.filter == *filter
-            };
-            if (first + 1..self.parked_len).filter(together).count() == 0 {
-                // Alone on its index: no batch to build.
-                let slot = &mut self.parked[first];
-                let top = std::slice::from_mut(&mut slot.top);
-                self.scanner.search(index.view(), &[&slot.query], &[slot.ask.k], top, mask.as_ref());
+            let (head, rest) = self.parked[first..self.parked_len].split_first_mut().expect("the first");
+            let mask = head.filter.as_ref().and_then(|filter| index.rows_matching(filter));
+            let together =
+                |other: &&mut Parked| !other.done && other.index == head.index && other.filter == head.filter;
+            let others = rest.iter_mut().filter(together).map(|p| (&p.query[..], p.ask.k, &mut p.top));
+            let searches = std::iter::once((&head.query[..], head.ask.k, &mut head.top)).chain(others);
+            self.scanner.search_together(index.view(), mask.as_deref(), searches);
+            for slot in rest.iter_mut().filter(together) {
                 slot.answer(index, reply_bytes_max);
-                continue;
             }
-            let group: Vec<usize> = (first..self.parked_len).filter(together).collect();
-            let mut tops: Vec<TopK> = group.iter().map(|&s| std::mem::take(&mut self.parked[s].top)).collect();
-            let queries: Vec<&[f32]> = group.iter().map(|&s| self.parked[s].query.as_slice()).collect();
-            let ks: Vec<usize> = group.iter().map(|&s| self.parked[s].ask.k).collect();
-            self.scanner.search(index.view(), &queries, &ks, &mut tops, mask.as_ref());
-            for (&s, top) in group.iter().zip(tops) {
-                self.parked[s].top = top;
-                self.parked[s].answer(index, reply_bytes_max);
-            }
+            head.answer(index, reply_bytes_max);
         }
         metrics.add_search_work(self.scanner.take_work());
         self.last_run = (to_run, started.elapsed());
@@ -283,7 +259,7 @@ mod tests {
         let slot = batches.next_query();
         slot.clear();
         slot.extend_from_slice(query);
-        batches.park(seat, index, ask, (None, None), true, Instant::now());
+        batches.park(seat, index, ask, None, true, Instant::now());
     }
 
     fn answer(batches: &mut Batches, seat: &mut Seat) -> Vec<u8> {
@@ -306,16 +282,15 @@ mod tests {
         answer(&mut batches, &mut seat)
     }
 
-    /// Parks a search with `filter` as `App` does: the rows it matches are
-    /// looked up only for the first search of its group.
+    /// Parks a search with `filter` as `App` does: the keys it names are
+    /// indexed now, the rows it matches found once for its group when it runs.
     fn park_filtered(batches: &mut Batches, seat: &mut Seat, store: &mut Store, query: &[f32], filter: &Filter) {
-        let mask =
-            if batches.has_group("small", filter) { None } else { store.index_mut("small").unwrap().matching(filter) };
+        store.index_mut("small").unwrap().index_keys(filter);
         let slot = batches.next_query();
         slot.clear();
         slot.extend_from_slice(query);
         let ask = Ask { k: 4, ..Ask::default() };
-        batches.park(seat, "small", ask, (Some(filter.clone()), mask), true, Instant::now());
+        batches.park(seat, "small", ask, Some(filter.clone()), true, Instant::now());
     }
 
     #[test]

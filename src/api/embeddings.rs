@@ -192,10 +192,10 @@ pub fn search_batch(
     body: &mut [u8],
     reply: Reply<'_>,
 ) -> Result<u16, ApiError> {
-    let Scratch { decoder, queries, searches, tops, .. } = scratch;
+    let Scratch { decoder, queries, searches, tops, asks, grouped, .. } = scratch;
     decoder.search_batch(body, (limits.k_max, limits.search_batch_max), limits.body, queries, searches)?;
     let index = find(db.store(), name, IndexOp::Fetch)?;
-    let mut asks = Vec::with_capacity(searches.len());
+    asks.clear();
     for (i, search) in searches.iter().enumerate() {
         let divisor = prepare_query(index, &mut queries[search.query.clone()], || format!("searches[{i}]."))?;
         asks.push(Ask { k: search.k, include: search.include, divisor });
@@ -205,36 +205,34 @@ pub fn search_batch(
     let most_hits: usize = asks.iter().map(|ask| ask.k.min(index.len())).sum();
     let what = "hits in all (a smaller k, or fewer searches)";
     check_reply(REPLY_FRAME_BYTES + HIT_BYTES_MIN * most_hits, most_hits, limits.reply_bytes_max, what)?;
+    tops.resize_with(asks.len().max(tops.len()), TopK::new);
+    let tops = &mut tops[..asks.len()];
     // The searches with the same filter (or none) run together, in one
     // pass over the rows that filter leaves.
-    let mut groups: Vec<(Vec<usize>, Option<roaring::RoaringBitmap>)> = Vec::new();
-    let mut grouped = vec![false; searches.len()];
+    grouped.clear();
+    grouped.resize(searches.len(), false);
     for first in 0..searches.len() {
         if grouped[first] {
             continue;
         }
         let filter = &searches[first].filter;
-        let group: Vec<usize> = (first..searches.len()).filter(|&s| searches[s].filter == *filter).collect();
-        for &s in &group {
-            grouped[s] = true;
+        if let Some(filter) = filter {
+            db.index_keys(name, filter);
         }
-        groups.push((group, filter.as_ref().and_then(|filter| db.matching(name, filter))));
+        let index = find(db.store(), name, IndexOp::Fetch)?;
+        let mask = filter.as_ref().and_then(|filter| index.rows_matching(filter));
+        let members = (searches.iter().zip(tops.iter_mut()).zip(grouped.iter_mut()).skip(first))
+            .filter(|((search, _), _)| search.filter == *filter)
+            .map(|((search, top), grouped)| {
+                *grouped = true;
+                (&queries[search.query.clone()], search.k, top)
+            });
+        scanner.search_together(index.view(), mask.as_deref(), members);
     }
     let index = find(db.store(), name, IndexOp::Fetch)?;
-    tops.resize_with(asks.len().max(tops.len()), TopK::new);
-    let tops = &mut tops[..asks.len()];
-    for (group, mask) in &groups {
-        let query_refs: Vec<&[f32]> = group.iter().map(|&s| &queries[searches[s].query.clone()]).collect();
-        let ks: Vec<usize> = group.iter().map(|&s| asks[s].k).collect();
-        let mut group_tops: Vec<TopK> = group.iter().map(|&s| std::mem::take(&mut tops[s])).collect();
-        scanner.search(index.view(), &query_refs, &ks, &mut group_tops, mask.as_ref());
-        for (&s, top) in group.iter().zip(group_tops) {
-            tops[s] = top;
-        }
-    }
     let mut bytes = REPLY_FRAME_BYTES;
     let mut hits = 0;
-    for (top, &ask) in tops.iter_mut().zip(&asks) {
+    for (top, &ask) in tops.iter_mut().zip(asks.iter()) {
         let sorted = top.sorted();
         bytes += HIT_BYTES_MAX + hits_bytes(index, sorted, ask);
         hits += sorted.len();
@@ -249,7 +247,7 @@ pub fn search_batch(
     );
     let out = envelope.data();
     out.extend_from_slice(b"{\"results\":[");
-    for (n, (top, &ask)) in tops.iter_mut().zip(&asks).enumerate() {
+    for (n, (top, &ask)) in tops.iter_mut().zip(asks.iter()).enumerate() {
         if n > 0 {
             out.push(b',');
         }

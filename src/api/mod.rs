@@ -80,6 +80,9 @@ pub struct Scratch {
     pub queries: Vec<f32>,
     pub searches: Vec<decode::Search>,
     pub tops: Vec<crate::store::topk::TopK>,
+    /// What each search of a batch asks for, and which have run.
+    pub asks: Vec<embeddings::Ask>,
+    pub grouped: Vec<bool>,
 }
 
 pub struct App {
@@ -139,11 +142,11 @@ impl App {
         let store = self.db.store();
         match embeddings::prepare_search(store, &mut self.scratch.decoder, self.limits, name, body, query) {
             Ok((ask, filter)) => {
-                let mask = match &filter {
-                    Some(filter) if !self.batches.has_group(name, filter) => self.db.matching(name, filter),
-                    _ => None,
-                };
-                self.batches.park(seat, name, ask, (filter, mask), reply.keep_alive, started);
+                // Its rows are found when it runs: no change comes between.
+                if let Some(filter) = &filter {
+                    self.db.index_keys(name, filter);
+                }
+                self.batches.park(seat, name, ask, filter, reply.keep_alive, started);
                 None
             }
             Err(error) => Some(error.write(reply.out, reply.keep_alive)),

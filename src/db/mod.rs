@@ -262,6 +262,14 @@ impl Database {
         self.store.index_mut(name)?.matching(filter)
     }
 
+    /// Indexes the metadata keys `filter` names in index `name`, if it
+    /// exists (`Index::index_keys`).
+    pub fn index_keys(&mut self, name: &str, filter: &Filter) {
+        if let Some(index) = self.store.index_mut(name) {
+            index.index_keys(filter);
+        }
+    }
+
     /// True while mutations wait for `commit`.
     pub fn has_uncommitted(&self) -> bool {
         !self.undo.is_empty()

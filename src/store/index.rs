@@ -8,6 +8,7 @@
 mod meta;
 mod rows;
 
+use std::borrow::Cow;
 use std::fmt;
 
 use roaring::RoaringBitmap;
@@ -418,12 +419,27 @@ impl Index {
     /// the keys it names, if no filter has before); `None` when it matches
     /// every row, so that a scan needs no mask.
     pub fn matching(&mut self, filter: &Filter) -> Option<RoaringBitmap> {
+        self.index_keys(filter);
+        self.rows_matching(filter).map(Cow::into_owned)
+    }
+
+    /// Indexes the metadata keys `filter` names that no filter has named
+    /// before, for `rows_matching`.
+    pub fn index_keys(&mut self, filter: &Filter) {
+        if *filter != Filter::All {
+            self.meta.index_keys(filter, &self.metadata);
+        }
+    }
+
+    /// `matching`, where the keys `filter` names have been indexed
+    /// (`index_keys`): the rows borrowed from the metadata index where a
+    /// condition names one set of them (an `Eq`, an `Exists`).
+    pub fn rows_matching(&self, filter: &Filter) -> Option<Cow<'_, RoaringBitmap>> {
         if *filter == Filter::All {
             return None;
         }
-        self.meta.index_keys(filter, &self.metadata);
         let rows = u32::try_from(self.len()).expect("an index holds at most 2^32 rows");
-        let set = self.meta.matching(filter, rows).into_owned();
+        let set = self.meta.matching(filter, rows);
         (set.len() < u64::from(rows)).then_some(set)
     }
 

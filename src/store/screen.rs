@@ -160,29 +160,60 @@ impl Screen {
     /// The pass for `queries` of `dims` values, with their `squared_norms`
     /// (`kernels::squared_norm`), whose distances are scaled by `scales`;
     /// `None` where the CPU cannot run it.
-    #[cfg(target_arch = "x86_64")]
     pub fn new(queries: &[&[f32]], squared_norms: &[f64], scales: &[f32], dims: usize) -> Option<Screen> {
+        let mut screen = None;
+        Screen::fill(&mut screen, queries, squared_norms, scales, dims);
+        screen
+    }
+
+    /// `new`, into `slot`, whose screen's buffers (if it holds one) are
+    /// kept: whether the CPU runs the pass (then `slot` holds it).
+    #[cfg(target_arch = "x86_64")]
+    pub fn fill(
+        slot: &mut Option<Screen>,
+        queries: &[&[f32]],
+        squared_norms: &[f64],
+        scales: &[f32],
+        dims: usize,
+    ) -> bool {
         assert!(queries.len() == squared_norms.len() && queries.len() == scales.len());
         // The exact pass that follows must score as every other search of
         // the process does: in AVX-512's lanes.
         if !available() || cpu::paths().f32() != cpu::F32::Avx512 {
-            return None;
+            return false;
         }
+        let screen = slot.get_or_insert_with(|| Screen {
+            blocks: 0,
+            queries: Vec::new(),
+            scales: Vec::new(),
+            slopes: Vec::new(),
+            offsets: Vec::new(),
+        });
         let blocks = blocks_for(dims);
-        let mut converted = vec![Block::default(); queries.len() * blocks];
-        for (query, out) in queries.iter().zip(converted.chunks_exact_mut(blocks)) {
+        screen.blocks = blocks;
+        screen.queries.clear();
+        screen.queries.resize(queries.len() * blocks, Block::default());
+        for (query, out) in queries.iter().zip(screen.queries.chunks_exact_mut(blocks)) {
             // SAFETY: `available` found both features on this CPU.
             unsafe { convert(query, out) };
         }
         let bound = Bound::new(dims);
-        let (slopes, offsets) = squared_norms.iter().map(|&squared| bound.for_query(norm_bound_of(squared))).unzip();
-        Some(Screen { blocks, queries: converted, scales: scales.to_vec(), slopes, offsets })
+        screen.scales.clear();
+        screen.scales.extend_from_slice(scales);
+        screen.slopes.clear();
+        screen.offsets.clear();
+        for &squared in squared_norms {
+            let (slope, offset) = bound.for_query(norm_bound_of(squared));
+            screen.slopes.push(slope);
+            screen.offsets.push(offset);
+        }
+        true
     }
 
     /// The pass is x86-64's alone.
     #[cfg(not(target_arch = "x86_64"))]
-    pub fn new(_queries: &[&[f32]], _squared_norms: &[f64], _scales: &[f32], _dims: usize) -> Option<Screen> {
-        None
+    pub fn fill(_slot: &mut Option<Screen>, _: &[&[f32]], _: &[f64], _: &[f32], _dims: usize) -> bool {
+        false
     }
 
     /// Blocks per vector.

@@ -205,3 +205,107 @@ fn a_search_split_across_threads_allocates_nothing() {
         assert_eq!(allocated, 0, "a split search allocated {allocated} times in 20 requests");
     });
 }
+
+/// An index of `rows` rows of `dims` values under `metric` (JSON that
+/// follows `"metric":`), with metadata
+/// `{"n":"<id mod 5>"}`, made through `exchange`.
+fn index_for(exchange: &mut Exchange, name: &str, metric: &str, (rows, dims): (usize, usize)) {
+    let auth = [("X-Service-API-Key", KEY)];
+    let create = format!(r#"{{"dimensions":{dims},"metric":{metric}}}"#);
+    exchange.call(&request_bytes("PUT", &format!("/api/v1/indexes/{name}/create"), &auth, Some(&create)));
+    let items: Vec<String> = (0..rows)
+        .map(|i| {
+            let values: Vec<String> = (0..dims).map(|d| format!("{}.25", (i * 7 + d * 3) % 11 + 1)).collect();
+            format!(r#"{{"id":{i},"data":[{}],"metadata":{{"n":"{}"}}}}"#, values.join(","), i % 5)
+        })
+        .collect();
+    let body = format!(r#"{{"embeddings":[{}]}}"#, items.join(","));
+    exchange.call(&request_bytes("PUT", &format!("/api/v1/embeddings/{name}/insert"), &auth, Some(&body)));
+}
+
+/// A search-batch body of `count` searches of `dims` values, each with
+/// `extra` fields.
+fn batch_body(count: usize, dims: usize, extra: &str) -> String {
+    let searches: Vec<String> = (0..count)
+        .map(|s| {
+            let values: Vec<String> = (0..dims).map(|d| format!("{}.5", (s + d) % 7)).collect();
+            format!(r#"{{"queryVector":[{}],"k":{}{extra}}}"#, values.join(","), 3 + s % 5)
+        })
+        .collect();
+    format!(r#"{{"searches":[{}]}}"#, searches.join(","))
+}
+
+/// Search-batches allocate nothing in steady state, through every first
+/// pass a batch can take here: the int8 products (cosine, l2), the
+/// floors (l1, js), the bfloat16 pass where the CPU has it (16 cosine
+/// searches), and the exact scan (lp's p out of its floors' range); lone
+/// searches of the same indexes too (l1's and js's in the order of their
+/// bounds).
+#[test]
+fn search_batches_allocate_nothing_in_steady_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut exchange = Exchange::new(app_in(dir.path()));
+    let auth = [("X-Service-API-Key", KEY)];
+    let dims = 24;
+    let indexes = [
+        ("b-cosine", r#""cosine""#),
+        ("b-l2", r#""l2""#),
+        ("b-l1", r#""l1""#),
+        ("b-js", r#""js""#),
+        ("b-canberra", r#""canberra""#),
+        ("b-lp3", r#""lp","p":3"#),
+        ("b-lp", r#""lp","p":11.5"#),
+    ];
+    for (name, metric) in indexes {
+        index_for(&mut exchange, name, metric, (600, dims));
+    }
+    let mut requests = Vec::new();
+    for (name, _) in indexes {
+        for count in [1, 2, 5, 16] {
+            let body = batch_body(count, dims, "");
+            let path = format!("/api/v1/embeddings/{name}/search-batch");
+            requests.push((format!("{name}: a batch of {count}"), request_bytes("POST", &path, &auth, Some(&body))));
+        }
+        let lone = format!(r#"{{"queryVector":[{}],"k":7}}"#, vec!["2.5"; dims].join(","));
+        let path = format!("/api/v1/embeddings/{name}/search");
+        requests.push((format!("{name}: a lone search"), request_bytes("POST", &path, &auth, Some(&lone))));
+    }
+    for _ in 0..3 {
+        for (_, request) in &requests {
+            exchange.call(request);
+        }
+    }
+    for (what, request) in &requests {
+        let allocated: u64 = (0..10).map(|_| exchange.call(request)).sum();
+        assert_eq!(allocated, 0, "{what} allocated {allocated} times in 10 requests");
+    }
+}
+
+/// A filtered search, lone or in a batch, allocates for its decoded filter
+/// alone (a condition's key and value, and the list of its conditions: 3
+/// for `{"n":"3"}`), the same on an index ten times as large: its rows are
+/// borrowed from the metadata index, not copied, and the scan allocates
+/// nothing.
+#[test]
+fn filtered_searches_allocate_only_their_decoded_filter() {
+    const PER_FILTER: u64 = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let mut exchange = Exchange::new(app_in(dir.path()));
+    let auth = [("X-Service-API-Key", KEY)];
+    let dims = 24;
+    for rows in [600, 6000] {
+        let name = format!("filtered-{rows}");
+        index_for(&mut exchange, &name, r#""l2""#, (rows, dims));
+        let lone = format!(r#"{{"queryVector":[{}],"k":7,"filter":{{"n":"3"}}}}"#, vec!["2.5"; dims].join(","));
+        let batch = batch_body(4, dims, r#","filter":{"n":"2"}"#);
+        for (what, path, body, filters) in [("lone", "search", lone, 1), ("batch", "search-batch", batch, 4)] {
+            let request = request_bytes("POST", &format!("/api/v1/embeddings/{name}/{path}"), &auth, Some(&body));
+            for _ in 0..3 {
+                exchange.call(&request);
+            }
+            let allocated: u64 = (0..10).map(|_| exchange.call(&request)).sum();
+            let most = 10 * filters * PER_FILTER;
+            assert!(allocated <= most, "{what} of {rows} rows allocated {allocated} times in 10 requests");
+        }
+    }
+}

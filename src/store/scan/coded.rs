@@ -153,21 +153,25 @@ impl Bound {
     }
 }
 
-#[inline(always)]
-/// Each query's code for the int8 pass, and the bounds of each tile of
-/// the kernel's queries, from their `squared_norms` and `scales`.
+/// Each query's code for the int8 pass into `codes`, and the bounds of
+/// each tile of the kernel's queries into `bounds`, from their
+/// `squared_norms` and `scales`; the buffers' own kept.
 pub(super) fn code_queries(
     (shape, kernel): (codes::Shape, cpu::Kernel),
     queries: &[&[f32]],
-    squared_norms: &[f64],
-    scales: &[f32],
-) -> (Vec<QueryCode>, Vec<codes::Bounds>) {
-    let codes: Vec<QueryCode> = queries.iter().map(|query| QueryCode::of(query)).collect();
+    (squared_norms, scales): (&[f64], &[f32]),
+    (codes, bounds): (&mut Vec<QueryCode>, &mut Vec<codes::Bounds>),
+) {
+    if codes.len() < queries.len() {
+        codes.resize_with(queries.len(), QueryCode::default);
+    }
+    for (code, query) in codes.iter_mut().zip(queries) {
+        code.encode(query);
+    }
     let tile = kernel.query_tile();
-    let bounds = (codes.chunks(tile).zip(squared_norms.chunks(tile)).zip(scales.chunks(tile)))
-        .map(|((codes, squared), scales)| codes::Bounds::new(shape, codes, squared, scales))
-        .collect();
-    (codes, bounds)
+    bounds.clear();
+    let tiles = codes[..queries.len()].chunks(tile).zip(squared_norms.chunks(tile)).zip(scales.chunks(tile));
+    bounds.extend(tiles.map(|((codes, squared), scales)| codes::Bounds::new(shape, codes, squared, scales)));
 }
 
 impl View<'_> {

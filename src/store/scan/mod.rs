@@ -28,6 +28,7 @@ mod screened;
 pub(crate) mod tests;
 mod threads;
 
+use std::mem::take;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
@@ -45,15 +46,29 @@ use coded::{code_queries, Coded, CodedQueries};
 use exact::row_tile;
 use in_order::InOrder;
 use screened::{SCREEN_OVER_CODES_DIMS_MAX, SCREEN_OVER_CODES_QUERIES_MIN, SCREEN_QUERIES_MIN};
-use threads::{farthest_for, on_threads};
+use threads::{merge_each, on_threads};
 
-/// A lone search's query codes for either pass, their buffers kept from
-/// search to search.
+/// The queries' side of a scan (their squares, scales, codes, shared
+/// farthest), its buffers kept from search to search in the `Scanner`, so
+/// that a steady load allocates nothing, lone searches and batches alike.
 #[derive(Default)]
-pub struct LoneCodes {
-    products: QueryCode,
-    floors: Grids,
+pub struct Buffers {
+    squared_norms: Vec<f64>,
+    scales: Vec<f32>,
+    farthest: Vec<AtomicU32>,
+    codes: Vec<QueryCode>,
+    bounds: Vec<codes::Bounds>,
+    grids: Vec<Grids>,
+    screen: Option<Screen>,
     order: InOrder,
+}
+
+/// A scan's queries made ready (`View::prepare`): each query's scale, and
+/// the first pass it takes, if any.
+struct Side<'a> {
+    scales: &'a [f32],
+    coded: Option<Coded<'a>>,
+    screen: Option<&'a Screen>,
 }
 
 /// What a scan reads of an index, borrowed (`Index::view`): its rows'
@@ -105,8 +120,31 @@ pub struct Scanner {
     partials: Vec<Vec<TopK>>,
     /// What searches did since `take_work`.
     work: Work,
-    /// A lone search's query codes, their buffers kept.
-    code: LoneCodes,
+    /// The queries' side of a scan, their buffers kept.
+    buffers: Buffers,
+    /// The searches run together (`search_together`), their buffers kept.
+    together: Together,
+}
+
+/// The buffers of `Scanner::search_together`, empty between calls: they
+/// hold borrows only while it runs (`recycle`).
+#[derive(Default)]
+struct Together {
+    queries: Vec<&'static [f32]>,
+    ks: Vec<usize>,
+    tops: Vec<TopK>,
+    places: Vec<&'static mut TopK>,
+}
+
+/// An empty `Vec` with `v`'s allocation, of another element type of the
+/// same layout: here, references of another lifetime, so that a buffer of
+/// borrows is kept from search to search without holding any borrow
+/// between them. Collecting from a `Vec`'s own iterator reuses its
+/// allocation in place (the standard library's in-place collect); the
+/// allocation tests would see it if it did not.
+fn recycle<A, B>(mut v: Vec<A>) -> Vec<B> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("the vector is empty")).collect()
 }
 
 /// Rows the int8 first pass read the codes of, and rows of those it scored
@@ -167,8 +205,44 @@ impl Scanner {
         Scanner {
             partials: (1..threads.max(1)).map(|_| Vec::new()).collect(),
             work: Work::default(),
-            code: LoneCodes::default(),
+            buffers: Buffers::default(),
+            together: Together::default(),
         }
+    }
+
+    /// Runs `searches` (each a query, its k, and the top to leave its
+    /// nearest in) together, in one pass over the rows of `index` in
+    /// `mask` (all if `None`), as `search` does: the one way several
+    /// searches are run at once, those of a search-batch and those parked
+    /// by several connections alike. Allocates nothing once its buffers
+    /// have grown.
+    pub fn search_together<'a>(
+        &mut self,
+        index: View<'_>,
+        mask: Option<&RoaringBitmap>,
+        searches: impl Iterator<Item = (&'a [f32], usize, &'a mut TopK)>,
+    ) {
+        let together = &mut self.together;
+        let (mut queries, mut places) = (recycle(take(&mut together.queries)), recycle(take(&mut together.places)));
+        together.ks.clear();
+        for (query, k, top) in searches {
+            queries.push(query);
+            together.ks.push(k);
+            places.push(top);
+        }
+        if together.tops.len() < places.len() {
+            together.tops.resize_with(places.len(), TopK::new);
+        }
+        // The tops trade places (their buffers with them), so that the scan
+        // gets them as one slice.
+        let (mut tops, ks) = (take(&mut together.tops), take(&mut together.ks));
+        let swap = |tops: &mut [TopK], places: &mut [&mut TopK]| {
+            tops.iter_mut().zip(places).for_each(|(top, place)| std::mem::swap(top, *place));
+        };
+        swap(&mut tops, &mut places);
+        self.search(index, &queries, &ks, &mut tops[..places.len()], mask);
+        swap(&mut tops, &mut places);
+        self.together = Together { queries: recycle(queries), ks, tops, places: recycle(places) };
     }
 
     /// What searches did since the last call.
@@ -193,7 +267,7 @@ impl Scanner {
                 partial.resize_with(queries.len(), TopK::new);
             }
         }
-        let pass = index.search_many(queries, ks, tops, &mut self.partials, mask, &mut self.code);
+        let pass = index.search_many(queries, ks, tops, &mut self.partials, mask, &mut self.buffers);
         let pairs = (mask.map_or(index.len() as u64, RoaringBitmap::len)) * queries.len() as u64;
         let work = &mut self.work;
         work.first_pass += pass;
@@ -237,13 +311,13 @@ impl View<'_> {
         tops: &mut [TopK],
         partials: &mut [Vec<TopK>],
         mask: Option<&RoaringBitmap>,
-        code: &mut LoneCodes,
+        buffers: &mut Buffers,
     ) -> FirstPass {
         let rows = mask.map_or(self.len(), |mask| mask.len() as usize);
         let by_size = rows * self.dims / PARALLEL_SCAN_FLOATS_MIN;
         let threads = (partials.len() + 1).min(by_size.max(1));
         let chunk = self.chunk_rows();
-        self.search_in_chunks(queries, ks, tops, (&mut partials[..threads - 1], chunk), mask, code)
+        self.search_in_chunks(queries, ks, tops, (&mut partials[..threads - 1], chunk), mask, buffers)
     }
 
     /// Rows a thread of a split scan takes at a time (`SCAN_CHUNK_FLOATS`).
@@ -258,7 +332,7 @@ impl View<'_> {
     /// of holding up the others. Exact: each of the k nearest rows is among
     /// the k nearest of the rows its thread scanned.
     pub fn search_many_split(&self, queries: &[&[f32]], ks: &[usize], tops: &mut [TopK], partials: &mut [Vec<TopK>]) {
-        self.search_in_chunks(queries, ks, tops, (partials, self.chunk_rows()), None, &mut LoneCodes::default());
+        self.search_in_chunks(queries, ks, tops, (partials, self.chunk_rows()), None, &mut Buffers::default());
     }
 
     /// The int8 first pass's bound and kernel, where the index keeps codes
@@ -269,8 +343,8 @@ impl View<'_> {
     }
 
     /// `search_many_split`, the threads taking `chunk` rows at a time, of
-    /// which only those in `mask` (if any) are scored; a lone query's code
-    /// goes in `code`'s buffers.
+    /// which only those in `mask` (if any) are scored; the queries' side
+    /// is made in `buffers`.
     pub(super) fn search_in_chunks(
         &self,
         queries: &[&[f32]],
@@ -278,7 +352,7 @@ impl View<'_> {
         tops: &mut [TopK],
         (partials, chunk): (&mut [Vec<TopK>], usize),
         mask: Option<&RoaringBitmap>,
-        code: &mut LoneCodes,
+        buffers: &mut Buffers,
     ) -> FirstPass {
         assert!(queries.len() == ks.len() && ks.len() == tops.len() && chunk > 0);
         let rows = self.len();
@@ -286,90 +360,89 @@ impl View<'_> {
         // mask: the scan need not consult it.
         let mask = mask.filter(|mask| mask.len() as usize != rows);
         let matching = mask.map_or(rows, |mask| mask.len() as usize);
-        // A lone search keeps its scale on the stack, and codes its query
-        // for the int8 pass in `code`'s buffers. A batch sums each query's
-        // squares once, for its scale and for a first pass's bound, and
-        // codes its queries for the int8 pass or takes the bfloat16 pass
-        // (`SCREEN_QUERIES_MIN`, `SCREEN_OVER_CODES_QUERIES_MIN`).
-        let (one, many): ([f32; 1], Vec<f32>);
-        let (one_bound, many_bounds, many_codes): ([codes::Bounds; 1], Vec<codes::Bounds>, Vec<QueryCode>);
-        let many_grids: Vec<Grids>;
-        // Lone: on the stack, so that a lone search allocates nothing.
-        let (farthest_one, farthest_many): ([AtomicU32; 1], Vec<AtomicU32>);
-        let (mut coded, mut screen) = (None, None);
-        let pass = self.coded_pass();
-        let scales: &[f32] = if let [query] = queries {
-            // The squares are summed only where something needs them: the
-            // int8 pass's bound, or cosine's scale.
-            let squared = std::cell::OnceCell::new();
-            let squared_norm = || *squared.get_or_init(|| kernels::squared_norm(query));
-            one = [self.query_scale(squared_norm)];
-            farthest_one = [AtomicU32::new(f32::INFINITY.to_bits())];
-            let farthest = &farthest_one;
-            match pass {
-                Some((Bound::Products(shape), kernel)) => {
-                    let code = &mut code.products;
-                    code.encode(query);
-                    one_bound = [codes::Bounds::new(shape, std::slice::from_ref(code), &[squared_norm()], &one)];
-                    let queries = CodedQueries::Products { codes: std::slice::from_ref(code), bounds: &one_bound };
-                    coded = Some(Coded { kernel, queries, farthest });
-                }
-                Some((Bound::Floors(floor), kernel)) => {
-                    let codes = self.codes.expect("a coded pass has codes");
-                    code.floors.encode(floor, codes, query);
-                    let queries = CodedQueries::Floors(std::slice::from_ref(&code.floors));
-                    coded = Some(Coded { kernel, queries, farthest });
-                }
-                None => {}
-            }
-            &one
-        } else {
-            let squared_norms: Vec<f64> = queries.iter().map(|query| kernels::squared_norm(query)).collect();
-            many = squared_norms.iter().map(|&squared| self.query_scale(|| squared)).collect();
-            farthest_many = farthest_for(queries.len());
-            let farthest = &farthest_many;
-            let screen_min = match pass {
-                Some(_) if self.dims < SCREEN_OVER_CODES_DIMS_MAX => SCREEN_OVER_CODES_QUERIES_MIN,
-                Some(_) => usize::MAX,
-                None => SCREEN_QUERIES_MIN,
-            };
-            // No bfloat16 pass under a mask: the rows it leaves are rarely
-            // in tiles worth converting.
-            if mask.is_none() && queries.len() >= screen_min && self.metric.is_similarity() {
-                screen = Screen::new(queries, &squared_norms, &many, self.dims);
-            }
-            match (&screen, pass) {
-                (None, Some((Bound::Products(shape), kernel))) => {
-                    (many_codes, many_bounds) = code_queries((shape, kernel), queries, &squared_norms, &many);
-                    coded = Some(Coded {
-                        kernel,
-                        queries: CodedQueries::Products { codes: &many_codes, bounds: &many_bounds },
-                        farthest,
-                    });
-                }
-                (None, Some((Bound::Floors(floor), kernel))) => {
-                    let codes = self.codes.expect("a coded pass has codes");
-                    many_grids = queries.iter().map(|query| Grids::of(floor, codes, query)).collect();
-                    coded = Some(Coded { kernel, queries: CodedQueries::Floors(&many_grids), farthest });
-                }
-                _ => {}
-            }
-            &many
-        };
         let reset = |tops: &mut [TopK]| {
             for (top, &k) in tops.iter_mut().zip(ks) {
                 top.reset(k.min(matching));
             }
         };
         reset(tops);
-        let screen = screen.as_ref();
-        if let (Some(coded), [query], [top], None, None) = (&coded, queries, &mut *tops, mask, screen) {
+        let (side, order) = self.prepare(queries, mask.is_some(), buffers);
+        if let (Some(coded), [query], [top], None) = (&side.coded, queries, &mut *tops, mask) {
             if let CodedQueries::Floors([grids]) = coded.queries {
                 let pass = (coded.kernel, grids);
-                return self.search_in_order((query, scales), pass, top, (partials, chunk), &mut code.order);
+                return self.search_in_order((query, side.scales), pass, top, (partials, chunk), order);
             }
         }
-        let (coded, passed, rescored) = (coded.as_ref(), AtomicU64::new(0), AtomicU64::new(0));
+        self.scan_chunks(queries, &side, mask, tops, (partials, chunk, &reset))
+    }
+
+    /// Makes `queries` ready to scan, in `buffers`: each one's scale, and
+    /// its side of a first pass (`SCREEN_QUERIES_MIN`,
+    /// `SCREEN_OVER_CODES_QUERIES_MIN`). The squares are summed only where
+    /// something needs them: a products' bound, or a similarity's scale
+    /// or bfloat16 pass. Also hands out the ordered search's buffers.
+    fn prepare<'b>(&self, queries: &[&[f32]], masked: bool, buffers: &'b mut Buffers) -> (Side<'b>, &'b mut InOrder) {
+        let Buffers { squared_norms, scales, farthest, codes, bounds, grids, screen, order } = buffers;
+        let (n, pass) = (queries.len(), self.coded_pass());
+        squared_norms.clear();
+        if self.metric.is_similarity() || matches!(pass, Some((Bound::Products(_), _))) {
+            squared_norms.extend(queries.iter().map(|query| kernels::squared_norm(query)));
+        }
+        scales.clear();
+        scales.extend((0..n).map(|q| self.query_scale(|| squared_norms[q])));
+        if farthest.len() < n {
+            farthest.resize_with(n, || AtomicU32::new(0));
+        }
+        for farthest in &mut farthest[..n] {
+            *farthest.get_mut() = f32::INFINITY.to_bits();
+        }
+        let screen_min = match pass {
+            Some(_) if self.dims < SCREEN_OVER_CODES_DIMS_MAX => SCREEN_OVER_CODES_QUERIES_MIN,
+            Some(_) => usize::MAX,
+            None => SCREEN_QUERIES_MIN,
+        };
+        // No bfloat16 pass under a mask: the rows it leaves are rarely in
+        // tiles worth converting.
+        let screened = !masked
+            && n >= screen_min
+            && self.metric.is_similarity()
+            && Screen::fill(screen, queries, squared_norms, scales, self.dims);
+        let (farthest, scales) = (&farthest[..n], &scales[..]);
+        let coded = match (screened, pass) {
+            (false, Some((Bound::Products(shape), kernel))) => {
+                code_queries((shape, kernel), queries, (squared_norms, scales), (codes, bounds));
+                let queries = CodedQueries::Products { codes: &codes[..n], bounds };
+                Some(Coded { kernel, queries, farthest })
+            }
+            (false, Some((Bound::Floors(floor), kernel))) => {
+                let rows = self.codes.expect("a coded pass has codes");
+                if grids.len() < n {
+                    grids.resize_with(n, Grids::default);
+                }
+                for (grids, query) in grids.iter_mut().zip(queries) {
+                    grids.encode(floor, rows, query);
+                }
+                Some(Coded { kernel, queries: CodedQueries::Floors(&grids[..n]), farthest })
+            }
+            _ => None,
+        };
+        (Side { scales, coded, screen: screen.as_ref().filter(|_| screened) }, order)
+    }
+
+    /// Scans the rows a chunk at a time on `partials.len() + 1` threads,
+    /// each taking the next chunk no thread has taken, through the side's
+    /// first pass; their nearest merged into `tops` (each part's tops
+    /// `reset` first).
+    fn scan_chunks(
+        &self,
+        queries: &[&[f32]],
+        side: &Side,
+        mask: Option<&RoaringBitmap>,
+        tops: &mut [TopK],
+        (partials, chunk, reset): (&mut [Vec<TopK>], usize, &(impl Fn(&mut [TopK]) + Sync)),
+    ) -> FirstPass {
+        let (rows, scales, coded, screen) = (self.len(), side.scales, side.coded.as_ref(), side.screen);
+        let (passed, rescored) = (AtomicU64::new(0), AtomicU64::new(0));
         // The exact scan of some rows, through the int8 pass if `coded`:
         // those of the mask among them, if any.
         let scan_rows = |range: Range<usize>, coded: Option<&Coded>, tops: &mut [TopK]| {
@@ -381,56 +454,80 @@ impl View<'_> {
             rescored.fetch_add(pass.rescored, Ordering::Relaxed);
             pass
         };
-        let first_pass =
-            || FirstPass { rows: passed.load(Ordering::Relaxed), rescored: rescored.load(Ordering::Relaxed) };
         if partials.is_empty() && screen.is_none() && coded.is_none() {
             scan_rows(0..rows, None, tops);
-            return first_pass();
+        } else {
+            let taken = AtomicUsize::new(0);
+            let scan = |tops: &mut [TopK]| {
+                // After a chunk where a first pass had to score most pairs
+                // exactly anyway (rows it cannot tell apart), the next go
+                // straight to the exact scan: one, then twice as many after
+                // each chunk the pass fails again, so that on rows it cannot
+                // thin out the pass is tried on a few chunks only.
+                let mut backoff = Backoff::default();
+                loop {
+                    let start = taken.fetch_add(chunk, Ordering::Relaxed);
+                    if start >= rows {
+                        break;
+                    }
+                    let range = start..(start + chunk).min(rows);
+                    let failed = match (screen, coded) {
+                        _ if backoff.skips() => {
+                            scan_rows(range, None, tops);
+                            continue;
+                        }
+                        (Some(screen), _) => {
+                            let pairs = range.len() * queries.len();
+                            self.scan_through(screen, queries, scales, range, tops) * 2 > pairs
+                        }
+                        (None, Some(coded)) => {
+                            let pass = scan_rows(range, Some(coded), tops);
+                            pass.rescored * 2 > pass.rows
+                        }
+                        (None, None) => {
+                            scan_rows(range, None, tops);
+                            continue;
+                        }
+                    };
+                    backoff.after(failed);
+                }
+            };
+            on_threads(tops, partials, reset, |tops, _, _| scan(tops));
+            merge_each(tops, partials);
         }
-        let taken = AtomicUsize::new(0);
-        let scan = |tops: &mut [TopK]| {
-            // After a chunk where a first pass had to score most pairs
-            // exactly anyway (rows it cannot tell apart), the next go
-            // straight to the exact scan: one, then twice as many after each
-            // chunk the pass fails again, so that on rows it cannot thin out
-            // the pass is tried on a few chunks only.
-            let (mut exact_chunks, mut backoff) = (0usize, 1);
-            loop {
-                let start = taken.fetch_add(chunk, Ordering::Relaxed);
-                if start >= rows {
-                    break;
-                }
-                let range = start..(start + chunk).min(rows);
-                let failed = match (screen, coded) {
-                    (Some(screen), _) if exact_chunks == 0 => {
-                        let pairs = range.len() * queries.len();
-                        self.scan_through(screen, queries, scales, range, tops) * 2 > pairs
-                    }
-                    (None, Some(coded)) if exact_chunks == 0 => {
-                        let pass = scan_rows(range, Some(coded), tops);
-                        pass.rescored * 2 > pass.rows
-                    }
-                    _ => {
-                        exact_chunks = exact_chunks.saturating_sub(1);
-                        scan_rows(range, None, tops);
-                        continue;
-                    }
-                };
-                if failed {
-                    (exact_chunks, backoff) = (backoff, backoff * 2);
-                } else {
-                    backoff = 1;
-                }
-            }
-        };
-        on_threads(tops, partials, reset, |tops, _, _| scan(tops));
-        for partial in partials {
-            for (top, partial) in tops.iter_mut().zip(partial.iter_mut()) {
-                for &candidate in partial.sorted() {
-                    top.push(candidate);
-                }
-            }
+        FirstPass { rows: passed.into_inner(), rescored: rescored.into_inner() }
+    }
+}
+
+/// How many chunks a thread sends straight to the exact scan after its
+/// first pass failed: one, then twice as many each time it fails again.
+struct Backoff {
+    /// Chunks still to skip the first pass.
+    exact_chunks: usize,
+    /// How many the next failure skips.
+    next: usize,
+}
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff { exact_chunks: 0, next: 1 }
+    }
+}
+
+impl Backoff {
+    /// Whether this chunk skips the first pass (counting it down).
+    fn skips(&mut self) -> bool {
+        let skips = self.exact_chunks > 0;
+        self.exact_chunks = self.exact_chunks.saturating_sub(1);
+        skips
+    }
+
+    /// After a chunk through the first pass, which `failed` or not.
+    fn after(&mut self, failed: bool) {
+        if failed {
+            (self.exact_chunks, self.next) = (self.next, self.next * 2);
+        } else {
+            self.next = 1;
         }
-        first_pass()
     }
 }

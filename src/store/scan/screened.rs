@@ -52,6 +52,14 @@ pub(super) struct ScreenTile<'a, const R: usize> {
     pub(super) row_scales: &'a [f32; R],
 }
 
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// Each thread's tile of rows in bfloat16 (`scan_screened`), kept from
+    /// chunk to chunk and search to search: the pool's threads live as long
+    /// as the process, so a steady load allocates nothing for it.
+    static CONVERTED: std::cell::RefCell<Vec<screen::Block>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl View<'_> {
     /// `scan_screened`, which a `Screen` makes safe to call. Returns how
     /// many pairs the pass scored exactly.
@@ -65,7 +73,9 @@ impl View<'_> {
     ) -> usize {
         // SAFETY: a `Screen` is only made where the CPU has both features.
         #[cfg(target_arch = "x86_64")]
-        return unsafe { self.scan_screened(queries, scales, screen, rows, tops) };
+        return CONVERTED.with_borrow_mut(|converted| unsafe {
+            self.scan_screened(queries, scales, (screen, converted), rows, tops)
+        });
         #[cfg(not(target_arch = "x86_64"))]
         {
             let _ = (screen, queries, scales, rows, tops);
@@ -76,20 +86,22 @@ impl View<'_> {
     /// `scan_exact` with the bfloat16 pass (`screen`'s doc): the rows are
     /// converted a tile at a time, each tile scored against every query in
     /// bfloat16, and a pair scored exactly (as `scan_exact` would) only where
-    /// the bound cannot rule it out. Returns how many pairs were.
+    /// the bound cannot rule it out. Returns how many pairs were. The
+    /// rows are converted into `converted`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub(super) fn scan_screened(
         &self,
         queries: &[&[f32]],
         scales: &[f32],
-        screen: &Screen,
+        (screen, converted): (&Screen, &mut Vec<screen::Block>),
         rows: Range<usize>,
         tops: &mut [TopK],
     ) -> usize {
         const R: usize = SCREEN_ROW_TILE;
         let dims = self.dims;
-        let mut converted = vec![screen::Block::default(); R * screen.blocks()];
+        converted.clear();
+        converted.resize(R * screen.blocks(), screen::Block::default());
         let mut rescored = 0;
         let mut row = rows.start;
         while row + R <= rows.end {
@@ -105,7 +117,7 @@ impl View<'_> {
             let tiles = (0..).step_by(QUERY_TILE).zip(tops.chunks_mut(QUERY_TILE));
             for (first, tops) in tiles {
                 kernels::prefetch(prefetches.next().unwrap_or_default());
-                let tile = ScreenTile { queries, screen, first, row, converted: &converted, row_scales: &row_scales };
+                let tile = ScreenTile { queries, screen, first, row, converted, row_scales: &row_scales };
                 rescored += match tops.len() {
                     QUERY_TILE => self.screen_tile::<QUERY_TILE, R>(tile, tops),
                     3 => self.screen_tile::<3, R>(tile, tops),

@@ -98,7 +98,7 @@ fn a_mask_keeps_exactly_its_rows() {
                         &mut tops,
                         (&mut partials, chunk),
                         Some(&mask),
-                        &mut LoneCodes::default(),
+                        &mut Buffers::default(),
                     );
                     for (top, want) in tops.iter_mut().zip(&alone) {
                         assert_eq!(top.sorted(), &want[..], "{metric:?}, k {k}, {threads} threads, chunk {chunk}");
@@ -128,7 +128,7 @@ fn assert_split_finds_what_each_finds_alone(
 ) {
     let ks = vec![k; queries.len()];
     let mut split: Vec<TopK> = queries.iter().map(|_| TopK::new()).collect();
-    index.view().search_in_chunks(queries, &ks, &mut split, (partials, chunk), None, &mut LoneCodes::default());
+    index.view().search_in_chunks(queries, &ks, &mut split, (partials, chunk), None, &mut Buffers::default());
     let mut alone = TopK::new();
     for (query, split) in queries.iter().zip(&mut split) {
         index.search(query, k, &mut alone);
@@ -257,7 +257,8 @@ fn assert_screened_finds_what_each_finds_alone(index: &Index, queries: &[Vec<f32
         top.reset(k);
     }
     // SAFETY: `Screen::new` found the features.
-    let rescored = unsafe { index.view().scan_screened(&queries, &scales, &screen, 0..index.len(), &mut tops) };
+    let rescored =
+        unsafe { index.view().scan_screened(&queries, &scales, (&screen, &mut Vec::new()), 0..index.len(), &mut tops) };
     let mut alone = TopK::new();
     for (q, top) in tops.iter_mut().enumerate() {
         index.search(queries[q], ks[q], &mut alone);
@@ -275,7 +276,7 @@ fn assert_screened_finds_what_each_finds_alone(index: &Index, queries: &[Vec<f32
                 &mut tops,
                 (&mut partials, chunk),
                 None,
-                &mut LoneCodes::default(),
+                &mut Buffers::default(),
             );
             for (q, top) in tops.iter_mut().enumerate() {
                 index.search(queries[q], ks[q], &mut alone);
@@ -410,14 +411,21 @@ impl Pass {
         let (mut codes, mut bounds, mut grids) = (Vec::new(), Vec::new(), Vec::new());
         match index.view().coded_pass().expect("an index with codes") {
             (Bound::Products(shape), _) => {
-                (codes, bounds) = code_queries((shape, kernel), queries, &squared, &scales);
+                code_queries((shape, kernel), queries, (&squared, &scales), (&mut codes, &mut bounds));
             }
             (Bound::Floors(floor), _) => {
                 let rows = index.view().codes.expect("codes");
                 grids = queries.iter().map(|query| Grids::of(floor, rows, query)).collect();
             }
         }
-        Pass { codes, bounds, grids, scales, kernel, farthest: farthest_for(queries.len()) }
+        Pass {
+            codes,
+            bounds,
+            grids,
+            scales,
+            kernel,
+            farthest: queries.iter().map(|_| AtomicU32::new(f32::INFINITY.to_bits())).collect(),
+        }
     }
 
     fn coded(&self) -> Coded<'_> {
@@ -709,7 +717,7 @@ fn searches_in_the_order_of_their_bounds_find_what_the_f32_scan_finds() {
                 return;
             }
             assert!(matches!(index.view().coded_pass(), Some((Bound::Floors(_), _))), "{metric:?}");
-            let mut code = LoneCodes::default();
+            let mut code = Buffers::default();
             for (q, query) in hard_for_codes(900 + dims as u64, dims, metric).iter().step_by(5).enumerate() {
                 let mut query = query.clone();
                 index.prepare_query(&mut query).unwrap();
@@ -764,7 +772,7 @@ fn a_search_in_order_of_rows_alike_scans_every_row_exactly() {
         }
         let mut query = [0.5 + 500.3 * 6e-8, 1.0, 2.0];
         index.prepare_query(&mut query).unwrap();
-        let mut code = LoneCodes::default();
+        let mut code = Buffers::default();
         for k in [1, 10, 100] {
             let mut want = TopK::new();
             index.search_f32(&query, k, &mut want);
@@ -796,7 +804,7 @@ fn a_search_in_order_lets_go_of_a_long_list_of_rows_left() {
         index.upsert(id, &[0.5, -1.0, 2.0], b"");
     }
     let query = [0.25f32, -1.0, 2.5];
-    let mut code = LoneCodes::default();
+    let mut code = Buffers::default();
     let mut got = [TopK::new()];
     let pass = index.view().search_in_chunks(&[&query], &[1], &mut got, (&mut [], 1 << 20), None, &mut code);
     let mut want = TopK::new();

@@ -98,8 +98,14 @@ pub(super) fn merge_partials(top: &mut TopK, partials: &mut [Vec<TopK>]) {
     }
 }
 
-/// Farthest distances (f32 bits) shared by the threads of a split scan,
-/// one per query, none kept yet.
-pub(super) fn farthest_for(queries: usize) -> Vec<AtomicU32> {
-    (0..queries).map(|_| AtomicU32::new(f32::INFINITY.to_bits())).collect()
+/// Offers what each of `partials` kept for each query (`on_threads`) to
+/// that query's top in `tops`.
+pub(super) fn merge_each(tops: &mut [TopK], partials: &mut [Vec<TopK>]) {
+    for partial in partials {
+        for (top, partial) in tops.iter_mut().zip(partial.iter_mut()) {
+            for &candidate in partial.sorted() {
+                top.push(candidate);
+            }
+        }
+    }
 }
