@@ -205,6 +205,10 @@ pub fn search_batch(
     let most_hits: usize = asks.iter().map(|ask| ask.k.min(index.len())).sum();
     let what = "hits in all (a smaller k, or fewer searches)";
     check_reply(REPLY_FRAME_BYTES + HIT_BYTES_MIN * most_hits, most_hits, limits.reply_bytes_max, what)?;
+    for filter in searches.iter().filter_map(|search| search.filter.as_ref()) {
+        db.index_keys(name, filter);
+    }
+    let index = find(db.store(), name, IndexOp::Fetch)?;
     tops.resize_with(asks.len().max(tops.len()), TopK::new);
     let tops = &mut tops[..asks.len()];
     // The searches with the same filter (or none) run together, in one
@@ -216,10 +220,6 @@ pub fn search_batch(
             continue;
         }
         let filter = &searches[first].filter;
-        if let Some(filter) = filter {
-            db.index_keys(name, filter);
-        }
-        let index = find(db.store(), name, IndexOp::Fetch)?;
         let mask = filter.as_ref().and_then(|filter| index.rows_matching(filter));
         let members = (searches.iter().zip(tops.iter_mut()).zip(grouped.iter_mut()).skip(first))
             .filter(|((search, _), _)| search.filter == *filter)
@@ -229,7 +229,6 @@ pub fn search_batch(
             });
         scanner.search_together(index.view(), mask.as_deref(), members);
     }
-    let index = find(db.store(), name, IndexOp::Fetch)?;
     let mut bytes = REPLY_FRAME_BYTES;
     let mut hits = 0;
     for (top, &ask) in tops.iter_mut().zip(asks.iter()) {

@@ -113,13 +113,15 @@ impl App {
     }
 
     /// After large requests, gives back what decoding them grew: the
-    /// scratch buffers are dropped (the next request grows what it needs)
+    /// scratch buffers and the scanner's query buffers are dropped (the
+    /// next request grows what it needs)
     /// and the allocator returns its free pages to the system. Without
     /// this, an ingest leaves its largest body's worth of buffers, and
     /// the heap's free space, resident for good. Cheap to call often.
     pub fn release_memory(&mut self) {
         if std::mem::take(&mut self.large_request) {
             self.scratch = Scratch::default();
+            self.batches.scanner().let_go();
             crate::memory::give_back();
         }
     }

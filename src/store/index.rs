@@ -426,9 +426,7 @@ impl Index {
     /// Indexes the metadata keys `filter` names that no filter has named
     /// before, for `rows_matching`.
     pub fn index_keys(&mut self, filter: &Filter) {
-        if *filter != Filter::All {
-            self.meta.index_keys(filter, &self.metadata);
-        }
+        self.meta.index_keys(filter, &self.metadata);
     }
 
     /// `matching`, where the keys `filter` names have been indexed

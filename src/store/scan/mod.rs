@@ -245,6 +245,13 @@ impl Scanner {
         self.together = Together { queries: recycle(queries), ks, tops, places: recycle(places) };
     }
 
+    /// Lets the queries' buffers go, grown as a large batch needed them: the
+    /// next search grows them again to what it needs.
+    pub fn let_go(&mut self) {
+        self.buffers = Buffers::default();
+        self.together = Together::default();
+    }
+
     /// What searches did since the last call.
     pub fn take_work(&mut self) -> Work {
         std::mem::take(&mut self.work)

@@ -1054,3 +1054,27 @@ fn lp_takes_the_floors_pass_only_where_its_bound_is_proved() {
         assert!(index.view().codes.is_none() && index.view().coded_pass().is_none(), "p = {p}");
     }
 }
+
+/// The queries' buffers a batch grew are kept for the next search, so a
+/// steady load allocates nothing, and let go by `let_go` (after a large
+/// request), so a batch of a thousand long queries does not stay resident.
+#[test]
+fn the_scanner_keeps_a_batch_s_buffers_until_let_go() {
+    for metric in [Metric::Cosine, Metric::L1] {
+        let index = twins_of(&random_vectors(5, 32, 200), metric);
+        let queries = random_vectors(6, 32, 300);
+        let queries: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+        let ks = vec![3; queries.len()];
+        let mut tops: Vec<TopK> = queries.iter().map(|_| TopK::new()).collect();
+        let mut scanner = Scanner::with_threads(1);
+        scanner.search(index.view(), &queries, &ks, &mut tops, None);
+        let kept = |scanner: &Scanner| {
+            let buffers = &scanner.buffers;
+            buffers.scales.capacity() + buffers.farthest.capacity() + buffers.codes.len() + buffers.grids.len()
+        };
+        assert!(kept(&scanner) >= 2 * queries.len(), "{metric:?}: the buffers are kept");
+        scanner.let_go();
+        assert_eq!(kept(&scanner), 0, "{metric:?}: the buffers are let go");
+        assert!(scanner.buffers.screen.is_none() && scanner.together.tops.is_empty());
+    }
+}
