@@ -44,26 +44,28 @@ fn bench_kernels(c: &mut Criterion) {
 /// dimensions, from cache: their arithmetic alone, beside l2's. (Values are
 /// made non-negative so that js scores them as it would.)
 fn bench_distances(c: &mut Criterion) {
-    use kernels::distances;
+    use quiver::store::{Metric, Power};
     let mut group = c.benchmark_group("distances");
     let dims = 768;
     let (a, b): (Vec<f32>, Vec<f32>) = (floats(1, dims), floats(2, dims));
     let (a, b): (Vec<f32>, Vec<f32>) = (a.iter().map(|x| x.abs()).collect(), b.iter().map(|x| x.abs()).collect());
     group.throughput(Throughput::Bytes((dims * 4) as u64));
-    type Kernel = fn(&[f32], &[f32]) -> f32;
-    let kernels: [(&str, Kernel); 9] = [
-        ("l2", kernels::l2_squared),
-        ("l1", distances::l1),
-        ("linf", distances::linf),
-        ("lp3", |a, b| distances::lp(a, b, 3.0)),
-        ("lp2.5", |a, b| distances::lp(a, b, 2.5)),
-        ("canberra", distances::canberra),
-        ("bc", distances::bray_curtis),
-        ("js", distances::jensen_shannon),
-        ("lp0.5", |a, b| distances::lp(a, b, 0.5)),
+    let lp = |p| Metric::Lp(Power::new(p).expect("a valid p"));
+    let kernels: [(&str, Metric); 9] = [
+        ("l2", Metric::L2),
+        ("l1", Metric::L1),
+        ("linf", Metric::Linf),
+        ("lp3", lp(3.0)),
+        ("lp2.5", lp(2.5)),
+        ("canberra", Metric::Canberra),
+        ("bc", Metric::BrayCurtis),
+        ("js", Metric::JensenShannon),
+        ("lp0.5", lp(0.5)),
     ];
     for (name, kernel) in kernels {
-        group.bench_function(BenchmarkId::new(name, dims), |bench| bench.iter(|| kernel(black_box(&a), black_box(&b))));
+        group.bench_function(BenchmarkId::new(name, dims), |bench| {
+            bench.iter(|| black_box(kernel).distance(black_box(&a), black_box(&b)))
+        });
     }
     group.finish();
 }

@@ -10,7 +10,6 @@ use quiver::api::decode::{BodyLimits, Decoder, Deletion};
 use quiver::api::json;
 use quiver::http::pieces::parse_in_pieces;
 use quiver::http::FramingLimits;
-use quiver::store::kernels::{self, distances};
 use quiver::store::topk::TopK;
 use quiver::store::{Batch, Filter, Index, Metric, Mutation, Scanner, Store};
 use quiver::wal::record::{self, Record};
@@ -385,19 +384,7 @@ struct ModelIndex {
 
 /// The distance an index ranks by, computed the way `Index::search` does.
 fn model_distance(metric: Metric, query: &[f32], vector: &[f32]) -> f32 {
-    let distance = match metric {
-        Metric::Cosine => {
-            -((kernels::dot(query, vector) * kernels::inverse_norm(vector)) * kernels::inverse_norm(query))
-        }
-        Metric::L2 => kernels::l2_squared(query, vector),
-        Metric::Ip => -kernels::dot(query, vector),
-        Metric::L1 => distances::l1(query, vector),
-        Metric::Linf => distances::linf(query, vector),
-        Metric::Lp(p) => distances::lp(query, vector, p.get()),
-        Metric::Canberra => distances::canberra(query, vector),
-        Metric::BrayCurtis => distances::bray_curtis(query, vector),
-        Metric::JensenShannon => distances::jensen_shannon(query, vector),
-    };
+    let distance = metric.distance(query, vector);
     if distance.is_nan() {
         f32::INFINITY
     } else {

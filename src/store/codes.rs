@@ -569,6 +569,24 @@ impl QueryCode {
     }
 }
 
+/// Which int8 first pass a metric's searches take: a bound on products
+/// (this module) or a floor under coordinate distances (`floors`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Bound {
+    Products(Shape),
+    Floors(floors::Floor),
+}
+
+impl Bound {
+    /// The grid its codes are on.
+    pub fn grid(self) -> Grid {
+        match self {
+            Bound::Products(_) => Grid::Fitted,
+            Bound::Floors(floor) => floor.grid(),
+        }
+    }
+}
+
 /// How the bound treats a metric's score (the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shape {

@@ -18,59 +18,11 @@ use super::aligned::Aligned;
 use super::codes::{Codes, Grid};
 use super::filter::Filter;
 use super::kernels;
-pub use super::metric::{Metric, MetricError, Power};
-use super::scan::{self, View};
+pub use super::metric::{Metric, MetricError, Power, VectorError};
+use super::scan::View;
 use super::screen;
 use super::topk::TopK;
-use crate::limits::{COSINE_SQUARED_NORM_MIN, SQUARED_NORM_MAX};
 use rows::RowMap;
-
-/// Why one vector cannot be stored in (or searched against) an index.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VectorError {
-    WrongDimensions {
-        expected: usize,
-        got: usize,
-    },
-    NotFinite {
-        position: usize,
-    },
-    ZeroForCosine,
-    /// js only: a value below zero, which has no logarithm.
-    Negative {
-        position: usize,
-    },
-    /// Euclidean norm above 2^62 (`limits::SQUARED_NORM_MAX`).
-    NormTooLarge,
-    /// Cosine only: a Euclidean norm below 2^-62 (`limits::COSINE_SQUARED_NORM_MIN`).
-    NormTooSmall,
-}
-
-impl fmt::Display for VectorError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            VectorError::WrongDimensions { expected, got } => {
-                write!(f, "expected {expected} dimensions, got {got}")
-            }
-            VectorError::NotFinite { position } => {
-                write!(f, "value at position {position} is not a finite 32-bit float")
-            }
-            VectorError::ZeroForCosine => {
-                write!(f, "an all-zero vector has no direction in a cosine index")
-            }
-            VectorError::Negative { position } => {
-                write!(f, "value at position {position} is negative, and a js index scores only vectors without negative values")
-            }
-            VectorError::NormTooLarge => {
-                write!(f, "its Euclidean norm is above 2^62 (about 4.6e18), the largest that is scored exactly")
-            }
-            VectorError::NormTooSmall => write!(
-                f,
-                "its Euclidean norm is below 2^-62 (about 2.2e-19), the smallest a cosine index scores exactly"
-            ),
-        }
-    }
-}
 
 /// One row's metadata text, kept in place when it is 16 bytes or shorter
 /// (`{"n":"123456"}`): 24 bytes a row then, where a boxed text takes 16
@@ -142,7 +94,7 @@ impl Index {
     /// `codes::floors` for coordinate distances), where this process runs
     /// the pass.
     fn code_grid(dims: usize, metric: Metric) -> Option<Grid> {
-        let grid = scan::Bound::of(metric)?.grid();
+        let grid = metric.first_pass()?.grid();
         (dims <= super::codes::DIMS_MAX && super::cpu::paths().int8().is_some()).then_some(grid)
     }
 
@@ -178,28 +130,7 @@ impl Index {
         if vector.len() != self.dims {
             return Err(VectorError::WrongDimensions { expected: self.dims, got: vector.len() });
         }
-        // One pass for both: js also refuses values below zero.
-        let js = self.metric == Metric::JensenShannon;
-        if let Some(position) = vector.iter().position(|&x| !x.is_finite() || (js && x < 0.0)) {
-            return Err(if vector[position].is_finite() {
-                VectorError::Negative { position }
-            } else {
-                VectorError::NotFinite { position }
-            });
-        }
-        // Zero only for the zero vector: the square of any other f32 is a
-        // normal f64.
-        let squared = kernels::squared_norm(vector);
-        if self.metric == Metric::Cosine && squared == 0.0 {
-            return Err(VectorError::ZeroForCosine);
-        }
-        if squared > SQUARED_NORM_MAX {
-            return Err(VectorError::NormTooLarge);
-        }
-        if self.metric == Metric::Cosine && squared < COSINE_SQUARED_NORM_MIN {
-            return Err(VectorError::NormTooSmall);
-        }
-        Ok(squared)
+        self.metric.check(vector)
     }
 
     /// Checks a query (`check_vector`) and makes it ready to scan: for
@@ -228,21 +159,14 @@ impl Index {
     /// back by that power of two: exact, unless the product leaves f32's
     /// normal range, where it rounds once.
     pub fn score_of(&self, distance: f32, divisor: f64) -> f32 {
-        match self.metric {
-            Metric::Cosine => -distance,
-            Metric::Ip => (-f64::from(distance) * divisor) as f32,
-            _ => distance,
-        }
+        self.metric.score(distance, divisor)
     }
 
     /// Stores or replaces the embedding `id`. The vector must have passed `check_vector`.
     pub fn upsert(&mut self, id: i64, vector: &[f32], metadata: &[u8]) {
         debug_assert_eq!(self.check_vector(vector), Ok(()));
         let squared_norm = kernels::squared_norm(vector);
-        let inverse_norm = match self.metric {
-            Metric::Cosine => kernels::inverse_norm_of(squared_norm),
-            _ => 0.0,
-        };
+        let inverse_norm = if self.metric.is_scaled() { kernels::inverse_norm_of(squared_norm) } else { 0.0 };
         let norm = screen::norm_bound_of(squared_norm);
         match self.rows.get(&self.ids, id) {
             Some(row) => {
@@ -252,7 +176,7 @@ impl Index {
                 if let Some(codes) = &mut self.codes {
                     codes.set(row, vector);
                 }
-                if self.metric == Metric::Cosine {
+                if self.metric.is_scaled() {
                     self.inverse_norms[row] = inverse_norm;
                 }
                 if *self.metadata[row] != *metadata {
@@ -268,7 +192,7 @@ impl Index {
                 if let Some(codes) = &mut self.codes {
                     codes.push(vector);
                 }
-                if self.metric == Metric::Cosine {
+                if self.metric.is_scaled() {
                     self.inverse_norms.push(inverse_norm);
                 }
                 self.ids.push(id);
@@ -315,7 +239,7 @@ impl Index {
         if let Some(codes) = &mut self.codes {
             codes.swap_remove(row);
         }
-        if self.metric == Metric::Cosine {
+        if self.metric.is_scaled() {
             self.inverse_norms.swap_remove(row);
         }
         true
@@ -340,9 +264,10 @@ impl Index {
         }
         let rows = RowMap::of(&ids).map_err(|id| format!("id {id} appears twice"))?;
         let squared_norms: Vec<f64> = vectors.chunks_exact(dims).map(kernels::squared_norm).collect();
-        let inverse_norms = match metric {
-            Metric::Cosine => squared_norms.iter().map(|&s| kernels::inverse_norm_of(s)).collect(),
-            _ => Vec::new(),
+        let inverse_norms = if metric.is_scaled() {
+            squared_norms.iter().map(|&s| kernels::inverse_norm_of(s)).collect()
+        } else {
+            Vec::new()
         };
         let norms = squared_norms.into_iter().map(screen::norm_bound_of).collect();
         let codes = Index::code_grid(dims, metric).and_then(|grid| Codes::of(dims, grid, &vectors));

@@ -17,13 +17,13 @@
 //! built, and the entry points here (`dot`, `l2_squared`, and the scans of
 //! `scan`) call the kernels compiled for it.
 
-pub mod distances;
+pub mod lanes;
 
 use super::cpu::{self, F32};
 
 /// The f32 kernels' error model, on which every first pass's proof rests
 /// (`screen`, `codes`, `codes::floors`): a sum of `n` terms as `tile` and
-/// `distances` compute it is within `relative_error(n)` of the sum of the
+/// the pairwise distances (`metric`) compute it is within `relative_error(n)` of the sum of the
 /// terms' magnitudes of the exact sum. Each term passes through at most
 /// `m = n / 4 + 64` roundings, each off by at most 2^-24 of the partial
 /// sum: two per 8 values in lanes of at least 8 where the build has no

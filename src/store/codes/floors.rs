@@ -50,7 +50,7 @@
 //!   distances do, from a random half step each: a bound value by value
 //!   (`|x_i - q_i| >= a (s_i - 1)`) would lose a whole step in each.
 //!
-//! The f32 kernels (`kernels::distances`) add non-negative terms, each off
+//! The f32 kernels (`metric::l1`, `linf`, `lp`, `bray_curtis`) add non-negative terms, each off
 //! by at most 2^-24 of itself; among f32's subnormals those sums and
 //! differences are exact. So by the kernels' error model their l1 and each
 //! of Bray-Curtis's sums are within `g = kernels::relative_error(n)` of the
@@ -76,7 +76,7 @@
 //! within `2.5 x 2^-24` of `|ln r|` for every normal `r` (a subnormal one
 //! gives -inf, a term of 0 for one below 2^-126), and `exp` within
 //! `2 x 2^-24` where `e^z` is normal, below 2^-126 elsewhere; both checked
-//! on every input they can take (`kernels::distances`' tests). So `z` is
+//! on every input they can take (`metric::lp`'s tests). So `z` is
 //! within `3.6 x 2^-24 p |ln r|` of `p ln r`, and the term is at least
 //! `r^p (1 - 2^-23)` less `3.6 x 2^-24 r^p p |ln r| <= 1.33 x 2^-24` (as
 //! `r^p p |ln r| <= 1 / e`), less 2^-126: at least

@@ -52,7 +52,7 @@
 //! distance. The slope's rounding costs at most 15/11,800 in a segment,
 //! where the least is taken; the chord's bend, at most 0.003.
 //!
-//! Canberra's f32 kernel (`kernels::distances`) rounds each term three
+//! Canberra's f32 kernel (`metric::canberra`) rounds each term three
 //! times (the difference, the sum of magnitudes, the quotient: each within
 //! 2^-24 of itself, or exact among the subnormals, but the quotient, then
 //! within 2^-150) and adds the terms as `floors` says, within `g` of their

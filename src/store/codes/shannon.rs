@@ -7,7 +7,7 @@
 //! size (`f(cx, cq) = c f(x, q)`) and with their ratio: with `M` the larger
 //! of the two and `ρ` the smaller over `M`, `f = M ψ(ρ)`, where
 //! `ψ(ρ) = (1 + ρ) g(t) / 4`, `t = (1 - ρ) / (1 + ρ)` and
-//! `g(t) = (1 + t) ln(1 + t) + (1 - t) ln(1 - t)` (`kernels::distances`).
+//! `g(t) = (1 + t) ln(1 + t) + (1 - t) ln(1 - t)` (`metric::jensen_shannon`).
 //! `ψ` falls from `ln 2 / 2` at `ρ = 0` to 0 at `ρ = 1`: the derivative of
 //! `f` in the smaller value `q` is `ln(2q / s) / 2 < 0`. A level gives both
 //! at once: a lower edge for `M`, and with the other value's level an upper
@@ -42,7 +42,7 @@
 //! found exactly, in integers, and `u` times it is at most the row's exact
 //! js distance.
 //!
-//! js's f32 kernel (`kernels::distances`) sums non-negative terms
+//! js's f32 kernel (`metric::jensen_shannon`) sums non-negative terms
 //! `s g(t) / 4` as l1's does (within `g` of their sum, `floors`). Each term
 //! whose bound above is not 0 has `m >= 2`, so `t >= 0.0108`; there it is
 //! at least `(1 - 2^-15)` times the exact term, less 2^-150 where it falls

@@ -9,10 +9,9 @@ use roaring::RoaringBitmap;
 
 use super::threads::{share_in, threshold_of};
 use super::{FirstPass, View};
-use crate::store::codes::floors::{Floor, Grids};
+use crate::store::codes::floors::Grids;
 use crate::store::codes::{self, Codes, QueryCode};
 use crate::store::cpu;
-use crate::store::metric::Metric;
 use crate::store::topk::TopK;
 
 /// How far ahead of the rows being decided the int8 pass asks for codes.
@@ -118,38 +117,6 @@ impl Later {
     fn drain(&mut self) -> impl Iterator<Item = (usize, usize)> + '_ {
         let waiting = self.queued.min(RESCORE_LAG);
         (self.queued - waiting..self.queued).map(|n| self.pairs[n % RESCORE_LAG])
-    }
-}
-
-/// Which int8 first pass an index's searches take.
-#[derive(Clone, Copy)]
-pub(in crate::store) enum Bound {
-    Products(codes::Shape),
-    Floors(Floor),
-}
-
-impl Bound {
-    /// The first pass of `metric`'s searches, if a bound is proved for it.
-    pub(in crate::store) fn of(metric: Metric) -> Option<Bound> {
-        Some(match metric {
-            Metric::Cosine => Bound::Products(codes::Shape::Cosine),
-            Metric::Ip => Bound::Products(codes::Shape::Ip),
-            Metric::L2 => Bound::Products(codes::Shape::L2),
-            Metric::L1 => Bound::Floors(Floor::L1),
-            Metric::Linf => Bound::Floors(Floor::Linf),
-            Metric::BrayCurtis => Bound::Floors(Floor::BrayCurtis),
-            Metric::Lp(p) => Bound::Floors(Floor::lp(p.get())?),
-            Metric::Canberra => Bound::Floors(Floor::Canberra),
-            Metric::JensenShannon => Bound::Floors(Floor::JensenShannon),
-        })
-    }
-
-    /// The grid its codes are on.
-    pub(in crate::store) fn grid(self) -> codes::Grid {
-        match self {
-            Bound::Products(_) => codes::Grid::Fitted,
-            Bound::Floors(floor) => floor.grid(),
-        }
     }
 }
 
@@ -367,10 +334,7 @@ impl View<'_> {
             }
         };
         let norms = rows.map(|row| self.norms[row]);
-        let row_scales = match self.metric {
-            Metric::Cosine => rows.map(|row| self.inverse_norms[row]),
-            _ => [1.0; R],
-        };
+        let row_scales = if self.metric.is_scaled() { rows.map(|row| self.inverse_norms[row]) } else { [1.0; R] };
         let rows = (codes, rows, norms, row_scales);
         if let ([_], [bounds]) = (&*tops, tile_bounds) {
             // A lone search takes its own straight path: inside the loop

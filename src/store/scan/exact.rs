@@ -9,9 +9,8 @@ use roaring::RoaringBitmap;
 use super::coded::Coded;
 use super::{FirstPass, View};
 use crate::store::cpu::{self, F32};
-use crate::store::kernels::{self, distances};
-use crate::store::metric::Metric;
-use crate::store::screen;
+use crate::store::kernels::{self, Measure};
+use crate::store::metric::ExactTile;
 use crate::store::topk::{Candidate, TopK};
 
 /// How far ahead of the tile of rows being scored `search_many` asks for
@@ -47,6 +46,37 @@ pub(super) struct Tile<'a, const Q: usize> {
     pub(super) rows: Range<usize>,
     pub(super) tops: &'a mut [TopK],
     pub(super) prefetch: &'a [f32],
+}
+
+/// A tile of `scan_tile` as the metric scores it (`ExactTile`): `Q`
+/// queries with their `scales` against `rows`, `R` at a time.
+struct MetricTile<'a, 'v, const Q: usize, const R: usize> {
+    view: &'a View<'v>,
+    queries: &'a [&'a [f32]; Q],
+    scales: &'a [f32; Q],
+    rows: Range<usize>,
+    tops: &'a mut [TopK],
+    prefetch: &'a [f32],
+}
+
+impl<const Q: usize, const R: usize> ExactTile for MetricTile<'_, '_, Q, R> {
+    #[inline(always)]
+    fn products<M: Measure, const SCALED: bool>(self, distance: impl Fn(f32, f32, f32) -> f32) {
+        let MetricTile { view, queries, scales, rows, tops, prefetch } = self;
+        view.scan_tile_with::<M, Q, R>(queries, rows, tops, prefetch, |score, row, q| {
+            if SCALED {
+                distance(score, view.inverse_norms[row], scales[q])
+            } else {
+                distance(score, 1.0, 1.0)
+            }
+        });
+    }
+
+    #[inline(always)]
+    fn pairs(self, distance: impl Fn(&[f32], &[f32]) -> f32) {
+        let MetricTile { view, queries, rows, tops, prefetch, .. } = self;
+        view.scan_pairs(queries, rows, tops, prefetch, distance);
+    }
 }
 
 pub(super) fn offer(top: &mut TopK, distance: f32, id: i64, row: usize) {
@@ -185,19 +215,17 @@ impl View<'_> {
         ahead.chunks(share.max(1))
     }
 
-    /// Cosine: 1/|query|, from the query's `squared_norm` (asked for only
-    /// here). Scaling the query does not change the order; doing it once
-    /// keeps the similarities comparable in magnitude to 1.
+    /// A query's scale in its distances (`Metric::query_scale`), from its
+    /// `squared_norm` (asked for only where needed).
     pub(super) fn query_scale(&self, squared_norm: impl FnOnce() -> f64) -> f32 {
-        match self.metric {
-            Metric::Cosine => kernels::inverse_norm_of(squared_norm()),
-            _ => 1.0,
-        }
+        self.metric.query_scale(squared_norm)
     }
 
     /// Scores `Q` queries (with their `scales`) against `rows`, `R` rows at a
-    /// time, and offers each row to each query's top; first asks for
-    /// `prefetch` to be fetched meanwhile.
+    /// time, with the metric's kernel (`Metric::scan_tile`), and offers each
+    /// row to each query's top; first asks for `prefetch` to be fetched
+    /// meanwhile.
+    #[inline(always)]
     pub(super) fn scan_tile<const Q: usize, const R: usize>(
         &self,
         queries: &[&[f32]],
@@ -208,31 +236,12 @@ impl View<'_> {
     ) {
         let queries: &[&[f32]; Q] = queries.try_into().expect("a tile of Q queries");
         let scales: &[f32; Q] = scales.try_into().expect("a scale per query");
-        match self.metric {
-            Metric::Cosine => {
-                self.scan_tile_with::<kernels::Dot, Q, R>(queries, rows, tops, prefetch, |score, row, q| {
-                    screen::distance(score, self.inverse_norms[row], scales[q])
-                })
-            }
-            Metric::Ip => {
-                self.scan_tile_with::<kernels::Dot, Q, R>(queries, rows, tops, prefetch, |score, _, _| -score)
-            }
-            Metric::L2 => {
-                self.scan_tile_with::<kernels::L2Squared, Q, R>(queries, rows, tops, prefetch, |score, _, _| score)
-            }
-            Metric::L1 => self.scan_pairs(queries, rows, tops, prefetch, distances::l1),
-            Metric::Linf => self.scan_pairs(queries, rows, tops, prefetch, distances::linf),
-            Metric::Lp(p) => self.scan_pairs(queries, rows, tops, prefetch, |q, r| distances::lp(q, r, p.get())),
-            Metric::Canberra => self.scan_pairs(queries, rows, tops, prefetch, distances::canberra),
-            Metric::BrayCurtis => self.scan_pairs(queries, rows, tops, prefetch, distances::bray_curtis),
-            Metric::JensenShannon => self.scan_pairs(queries, rows, tops, prefetch, distances::jensen_shannon),
-        }
+        self.metric.scan_tile(MetricTile::<Q, R> { view: self, queries, scales, rows, tops, prefetch });
     }
 
-    /// `scan_tile` for the distances of `kernels::distances`, which score
-    /// one pair at a time: a row is read from memory once, for the first
-    /// query, and from L1 for the others; `prefetch` is asked for first,
-    /// as `scan_tile_with` does.
+    /// `scan_tile` for the distances that score one pair at a time: a row
+    /// is read from memory once, for the first query, and from L1 for the
+    /// others; `prefetch` is asked for first, as `scan_tile_with` does.
     #[inline(always)]
     pub(super) fn scan_pairs(
         &self,
@@ -255,7 +264,7 @@ impl View<'_> {
     /// into the distance the tops order by (smaller is nearer). Runs the
     /// kernels of the process's path (`cpu`).
     #[inline(always)]
-    pub(super) fn scan_tile_with<M: kernels::Measure, const Q: usize, const R: usize>(
+    pub(super) fn scan_tile_with<M: Measure, const Q: usize, const R: usize>(
         &self,
         queries: &[&[f32]; Q],
         rows: Range<usize>,
@@ -282,7 +291,7 @@ impl View<'_> {
     /// The CPU must have AVX-512F.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn scan_tile_avx512<M: kernels::Measure, const Q: usize, const R: usize>(
+    pub(super) unsafe fn scan_tile_avx512<M: Measure, const Q: usize, const R: usize>(
         &self,
         tile: Tile<'_, Q>,
         distance: &impl Fn(f32, usize, usize) -> f32,
@@ -297,7 +306,7 @@ impl View<'_> {
     /// The CPU must have AVX2 and FMA.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scan_tile_avx2<M: kernels::Measure, const Q: usize, const R: usize>(
+    pub(super) unsafe fn scan_tile_avx2<M: Measure, const Q: usize, const R: usize>(
         &self,
         tile: Tile<'_, Q>,
         distance: &impl Fn(f32, usize, usize) -> f32,
@@ -315,7 +324,7 @@ impl View<'_> {
     pub(super) unsafe fn scan_tile_in<
         L: kernels::Lanes<N>,
         const N: usize,
-        M: kernels::Measure,
+        M: Measure,
         const Q: usize,
         const R: usize,
     >(

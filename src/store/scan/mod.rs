@@ -35,13 +35,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use roaring::RoaringBitmap;
 
 use super::codes::floors::Grids;
-use super::codes::{self, Codes, QueryCode};
+use super::codes::{self, Bound, Codes, QueryCode};
 use super::cpu;
 use super::kernels;
 use super::metric::Metric;
 use super::screen::Screen;
 use super::topk::TopK;
-pub(super) use coded::Bound;
 use coded::{code_queries, Coded, CodedQueries};
 use exact::row_tile;
 use in_order::InOrder;
@@ -346,7 +345,7 @@ impl View<'_> {
     /// and the process runs the pass.
     pub(super) fn coded_pass(&self) -> Option<(Bound, cpu::Kernel)> {
         let (_, kernel) = (self.codes?, cpu::paths().int8()?);
-        Some((Bound::of(self.metric)?, kernel))
+        Some((self.metric.first_pass()?, kernel))
     }
 
     /// `search_many_split`, the threads taking `chunk` rows at a time, of

@@ -6,7 +6,6 @@ use std::ops::Range;
 use super::exact::{offer, QUERY_TILE};
 use super::View;
 use crate::store::kernels;
-use crate::store::metric::Metric;
 use crate::store::screen::{self, Screen};
 use crate::store::topk::TopK;
 
@@ -108,10 +107,12 @@ impl View<'_> {
             for (r, blocks) in converted.chunks_exact_mut(screen.blocks()).enumerate() {
                 screen::convert(&self.vectors[(row + r) * dims..(row + r + 1) * dims], blocks);
             }
-            let row_scales = match self.metric {
-                Metric::Cosine => self.inverse_norms[row..row + R].try_into().expect("R rows"),
-                Metric::Ip => [1.0; R],
-                _ => unreachable!("the bfloat16 pass bounds dot products only"),
+            // The bfloat16 pass bounds products only: cosine's, scaled,
+            // and the inner product's.
+            let row_scales = if self.metric.is_scaled() {
+                self.inverse_norms[row..row + R].try_into().expect("R rows")
+            } else {
+                [1.0; R]
             };
             let mut prefetches = self.prefetch_shares(row, R, rows.end, queries.len());
             let tiles = (0..).step_by(QUERY_TILE).zip(tops.chunks_mut(QUERY_TILE));
