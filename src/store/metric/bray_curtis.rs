@@ -14,7 +14,7 @@ impl Kind for BrayCurtis {
     const CODE: u8 = 7;
 
     fn first_pass(self) -> Option<Bound> {
-        Some(Bound::Floors(Floor::BrayCurtis))
+        Some(Bound::Floors(Floor::BRAY_CURTIS))
     }
 
     fn distance(self, query: &[f32], row: &[f32]) -> f32 {

@@ -13,7 +13,7 @@ impl Kind for Linf {
     const CODE: u8 = 4;
 
     fn first_pass(self) -> Option<Bound> {
-        Some(Bound::Floors(Floor::Linf))
+        Some(Bound::Floors(Floor::LINF))
     }
 
     fn distance(self, query: &[f32], row: &[f32]) -> f32 {

@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicU32;
 use super::coded::{Coded, CodedQueries};
 use super::in_order::LEFT_KEPT;
 use super::*;
-use crate::store::codes::floors::Floor;
+use crate::store::codes::floors::{Floor, Step};
 use crate::store::index::Index;
 use crate::store::topk::Candidate;
 
@@ -624,8 +624,8 @@ fn the_floors_never_rule_out_a_row_at_its_own_distance() {
     let kernels = int8_kernels("the floors' bound");
     let mut floors = vec![
         (Metric::L1, Floor::L1),
-        (Metric::Linf, Floor::Linf),
-        (Metric::BrayCurtis, Floor::BrayCurtis),
+        (Metric::Linf, Floor::LINF),
+        (Metric::BrayCurtis, Floor::BRAY_CURTIS),
         (Metric::Canberra, Floor::Canberra),
         (Metric::JensenShannon, Floor::JensenShannon),
     ];
@@ -654,9 +654,9 @@ fn the_floors_never_rule_out_a_row_at_its_own_distance() {
                     for &kernel in kernels.iter().filter(|&&kernel| floor.runs_on(kernel.isa())) {
                         let what = format!("{metric:?}, {dims} dims, query {q}, row {row}, {}", kernel.name());
                         let want = match floor {
-                            Floor::L1 => (d, 0),
-                            Floor::Linf => (m, 0),
-                            Floor::BrayCurtis => (d, p),
+                            Floor::Steps(Step::L1) => (d, 0),
+                            Floor::Steps(Step::Linf) => (m, 0),
+                            Floor::Steps(Step::BrayCurtis) => (d, p),
                             Floor::Lp(_) => {
                                 // The sum within the slack the bound
                                 // allows for (above) and as much below:
@@ -984,10 +984,10 @@ fn the_floors_hold_exactly_up_to_the_dimension_limit() {
     let (l1_codes, lp8) = (codes_of(Floor::L1), Floor::lp(8.0).unwrap());
     let lp8_codes = codes_of(lp8);
     for &kernel in &kernels {
-        let grids = Grids::of(Floor::BrayCurtis, &l1_codes, &query);
+        let grids = Grids::of(Floor::BRAY_CURTIS, &l1_codes, &query);
         assert_eq!(grids.spans_of(kernel, &l1_codes, 0), (254 * dims as u32, 0), "{}", kernel.name());
         assert_eq!(grids.spans_of(kernel, &l1_codes, 1), (0, 254 * dims as u32), "{}", kernel.name());
-        let grids = Grids::of(Floor::Linf, &l1_codes, &query);
+        let grids = Grids::of(Floor::LINF, &l1_codes, &query);
         assert_eq!(grids.spans_of(kernel, &l1_codes, 0), (254, 0), "{}", kernel.name());
         let grids = Grids::of(lp8, &lp8_codes, &query);
         let (sum, exact, slack, least) = grids.powers_of(kernel, &lp8_codes, 0);
