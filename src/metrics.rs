@@ -178,6 +178,11 @@ impl Metrics {
     }
 
     /// The exposition text of every metric, with per-index figures from `store`.
+    ///
+    /// Longer than a function should be, for a reason: it is the list of
+    /// the exposition's families in the order a scrape shows them, each a
+    /// header and its lines, with nothing to decide between them; cut in
+    /// parts, the list would be read in several places.
     pub fn render(&self, store: &Store, out: &mut Vec<u8>) {
         header(out, "quiver_requests_total", "counter", "Requests answered, by route and status.");
         for (route, counts) in self.requests.iter().enumerate() {

@@ -166,6 +166,11 @@ pub struct Database {
 
 impl Database {
     /// Locks the data directory, loads the snapshots and replays the log.
+    ///
+    /// Longer than a function should be, for a reason: recovery is one
+    /// sequence whose order is its correctness (the lock before any write,
+    /// the snapshots before the log, the log's damage handled before it is
+    /// appended to), kept in one place to be read top to bottom.
     pub fn open(options: &Options) -> Result<Database, OpenError> {
         let data_dir = options.data_dir.clone();
         let wal_dir = data_dir.join("wal");

@@ -241,6 +241,13 @@ fn the_layers_hold() {
     assert!(!connection.iter().any(|m| m.starts_with(&named("db"))), "connection depends on {connection:?}");
     // The api sits above the store, never below it.
     assert!(reach(&graph, &named("api")).contains(&named("store")));
+    // A metric's file names the kernels and the first pass it uses; the
+    // scans and the index use the metrics, never the other way round.
+    let metric = reach(&graph, &named("store::metric"));
+    assert!(metric.contains(&named("store::kernels::lanes")), "the metrics were read: {metric:?}");
+    for above in ["store::scan", "store::index"] {
+        assert!(!metric.iter().any(|m| m.starts_with(&named(above))), "store::metric depends on {metric:?}");
+    }
 }
 
 /// The store is pure: no command-line parsing in it (flags are the

@@ -5,7 +5,7 @@
 //! score reported, its exact kernel (for the distances beyond cosine, ip and
 //! l2, the kernel itself, with the proof of its range), and which first
 //! pass bounds it (`codes` for products, `codes::floors` for coordinate
-//! distances). Each is a [`Kind`], a type of its own, so that the scans
+//! distances). Each is a `Kind`, a type of its own, so that the scans
 //! are compiled once per metric with its constants folded in.
 //!
 //! This file registers them: the [`Metric`] enum a client's index is

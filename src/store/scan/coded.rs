@@ -302,6 +302,26 @@ impl View<'_> {
         }
     }
 
+    /// `coded_rows` through the floors: one query at a time, as each row
+    /// may want another of the query's codes (one per scale, in `grids`).
+    #[inline(always)]
+    fn floor_rows<const R: usize>(
+        &self,
+        (queries, scales, grids): (&[&[f32]], &[f32], &[Grids]),
+        coded: &Coded,
+        (codes, rows, ahead): (&Codes, [usize; R], &[usize]),
+        tops: &mut [TopK],
+        later: &mut Later,
+    ) {
+        for &row in ahead {
+            codes.prefetch(row, 1);
+        }
+        for (q, grids) in grids.iter().enumerate() {
+            let ruled = grids.rules_out(coded.kernel, codes, rows, coded.threshold(q, &tops[q]));
+            self.rescore_later((queries, scales, q), rows, ruled, (tops, coded), later);
+        }
+    }
+
     /// The int8 pass of `rows` (of `codes`) for every query: their integer
     /// products, a tile of queries at a time (`Kernel::query_tile`), their
     /// bounds against each query's farthest kept, and the pairs those cannot
@@ -321,16 +341,7 @@ impl View<'_> {
         let (query_codes, tile_bounds) = match coded.queries {
             CodedQueries::Products { codes, bounds } => (codes, bounds),
             CodedQueries::Floors(grids) => {
-                // One query at a time: each row may want another of the
-                // query's codes (one per scale).
-                for &row in ahead {
-                    codes.prefetch(row, 1);
-                }
-                for (q, grids) in grids.iter().enumerate() {
-                    let ruled = grids.rules_out(coded.kernel, codes, rows, coded.threshold(q, &tops[q]));
-                    self.rescore_later((queries, scales, q), rows, ruled, (tops, coded), later);
-                }
-                return;
+                return self.floor_rows((queries, scales, grids), coded, (codes, rows, ahead), tops, later);
             }
         };
         let norms = rows.map(|row| self.norms[row]);

@@ -7,7 +7,7 @@ use super::coded::{CODES_PREFETCH_ROWS, RESCORE_LAG};
 use super::exact::offer;
 use super::threads::{in_parts, merge_partials, share_in, threshold_of};
 use super::{FirstPass, View};
-use crate::store::codes::{self, floors::Grids};
+use crate::store::codes::{self, floors::Grids, Codes};
 use crate::store::cpu;
 use crate::store::topk::TopK;
 
@@ -84,7 +84,49 @@ impl View<'_> {
         let keys = &order.keys[..rows];
         // 1. Every row's key; each thread's k least in its `TopK`.
         let taken = AtomicUsize::new(0);
-        let read = |least: &mut TopK| loop {
+        in_parts(top, partials, k, |least, _, _| self.note_keys((kernel, grids, codes), (keys, &taken, chunk), least));
+        // 2. The rows of the least keys, scored.
+        order.least.clear();
+        order.least.extend(top.sorted().iter().map(|c| c.row as usize));
+        for partial in partials.iter_mut() {
+            order.least.extend(partial[0].sorted().iter().map(|c| c.row as usize));
+        }
+        top.reset(k);
+        // A scored row's key becomes NaN, which no key is (`keys_of`).
+        for &row in &order.least {
+            self.score_row((query, scales), top, row);
+            keys[row].store(f32::NAN.to_bits(), Ordering::Relaxed);
+        }
+        // 3. The rest not beyond the k-th nearest of those, least key first.
+        let within = top.threshold().unwrap_or(f32::INFINITY);
+        order.left.clear();
+        grids.left_of(codes, keys, within, &mut order.left);
+        let pass = if order.left.len() > rows / EXACT_SCAN_SHARE {
+            // The bounds tell too few rows apart (rows alike): every row's
+            // exact scan, in order and in tiles, costs less than scoring
+            // these one at a time in the order of their keys.
+            self.scan_every_row((query, scales), top, (partials, chunk))
+        } else {
+            order.left.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+            let left = (&order.left[..], within);
+            let rescored = self.score_left((query, scales), (grids, codes), left, top, partials);
+            FirstPass { rows: rows as u64, rescored: (order.least.len() + rescored) as u64 }
+        };
+        order.let_go();
+        pass
+    }
+
+    /// Step 1 of `search_in_order`, on one thread: takes `chunk` rows at a
+    /// time (from `taken`) until none are left, noting each row's key in
+    /// `keys` and offering it to `least`.
+    fn note_keys(
+        &self,
+        (kernel, grids, codes): (cpu::Kernel, &Grids, &Codes),
+        (keys, taken, chunk): (&[AtomicU32], &AtomicUsize, usize),
+        least: &mut TopK,
+    ) {
+        let rows = keys.len();
+        loop {
             let start = taken.fetch_add(chunk, Ordering::Relaxed);
             if start >= rows {
                 break;
@@ -107,50 +149,53 @@ impl View<'_> {
                 let [key] = grids.keys_of(kernel, codes, [row]);
                 note(row, key);
             }
-        };
-        in_parts(top, partials, k, |least, _, _| read(least));
-        // 2. The rows of the least keys, scored.
-        order.least.clear();
-        order.least.extend(top.sorted().iter().map(|c| c.row as usize));
-        for partial in partials.iter_mut() {
-            order.least.extend(partial[0].sorted().iter().map(|c| c.row as usize));
         }
+    }
+
+    /// Scores row `row` exactly against the lone query, into `top`.
+    #[inline(always)]
+    fn score_row(&self, (query, scales): (&[f32], &[f32]), top: &mut TopK, row: usize) {
+        self.scan_tile::<1, 1>(&[query], scales, row..row + 1, std::slice::from_mut(top), &[]);
+    }
+
+    /// `search_in_order` where its bounds tell too few rows apart: every
+    /// row scored exactly into `top` (reset), the threads taking `chunk`
+    /// rows at a time.
+    fn scan_every_row(
+        &self,
+        (query, scales): (&[f32], &[f32]),
+        top: &mut TopK,
+        (partials, chunk): (&mut [Vec<TopK>], usize),
+    ) -> FirstPass {
+        let (rows, k) = (self.len(), top.k());
         top.reset(k);
-        let score = |top: &mut TopK, row: usize| {
-            self.scan_tile::<1, 1>(&[query], scales, row..row + 1, std::slice::from_mut(top), &[]);
-        };
-        // A scored row's key becomes NaN, which no key is (`keys_of`).
-        for &row in &order.least {
-            score(top, row);
-            keys[row].store(f32::NAN.to_bits(), Ordering::Relaxed);
-        }
-        // 3. The rest not beyond the k-th nearest of those, least key first.
-        let within = top.threshold().unwrap_or(f32::INFINITY);
-        order.left.clear();
-        grids.left_of(codes, keys, within, &mut order.left);
-        if order.left.len() > rows / EXACT_SCAN_SHARE {
-            // The bounds tell too few rows apart (rows alike): every row's
-            // exact scan, in order and in tiles, costs less than scoring
-            // these one at a time in the order of their keys.
-            top.reset(k);
-            let taken = AtomicUsize::new(0);
-            in_parts(top, partials, k, |top, _, _| loop {
-                let start = taken.fetch_add(chunk, Ordering::Relaxed);
-                if start >= rows {
-                    break;
-                }
-                let range = start..(start + chunk).min(rows);
-                self.scan_exact(&[query], scales, None, range, std::slice::from_mut(top));
-            });
-            merge_partials(top, partials);
-            order.let_go();
-            return FirstPass { rows: rows as u64, rescored: rows as u64 };
-        }
-        order.left.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+        let taken = AtomicUsize::new(0);
+        in_parts(top, partials, k, |top, _, _| loop {
+            let start = taken.fetch_add(chunk, Ordering::Relaxed);
+            if start >= rows {
+                break;
+            }
+            let range = start..(start + chunk).min(rows);
+            self.scan_exact(&[query], scales, None, range, std::slice::from_mut(top));
+        });
+        merge_partials(top, partials);
+        FirstPass { rows: rows as u64, rescored: rows as u64 }
+    }
+
+    /// Step 3 of `search_in_order`: each row of `left` (least key first)
+    /// not beyond the k-th nearest kept by then, starting `within`, scored
+    /// into `top`; returns how many were.
+    fn score_left(
+        &self,
+        (query, scales): (&[f32], &[f32]),
+        (grids, codes): (&Grids, &Codes),
+        (left, within): (&[(f32, u32)], f32),
+        top: &mut TopK,
+        partials: &mut [Vec<TopK>],
+    ) -> usize {
         // Shared by the threads as `Coded::farthest` is: each takes every
         // `parts`-th row left, least key first.
-        let (farthest, rescored) = (AtomicU32::new(within.to_bits()), AtomicUsize::new(order.least.len()));
-        let left = &order.left;
+        let (farthest, rescored) = (AtomicU32::new(within.to_bits()), AtomicUsize::new(0));
         let third = |top: &mut TopK, part: usize, parts: usize| {
             let mut scored = 0;
             for (n, &(key, row)) in left.iter().enumerate().skip(part).step_by(parts) {
@@ -161,7 +206,7 @@ impl View<'_> {
                 if let Some(&(_, ahead)) = left.get(n + RESCORE_LAG * parts) {
                     self.prefetch_row(ahead as usize);
                 }
-                score(top, row as usize);
+                self.score_row((query, scales), top, row as usize);
                 scored += 1;
                 share_in(&farthest, top);
             }
@@ -169,10 +214,9 @@ impl View<'_> {
         };
         // Handing a part to another thread costs about as much as scoring a
         // few dozen rows.
-        let helpers = if left.len() < THIRD_STEP_SPLIT_MIN { &mut [][..] } else { &mut *partials };
-        in_parts(top, helpers, k, third);
+        let helpers = if left.len() < THIRD_STEP_SPLIT_MIN { &mut [][..] } else { partials };
+        in_parts(top, helpers, top.k(), third);
         merge_partials(top, helpers);
-        order.let_go();
-        FirstPass { rows: rows as u64, rescored: rescored.into_inner() as u64 }
+        rescored.into_inner()
     }
 }
