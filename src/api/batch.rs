@@ -9,10 +9,14 @@
 //! 2. If the turn is worth waiting for (`Batches::gather_window`), the loop
 //!    waits a moment for more searches, parking those that arrive.
 //! 3. `Batches::run` runs every parked search not yet run, those on the
-//!    same index together, and renders each answer at once. A change to
-//!    the store runs the searches parked before it first, so that none
-//!    sees a change that arrived after it.
-//! 4. `Batches::answer` copies each answer into its connection's buffer;
+//!    same index together. A change to the store runs the searches parked
+//!    before it first, so that none sees a change that arrived after it;
+//!    their answers are rendered at once (`Render::Now`), as the change
+//!    may move or alter the rows they name.
+//! 4. `Batches::answer` writes each answer into its connection's buffer:
+//!    the hits of a search run at the end of the turn, after which nothing
+//!    changes before the answers are written, straight from its top
+//!    (`Render::AtAnswer`); one rendered before a change, copied.
 //!    `Batches::end_turn` frees the slots for the next turn.
 //!
 //! The wait in step 2 is decided from the last turn: a client answered in a
@@ -60,24 +64,55 @@ struct Parked {
     filter: Option<Filter>,
     keep_alive: bool,
     top: TopK,
-    /// The answer and its status, rendered as soon as the search has run: a
-    /// change later in the turn may move or alter the rows it names.
+    /// The answer and its status where it was rendered as soon as the
+    /// search had run (`Render::Now`).
     reply: Vec<u8>,
     status: u16,
+    /// Whether it has run; whether its answer is in `reply`.
     done: bool,
+    rendered: bool,
+}
+
+/// When the answers of a run are rendered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Render {
+    /// At once, into each search's own buffer: a change follows the run.
+    Now,
+    /// Into the connection's buffer when answered: nothing changes before.
+    AtAnswer,
 }
 
 impl Parked {
-    /// Renders the answer from the hits in `top` (or the error that they
-    /// make too large a reply); the search is then done.
-    fn answer(&mut self, index: &Index, reply_bytes_max: usize) {
-        self.reply.clear();
-        let reply = Reply { out: &mut self.reply, keep_alive: self.keep_alive };
-        self.status = match embeddings::write_hits(index, &mut self.top, self.ask, reply_bytes_max, reply) {
-            Ok(status) => status,
-            Err(error) => error.write(&mut self.reply, self.keep_alive),
-        };
+    /// Notes that the search has run, its hits in `top`, and renders its
+    /// answer now if `render` says so.
+    fn ran(&mut self, index: &Index, (render, reply_bytes_max): (Render, usize)) {
         self.done = true;
+        if render == Render::Now {
+            self.render(index, reply_bytes_max);
+        }
+    }
+
+    /// Renders the answer from the hits in `top` (or the error that they
+    /// make too large a reply) into `reply`.
+    fn render(&mut self, index: &Index, reply_bytes_max: usize) {
+        self.reply.clear();
+        self.status = write_answer(index, &mut self.top, (self.ask, self.keep_alive), reply_bytes_max, &mut self.reply);
+        self.rendered = true;
+    }
+}
+
+/// Writes the answer of a search whose hits are in `top` into `out` (or the
+/// error that they make too large a reply); returns its status.
+fn write_answer(
+    index: &Index,
+    top: &mut TopK,
+    (ask, keep_alive): (Ask, bool),
+    reply_bytes_max: usize,
+    out: &mut Vec<u8>,
+) -> u16 {
+    match embeddings::write_hits(index, top, ask, reply_bytes_max, Reply { out, keep_alive }) {
+        Ok(status) => status,
+        Err(error) => error.write(out, keep_alive),
     }
 }
 
@@ -130,7 +165,7 @@ impl Batches {
         slot.ask = ask;
         slot.filter = filter;
         slot.keep_alive = keep_alive;
-        slot.done = false;
+        (slot.done, slot.rendered) = (false, false);
         seat.parked = Some((self.parked_len, started));
         if seat.answered_in == Some(self.runs) {
             self.returned += 1;
@@ -164,8 +199,8 @@ impl Batches {
 
     /// Runs every parked search not yet run: those on the same index with
     /// the same filter (or none) together, reading its rows once for all
-    /// of them.
-    pub fn run(&mut self, store: &Store, metrics: &mut Metrics, reply_bytes_max: usize) {
+    /// of them; their answers rendered as `render` says.
+    pub fn run(&mut self, store: &Store, metrics: &mut Metrics, (render, reply_bytes_max): (Render, usize)) {
         let started = Instant::now();
         let to_run = self.parked[..self.parked_len].iter().filter(|p| !p.done).count();
         if to_run == 0 {
@@ -186,9 +221,9 @@ impl Batches {
             let searches = std::iter::once((&head.query[..], head.ask.k, &mut head.top)).chain(others);
             self.scanner.search_together(index.view(), mask.as_deref(), searches);
             for slot in rest.iter_mut().filter(together) {
-                slot.answer(index, reply_bytes_max);
+                slot.ran(index, (render, reply_bytes_max));
             }
-            head.answer(index, reply_bytes_max);
+            head.ran(index, (render, reply_bytes_max));
         }
         metrics.add_search_work(self.scanner.take_work());
         self.last_run = (to_run, started.elapsed());
@@ -196,13 +231,26 @@ impl Batches {
     }
 
     /// Writes the answer of the seat's parked search, which has run, into
-    /// `out`; returns its status and when the search was taken. `None` if
-    /// the seat has no parked search.
-    pub fn answer(&mut self, seat: &mut Seat, out: &mut Vec<u8>) -> Option<(u16, Instant)> {
+    /// `out` (its hits from `store`'s index where it was not rendered);
+    /// returns its status and when the search was taken. `None` if the
+    /// seat has no parked search.
+    pub fn answer(
+        &mut self,
+        seat: &mut Seat,
+        (store, reply_bytes_max): (&Store, usize),
+        out: &mut Vec<u8>,
+    ) -> Option<(u16, Instant)> {
         let (slot, started) = seat.parked.take()?;
-        let parked = &self.parked[slot];
+        let parked = &mut self.parked[slot];
         assert!(parked.done, "a parked search is answered after it has run");
-        out.extend_from_slice(&parked.reply);
+        if parked.rendered {
+            out.extend_from_slice(&parked.reply);
+        } else {
+            let Some(index) = store.index(&parked.index) else {
+                unreachable!("nothing changes between a run rendering at answer and the answers")
+            };
+            parked.status = write_answer(index, &mut parked.top, (parked.ask, parked.keep_alive), reply_bytes_max, out);
+        }
         seat.answered_in = Some(self.runs);
         Some((parked.status, started))
     }
@@ -262,9 +310,9 @@ mod tests {
         batches.park(seat, index, ask, None, true, Instant::now());
     }
 
-    fn answer(batches: &mut Batches, seat: &mut Seat) -> Vec<u8> {
+    fn answer(batches: &mut Batches, store: &Store, seat: &mut Seat) -> Vec<u8> {
         let mut out = Vec::new();
-        let (status, _) = batches.answer(seat, &mut out).expect("a parked search");
+        let (status, _) = batches.answer(seat, (store, 1 << 20), &mut out).expect("a parked search");
         assert_eq!(status, 200);
         out
     }
@@ -278,8 +326,8 @@ mod tests {
         let mut batches = Batches::with_threads(1);
         let mut seat = Seat::default();
         park_asking(&mut batches, &mut seat, index, query, ask);
-        batches.run(store, &mut Metrics::default(), 1 << 20);
-        answer(&mut batches, &mut seat)
+        batches.run(store, &mut Metrics::default(), (Render::AtAnswer, 1 << 20));
+        answer(&mut batches, store, &mut seat)
     }
 
     /// Parks a search with `filter` as `App` does: the keys it names are
@@ -308,14 +356,14 @@ mod tests {
         for (q, (seat, query)) in seats.iter_mut().zip(&queries).enumerate() {
             park_filtered(&mut batches, seat, &mut store, query, &filters[q % 2]);
         }
-        batches.run(&store, &mut Metrics::default(), 1 << 20);
+        batches.run(&store, &mut Metrics::default(), (Render::AtAnswer, 1 << 20));
         for (q, (seat, query)) in seats.iter_mut().zip(&queries).enumerate() {
-            let together = answer(&mut batches, seat);
+            let together = answer(&mut batches, &store, seat);
             let mut lone = Batches::with_threads(1);
             let mut lone_seat = Seat::default();
             park_filtered(&mut lone, &mut lone_seat, &mut store, query, &filters[q % 2]);
-            lone.run(&store, &mut Metrics::default(), 1 << 20);
-            let alone = answer(&mut lone, &mut lone_seat);
+            lone.run(&store, &mut Metrics::default(), (Render::AtAnswer, 1 << 20));
+            let alone = answer(&mut lone, &store, &mut lone_seat);
             assert_eq!(together, alone, "query {q}");
             let text = String::from_utf8(together).unwrap();
             assert_eq!(text.matches("\"m\":\"1\"").count(), if q % 2 == 0 { 4 } else { 0 }, "{text}");
@@ -336,9 +384,9 @@ mod tests {
             for (q, (seat, query)) in seats.iter_mut().zip(&queries).enumerate() {
                 park_asking(&mut batches, seat, "small", query, ask(q));
             }
-            batches.run(&store, &mut metrics, 1 << 20);
+            batches.run(&store, &mut metrics, (Render::AtAnswer, 1 << 20));
             for (q, (seat, query)) in seats.iter_mut().zip(&queries).enumerate() {
-                let answer = answer(&mut batches, seat);
+                let answer = answer(&mut batches, &store, seat);
                 assert_eq!(answer, alone_asking(&store, "small", query, ask(q)), "query {q}");
                 let text = String::from_utf8(answer).unwrap();
                 assert_eq!(text.contains("\"score\":") && text.contains("\"data\":"), q % 2 == 1, "{text}");
@@ -355,14 +403,34 @@ mod tests {
         let (mut before, mut after) = (Seat::default(), Seat::default());
         park(&mut batches, &mut before, "small", &[0.0, 0.0], 3);
         let expected = alone(&store, "small", &[0.0, 0.0], 3);
-        // A change: what was parked before it runs first.
-        batches.run(&store, &mut Metrics::default(), 1 << 20);
+        // A change: what was parked before it runs first, rendered then.
+        batches.run(&store, &mut Metrics::default(), (Render::Now, 1 << 20));
         store.index_mut("small").unwrap().upsert(-1, &[0.0, 0.0], b"");
         park(&mut batches, &mut after, "small", &[0.0, 0.0], 3);
-        batches.run(&store, &mut Metrics::default(), 1 << 20);
-        assert_eq!(answer(&mut batches, &mut before), expected, "the change came after it");
-        assert_eq!(answer(&mut batches, &mut after), alone(&store, "small", &[0.0, 0.0], 3));
+        batches.run(&store, &mut Metrics::default(), (Render::AtAnswer, 1 << 20));
+        assert_eq!(answer(&mut batches, &store, &mut before), expected, "the change came after it");
+        assert_eq!(answer(&mut batches, &store, &mut after), alone(&store, "small", &[0.0, 0.0], 3));
         assert_ne!(expected, alone(&store, "small", &[0.0, 0.0], 3), "the change moves the answer");
+    }
+
+    /// A search run at the end of a turn is written once, into the
+    /// connection's buffer; one run before a change is rendered then, and
+    /// copied.
+    #[test]
+    fn hits_run_at_the_turn_s_end_are_written_once_into_the_connection() {
+        let store = store(0);
+        let mut batches = Batches::default();
+        let mut seats = [Seat::default(); 2];
+        park(&mut batches, &mut seats[0], "small", &[3.0, 1.0], 4);
+        batches.run(&store, &mut Metrics::default(), (Render::Now, 1 << 20));
+        park(&mut batches, &mut seats[1], "small", &[3.0, 1.0], 4);
+        batches.run(&store, &mut Metrics::default(), (Render::AtAnswer, 1 << 20));
+        assert!(batches.parked[0].rendered && !batches.parked[0].reply.is_empty());
+        assert!(!batches.parked[1].rendered && batches.parked[1].reply.is_empty(), "nothing rendered yet");
+        let expected = alone(&store, "small", &[3.0, 1.0], 4);
+        assert_eq!(answer(&mut batches, &store, &mut seats[0]), expected);
+        assert_eq!(answer(&mut batches, &store, &mut seats[1]), expected);
+        assert!(batches.parked[1].reply.is_empty(), "written straight into the connection's buffer");
     }
 
     #[test]
@@ -371,9 +439,9 @@ mod tests {
         let mut batches = Batches::default();
         let mut seat = Seat::default();
         park(&mut batches, &mut seat, "small", &[1.0, 1.0], 50);
-        batches.run(&store, &mut Metrics::default(), 1000);
+        batches.run(&store, &mut Metrics::default(), (Render::AtAnswer, 1000));
         let mut out = Vec::new();
-        assert_eq!(batches.answer(&mut seat, &mut out).map(|(status, _)| status), Some(400));
+        assert_eq!(batches.answer(&mut seat, (&store, 1000), &mut out).map(|(status, _)| status), Some(400));
         assert!(String::from_utf8(out).unwrap().contains("REPLY_TOO_LARGE"));
     }
 
@@ -387,9 +455,9 @@ mod tests {
         for seat in &mut seats[..2] {
             park(&mut batches, seat, "small", &[1.0, 2.0], 1);
         }
-        batches.run(&store, &mut metrics, 1 << 20);
+        batches.run(&store, &mut metrics, (Render::AtAnswer, 1 << 20));
         for seat in &mut seats[..2] {
-            answer(&mut batches, seat);
+            answer(&mut batches, &store, seat);
         }
         batches.end_turn();
         assert!(batches.gathering(), "none of the two has come back yet");
@@ -402,9 +470,9 @@ mod tests {
         let [_, second, _] = &mut seats;
         park(&mut batches, second, "small", &[1.0, 2.0], 1);
         assert!(!batches.gathering(), "both clients of the last run are back");
-        batches.run(&store, &mut metrics, 1 << 20);
+        batches.run(&store, &mut metrics, (Render::AtAnswer, 1 << 20));
         for seat in &mut seats {
-            answer(&mut batches, seat);
+            answer(&mut batches, &store, seat);
         }
         batches.end_turn();
         // Turn 3: the last run answered three.
@@ -423,9 +491,9 @@ mod tests {
         park(&mut batches, &mut seats[0], "large", &query, 5);
         assert_eq!(batches.gather_window(&store), None, "a lone client never waits");
         park(&mut batches, &mut seats[1], "large", &query, 5);
-        batches.run(&store, &mut metrics, 1 << 20);
+        batches.run(&store, &mut metrics, (Render::AtAnswer, 1 << 20));
         for seat in &mut seats {
-            answer(&mut batches, seat);
+            answer(&mut batches, &store, seat);
         }
         batches.end_turn();
         // Two were answered; one is back, on the large index: wait.
@@ -433,9 +501,9 @@ mod tests {
         let window = batches.gather_window(&store).expect("a wait for the second client");
         assert!(window <= GATHER_WINDOW_MAX && window == window_after(batches.last_run.1));
         // Once it has run (a change ran it), nothing is left to wait for.
-        batches.run(&store, &mut metrics, 1 << 20);
+        batches.run(&store, &mut metrics, (Render::Now, 1 << 20));
         assert_eq!(batches.gather_window(&store), None, "a turn with a change waits for nothing");
-        answer(&mut batches, &mut seats[0]);
+        answer(&mut batches, &store, &mut seats[0]);
         batches.end_turn();
         // A search of a small index is not worth a wait (the client
         // answered in the last run has not come back).

@@ -26,8 +26,8 @@ pub use crate::endpoint::Endpoint;
 use crate::http::{response, Head};
 use crate::metrics::Metrics;
 use crate::store::{Batch, Store};
-use batch::Batches;
 pub use batch::Seat;
+use batch::{Batches, Render};
 pub use error::{ApiError, IndexOp};
 pub use route::{route, Target};
 
@@ -155,16 +155,23 @@ impl App {
         }
     }
 
-    /// Runs every parked search not yet run (see `batch`).
+    /// Runs every parked search not yet run, at the end of a turn (see
+    /// `batch`): their answers are written when answered, which must follow
+    /// before anything changes.
     pub fn run_parked(&mut self) {
-        self.batches.run(self.db.store(), &mut self.metrics, self.limits.reply_bytes_max);
+        self.run_parked_to(Render::AtAnswer);
+    }
+
+    /// Runs every parked search not yet run, rendering as `render` says.
+    fn run_parked_to(&mut self, render: Render) {
+        self.batches.run(self.db.store(), &mut self.metrics, (render, self.limits.reply_bytes_max));
     }
 
     /// Writes the answer of the seat's parked search, which has run;
     /// returns its status and when it was taken, or `None` if the seat has
     /// none.
     pub fn answer_parked(&mut self, seat: &mut Seat, out: &mut Vec<u8>) -> Option<(u16, Instant)> {
-        self.batches.answer(seat, out)
+        self.batches.answer(seat, (self.db.store(), self.limits.reply_bytes_max), out)
     }
 
     /// How long the loop may wait for more searches to join this turn's
@@ -250,7 +257,7 @@ impl App {
         }
         if target.endpoint.writes() {
             // A change must not be seen by searches that arrived before it.
-            self.run_parked();
+            self.run_parked_to(Render::Now);
         }
         let uncommitted_before = self.db.uncommitted();
         let App { db, limits, scratch, health, metrics, batches, .. } = self;
