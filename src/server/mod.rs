@@ -39,6 +39,7 @@ const _: () = assert!(LISTENER.0 < FIRST_CONNECTION && SIGNALS.0 < FIRST_CONNECT
 /// here once: a large scan offers its parts to the pool's other threads,
 /// and none is started per search (`store::scan::threads`).
 pub fn run(config: Config) -> io::Result<()> {
+    crate::memory::one_arena();
     let threads = config.scan_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
