@@ -2,7 +2,7 @@
 //! are 0, +inf when only the second is.
 
 use super::Kind;
-use crate::store::codes::floors::Floor;
+use crate::store::codes::floors::{Floor, Step};
 use crate::store::codes::Bound;
 use crate::store::kernels::lanes::{fold, Lanes};
 
@@ -14,7 +14,7 @@ impl Kind for BrayCurtis {
     const CODE: u8 = 7;
 
     fn first_pass(self) -> Option<Bound> {
-        Some(Bound::Floors(Floor::BRAY_CURTIS))
+        Some(Bound::Floors(Floor::Steps(Step::BrayCurtis)))
     }
 
     fn distance(self, query: &[f32], row: &[f32]) -> f32 {

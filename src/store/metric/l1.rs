@@ -1,7 +1,7 @@
 //! Σ|x−q| (Manhattan), smaller is nearer.
 
 use super::Kind;
-use crate::store::codes::floors::Floor;
+use crate::store::codes::floors::{Floor, Step};
 use crate::store::codes::Bound;
 use crate::store::kernels::lanes::{fold, Lanes};
 
@@ -13,7 +13,7 @@ impl Kind for L1 {
     const CODE: u8 = 3;
 
     fn first_pass(self) -> Option<Bound> {
-        Some(Bound::Floors(Floor::L1))
+        Some(Bound::Floors(Floor::Steps(Step::L1)))
     }
 
     fn distance(self, query: &[f32], row: &[f32]) -> f32 {

@@ -1,7 +1,7 @@
 //! max|x−q| (Chebyshev), smaller is nearer.
 
 use super::Kind;
-use crate::store::codes::floors::Floor;
+use crate::store::codes::floors::{Floor, Step};
 use crate::store::codes::Bound;
 use crate::store::kernels::lanes::{fold, Lanes};
 
@@ -13,7 +13,7 @@ impl Kind for Linf {
     const CODE: u8 = 4;
 
     fn first_pass(self) -> Option<Bound> {
-        Some(Bound::Floors(Floor::LINF))
+        Some(Bound::Floors(Floor::Steps(Step::Linf)))
     }
 
     fn distance(self, query: &[f32], row: &[f32]) -> f32 {

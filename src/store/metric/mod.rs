@@ -56,44 +56,54 @@ pub enum Metric {
 }
 
 /// The one dispatch from a `Metric` to its `Kind`: runs `$body` with
-/// `$kind` bound to the metric's kind value, compiled once per kind.
+/// `$kind` bound to the metric's kind value and `$K` to its type, compiled
+/// once per kind.
 macro_rules! with_kind {
-    ($metric:expr, $kind:ident => $body:expr) => {
+    ($metric:expr, $kind:ident: $K:ident => $body:expr) => {
         match $metric {
             Metric::Cosine => {
-                let $kind = cosine::Cosine;
+                type $K = cosine::Cosine;
+                let $kind: $K = cosine::Cosine;
                 $body
             }
             Metric::L2 => {
-                let $kind = l2::L2;
+                type $K = l2::L2;
+                let $kind: $K = l2::L2;
                 $body
             }
             Metric::Ip => {
-                let $kind = ip::Ip;
+                type $K = ip::Ip;
+                let $kind: $K = ip::Ip;
                 $body
             }
             Metric::L1 => {
-                let $kind = l1::L1;
+                type $K = l1::L1;
+                let $kind: $K = l1::L1;
                 $body
             }
             Metric::Linf => {
-                let $kind = linf::Linf;
+                type $K = linf::Linf;
+                let $kind: $K = linf::Linf;
                 $body
             }
             Metric::Lp(p) => {
-                let $kind = lp::Lp(p);
+                type $K = lp::Lp;
+                let $kind: $K = lp::Lp(p);
                 $body
             }
             Metric::Canberra => {
-                let $kind = canberra::Canberra;
+                type $K = canberra::Canberra;
+                let $kind: $K = canberra::Canberra;
                 $body
             }
             Metric::BrayCurtis => {
-                let $kind = bray_curtis::BrayCurtis;
+                type $K = bray_curtis::BrayCurtis;
+                let $kind: $K = bray_curtis::BrayCurtis;
                 $body
             }
             Metric::JensenShannon => {
-                let $kind = jensen_shannon::JensenShannon;
+                type $K = jensen_shannon::JensenShannon;
+                let $kind: $K = jensen_shannon::JensenShannon;
                 $body
             }
         }
@@ -190,7 +200,7 @@ impl Metric {
     }
 
     pub fn name(self) -> &'static str {
-        with_kind!(self, kind => name_of(kind))
+        with_kind!(self, _kind: K => K::NAME)
     }
 
     /// `lp`'s `p`.
@@ -204,20 +214,20 @@ impl Metric {
     /// Whether a larger score is nearer (cosine, ip); every other metric
     /// is a distance.
     pub fn is_similarity(self) -> bool {
-        with_kind!(self, kind => similarity_of(kind))
+        with_kind!(self, _kind: K => K::SIMILARITY)
     }
 
     /// Whether rows and queries are scaled by their inverse norms (cosine):
     /// the index keeps each row's.
     pub fn is_scaled(self) -> bool {
-        with_kind!(self, kind => scaled_of(kind))
+        with_kind!(self, _kind: K => K::SCALED)
     }
 
     /// Its code in the log and in snapshots: fixed for good, since files
     /// written by every earlier version must still read. `lp` writes its
     /// `p` (`power`) beside it.
     pub fn code(self) -> u8 {
-        with_kind!(self, kind => code_of(kind))
+        with_kind!(self, _kind: K => K::CODE)
     }
 
     /// Whether the metric of `code` has a `p` written beside it.
@@ -236,7 +246,7 @@ impl Metric {
     /// the metric refuses them, a norm inside the numeric domain (`limits`)
     /// and (cosine) a direction. Gives its `kernels::squared_norm`.
     pub fn check(self, vector: &[f32]) -> Result<f64, VectorError> {
-        with_kind!(self, kind => check_with(kind, vector))
+        with_kind!(self, _kind: K => check::<K>(vector))
     }
 
     /// The scale of a query in its distances, from its squared norm (asked
@@ -251,48 +261,29 @@ impl Metric {
 
     /// The value a hit is reported with (`Kind::score`).
     pub fn score(self, distance: f32, divisor: f64) -> f32 {
-        with_kind!(self, kind => score_with(kind, distance, divisor))
+        with_kind!(self, _kind: K => K::score(distance, divisor))
     }
 
     /// The int8 first pass of its searches, if one is proved for it.
     pub(in crate::store) fn first_pass(self) -> Option<Bound> {
-        with_kind!(self, kind => kind.first_pass())
+        with_kind!(self, kind: K => kind.first_pass())
     }
 
     /// The distance of `query` to `row`, as a search ranks by it (smaller
     /// is nearer): the same bits as the scan's.
     pub fn distance(self, query: &[f32], row: &[f32]) -> f32 {
-        with_kind!(self, kind => kind.distance(query, row))
+        with_kind!(self, kind: K => kind.distance(query, row))
     }
 
     /// Scores a tile of the exact scan with this metric's kernel.
     #[inline(always)]
     pub(in crate::store) fn scan_tile(self, tile: impl ExactTile) {
-        with_kind!(self, kind => kind.scan_tile(tile))
+        with_kind!(self, kind: K => kind.scan_tile(tile))
     }
 }
 
-fn name_of<K: Kind>(_: K) -> &'static str {
-    K::NAME
-}
-
-fn code_of<K: Kind>(_: K) -> u8 {
-    K::CODE
-}
-
-fn similarity_of<K: Kind>(_: K) -> bool {
-    K::SIMILARITY
-}
-
-fn scaled_of<K: Kind>(_: K) -> bool {
-    K::SCALED
-}
-
-fn score_with<K: Kind>(_: K, distance: f32, divisor: f64) -> f32 {
-    K::score(distance, divisor)
-}
-
-fn check_with<K: Kind>(_: K, vector: &[f32]) -> Result<f64, VectorError> {
+/// `Metric::check` for the kind `K`.
+fn check<K: Kind>(vector: &[f32]) -> Result<f64, VectorError> {
     // One pass for both: finite, and not below zero where refused.
     let refused = |x: f32| !x.is_finite() || (K::NON_NEGATIVE && x < 0.0);
     if let Some(position) = vector.iter().position(|&x| refused(x)) {

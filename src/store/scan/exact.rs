@@ -215,12 +215,6 @@ impl View<'_> {
         ahead.chunks(share.max(1))
     }
 
-    /// A query's scale in its distances (`Metric::query_scale`), from its
-    /// `squared_norm` (asked for only where needed).
-    pub(super) fn query_scale(&self, squared_norm: impl FnOnce() -> f64) -> f32 {
-        self.metric.query_scale(squared_norm)
-    }
-
     /// Scores `Q` queries (with their `scales`) against `rows`, `R` rows at a
     /// time, with the metric's kernel (`Metric::scan_tile`), and offers each
     /// row to each query's top; first asks for `prefetch` to be fetched

@@ -297,7 +297,7 @@ impl View<'_> {
     /// answer is the same; for measurements and tests.
     pub fn search_f32(&self, query: &[f32], k: usize, top: &mut TopK) {
         top.reset(k.min(self.len()));
-        let scale = self.query_scale(|| kernels::squared_norm(query));
+        let scale = self.metric.query_scale(|| kernels::squared_norm(query));
         self.scan_exact(&[query], &[scale], None, 0..self.len(), std::slice::from_mut(top));
     }
 
@@ -395,7 +395,7 @@ impl View<'_> {
             squared_norms.extend(queries.iter().map(|query| kernels::squared_norm(query)));
         }
         scales.clear();
-        scales.extend((0..n).map(|q| self.query_scale(|| squared_norms[q])));
+        scales.extend((0..n).map(|q| self.metric.query_scale(|| squared_norms[q])));
         if farthest.len() < n {
             farthest.resize_with(n, || AtomicU32::new(0));
         }

@@ -68,7 +68,7 @@ fn a_mask_keeps_exactly_its_rows() {
                     for &row in rows {
                         index.view().scan_exact(
                             &[query],
-                            &[index.view().query_scale(|| kernels::squared_norm(query))],
+                            &[index.metric().query_scale(|| kernels::squared_norm(query))],
                             None,
                             row as usize..row as usize + 1,
                             std::slice::from_mut(&mut want),
@@ -246,7 +246,7 @@ fn assert_screened_finds_what_each_finds_alone(index: &Index, queries: &[Vec<f32
     let queries: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
     let ks = [1, 10, 10, 5, 20, 10, 3, 10, 40];
     let squared_norms: Vec<f64> = queries.iter().map(|q| kernels::squared_norm(q)).collect();
-    let scales: Vec<f32> = squared_norms.iter().map(|&squared| index.view().query_scale(|| squared)).collect();
+    let scales: Vec<f32> = squared_norms.iter().map(|&squared| index.metric().query_scale(|| squared)).collect();
     let Some(screen) = Screen::new(&queries, &squared_norms, &scales, index.dims()) else {
         assert!(!crate::testing::cpu_has_bf16(), "this CPU has AVX512-BF16, yet the pass was not made");
         crate::testing::skip(&format!("the bfloat16 pass, {what}"), "this CPU has no AVX512-BF16");
@@ -407,7 +407,7 @@ struct Pass {
 impl Pass {
     fn new(index: &Index, queries: &[&[f32]], kernel: cpu::Kernel) -> Pass {
         let squared: Vec<f64> = queries.iter().map(|query| kernels::squared_norm(query)).collect();
-        let scales: Vec<f32> = squared.iter().map(|&squared| index.view().query_scale(|| squared)).collect();
+        let scales: Vec<f32> = squared.iter().map(|&squared| index.metric().query_scale(|| squared)).collect();
         let (mut codes, mut bounds, mut grids) = (Vec::new(), Vec::new(), Vec::new());
         match index.view().coded_pass().expect("an index with codes") {
             (Bound::Products(shape), _) => {
@@ -551,7 +551,7 @@ fn the_int8_pass_finds_exactly_what_the_f32_scan_finds() {
             for (q, query) in queries.iter().enumerate() {
                 for k in [1, 10, 100] {
                     for mask in [None, Some(&mask)] {
-                        let scale = index.view().query_scale(|| kernels::squared_norm(query));
+                        let scale = index.metric().query_scale(|| kernels::squared_norm(query));
                         let scan = |coded: Option<&Coded>, top: &mut TopK| {
                             top.reset(k);
                             let top = std::slice::from_mut(top);
@@ -623,9 +623,9 @@ fn the_int8_pass_finds_exactly_what_the_f32_scan_finds() {
 fn the_floors_never_rule_out_a_row_at_its_own_distance() {
     let kernels = int8_kernels("the floors' bound");
     let mut floors = vec![
-        (Metric::L1, Floor::L1),
-        (Metric::Linf, Floor::LINF),
-        (Metric::BrayCurtis, Floor::BRAY_CURTIS),
+        (Metric::L1, Floor::Steps(Step::L1)),
+        (Metric::Linf, Floor::Steps(Step::Linf)),
+        (Metric::BrayCurtis, Floor::Steps(Step::BrayCurtis)),
         (Metric::Canberra, Floor::Canberra),
         (Metric::JensenShannon, Floor::JensenShannon),
     ];
@@ -981,13 +981,13 @@ fn the_floors_hold_exactly_up_to_the_dimension_limit() {
     let rows: Vec<f32> = [127.0f32, -127.0].iter().flat_map(|&x| vec![x; dims]).collect();
     let codes_of = |floor: Floor| Codes::of(dims, floor.grid(), &rows).expect("codes at the limit");
     let query = vec![-1e30f32; dims];
-    let (l1_codes, lp8) = (codes_of(Floor::L1), Floor::lp(8.0).unwrap());
+    let (l1_codes, lp8) = (codes_of(Floor::Steps(Step::L1)), Floor::lp(8.0).unwrap());
     let lp8_codes = codes_of(lp8);
     for &kernel in &kernels {
-        let grids = Grids::of(Floor::BRAY_CURTIS, &l1_codes, &query);
+        let grids = Grids::of(Floor::Steps(Step::BrayCurtis), &l1_codes, &query);
         assert_eq!(grids.spans_of(kernel, &l1_codes, 0), (254 * dims as u32, 0), "{}", kernel.name());
         assert_eq!(grids.spans_of(kernel, &l1_codes, 1), (0, 254 * dims as u32), "{}", kernel.name());
-        let grids = Grids::of(Floor::LINF, &l1_codes, &query);
+        let grids = Grids::of(Floor::Steps(Step::Linf), &l1_codes, &query);
         assert_eq!(grids.spans_of(kernel, &l1_codes, 0), (254, 0), "{}", kernel.name());
         let grids = Grids::of(lp8, &lp8_codes, &query);
         let (sum, exact, slack, least) = grids.powers_of(kernel, &lp8_codes, 0);
@@ -1037,7 +1037,7 @@ fn the_floors_hold_exactly_up_to_the_dimension_limit() {
 /// codes.
 #[test]
 fn lp_takes_the_floors_pass_only_where_its_bound_is_proved() {
-    assert_eq!(Floor::lp(1.0), Some(Floor::L1));
+    assert_eq!(Floor::lp(1.0), Some(Floor::Steps(Step::L1)));
     for p in [1.25f32, 2.0, 2.5, 7.75, 8.0] {
         assert_eq!(Floor::lp(p), Some(Floor::Lp(p)));
     }

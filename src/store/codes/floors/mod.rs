@@ -153,10 +153,6 @@ pub enum Floor {
 }
 
 impl Floor {
-    pub const L1: Floor = Floor::Steps(Step::L1);
-    pub const LINF: Floor = Floor::Steps(Step::Linf);
-    pub const BRAY_CURTIS: Floor = Floor::Steps(Step::BrayCurtis);
-
     /// lp's floor, for `p` from 1 (Minkowski's inequality) to 8: any such
     /// `p` where this process's first pass looks powers up (`lookups`),
     /// else a multiple of 1/4, which the f32 first pass raises to by
@@ -164,7 +160,7 @@ impl Floor {
     pub fn lp(p: f32) -> Option<Floor> {
         if p == 1.0 {
             // lp's kernel is then l1's.
-            return Some(Floor::L1);
+            return Some(Floor::Steps(Step::L1));
         }
         ((1.0..=8.0).contains(&p) && (is_quarter(p) || lookups())).then_some(Floor::Lp(p))
     }
@@ -272,7 +268,7 @@ pub struct Grids {
 impl Default for Grids {
     fn default() -> Grids {
         Grids {
-            floor: Floor::L1,
+            floor: Floor::Steps(Step::L1),
             stride: 0,
             slots: [NO_SLOT; 256],
             bytes: Vec::new(),
@@ -340,7 +336,7 @@ impl Grids {
                 }
                 all += f;
                 self.bytes[start + i] = stored(d as i8);
-                if floor == Floor::BRAY_CURTIS {
+                if floor == Floor::Steps(Step::BrayCurtis) {
                     self.bytes[start + stride + i] = stored(-(d as i8));
                 }
             }
