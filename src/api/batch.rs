@@ -9,10 +9,11 @@
 //! 2. If the turn is worth waiting for (`Batches::gather_window`), the loop
 //!    waits a moment for more searches, parking those that arrive.
 //! 3. `Batches::run` runs every parked search not yet run, those on the
-//!    same index together. A change to the store runs the searches parked
-//!    before it first, so that none sees a change that arrived after it;
-//!    their answers are rendered at once (`Render::Now`), as the change
-//!    may move or alter the rows they name.
+//!    same index with the same filter together (`run_together`, which
+//!    runs the searches of a search-batch too). A change to the store runs
+//!    the searches parked before it first, so that none sees a change that
+//!    arrived after it; their answers are rendered at once (`Render::Now`),
+//!    as the change may move or alter the rows they name.
 //! 4. `Batches::answer` writes each answer into its connection's buffer:
 //!    the hits of a search run at the end of the turn, after which nothing
 //!    changes before the answers are written, straight from its top
@@ -24,12 +25,13 @@
 //! back than that run answered, and a search of this turn scans a large
 //! index, a short wait lets a returning search share the pass over the rows.
 
+use std::borrow::{Borrow, BorrowMut};
 use std::time::{Duration, Instant};
 
-use super::embeddings::{self, Ask};
+use super::embeddings;
+use super::group::{run_together, Ask, Slot};
 use super::Reply;
 use crate::metrics::Metrics;
-use crate::store::topk::TopK;
 use crate::store::{Filter, Index, Scanner, Store};
 
 /// The longest the loop waits for more searches to join a batch.
@@ -51,26 +53,29 @@ impl Seat {
     }
 }
 
-/// A search taken in this turn, to be run with the others on its index.
-/// Slots are reused from turn to turn.
+/// A search parked by a connection this turn, and its answer.
 #[derive(Default)]
 struct Parked {
-    index: String,
-    query: Vec<f32>,
-    ask: Ask,
-    /// The rows it may find (`None` for every row), by which searches are
-    /// grouped: its keys indexed when it was parked, its rows found when
-    /// it runs (no change can come between).
-    filter: Option<Filter>,
+    search: Slot,
     keep_alive: bool,
-    top: TopK,
     /// The answer and its status where it was rendered as soon as the
     /// search had run (`Render::Now`).
     reply: Vec<u8>,
     status: u16,
-    /// Whether it has run; whether its answer is in `reply`.
-    done: bool,
+    /// Whether its answer is in `reply`.
     rendered: bool,
+}
+
+impl Borrow<Slot> for Parked {
+    fn borrow(&self) -> &Slot {
+        &self.search
+    }
+}
+
+impl BorrowMut<Slot> for Parked {
+    fn borrow_mut(&mut self) -> &mut Slot {
+        &mut self.search
+    }
 }
 
 /// When the answers of a run are rendered.
@@ -83,34 +88,20 @@ pub enum Render {
 }
 
 impl Parked {
-    /// Notes that the search has run, its hits in `top`, and renders its
-    /// answer now if `render` says so.
-    fn ran(&mut self, index: &Index, (render, reply_bytes_max): (Render, usize)) {
-        self.done = true;
-        if render == Render::Now {
-            self.render(index, reply_bytes_max);
-        }
-    }
-
     /// Renders the answer from the hits in `top` (or the error that they
     /// make too large a reply) into `reply`.
     fn render(&mut self, index: &Index, reply_bytes_max: usize) {
         self.reply.clear();
-        self.status = write_answer(index, &mut self.top, (self.ask, self.keep_alive), reply_bytes_max, &mut self.reply);
+        self.status = write_answer(index, &mut self.search, self.keep_alive, reply_bytes_max, &mut self.reply);
         self.rendered = true;
     }
 }
 
-/// Writes the answer of a search whose hits are in `top` into `out` (or the
-/// error that they make too large a reply); returns its status.
-fn write_answer(
-    index: &Index,
-    top: &mut TopK,
-    (ask, keep_alive): (Ask, bool),
-    reply_bytes_max: usize,
-    out: &mut Vec<u8>,
-) -> u16 {
-    match embeddings::write_hits(index, top, ask, reply_bytes_max, Reply { out, keep_alive }) {
+/// Writes the answer of a search that has run into `out` (or the error that
+/// its hits make too large a reply); returns its status.
+fn write_answer(index: &Index, search: &mut Slot, keep_alive: bool, reply_bytes_max: usize, out: &mut Vec<u8>) -> u16 {
+    let ask = search.ask();
+    match embeddings::write_hits(index, search.hits(), ask, reply_bytes_max, Reply { out, keep_alive }) {
         Ok(status) => status,
         Err(error) => error.write(out, keep_alive),
     }
@@ -143,7 +134,7 @@ impl Batches {
         if self.parked_len == self.parked.len() {
             self.parked.push(Parked::default());
         }
-        &mut self.parked[self.parked_len].query
+        self.parked[self.parked_len].search.query()
     }
 
     /// Parks the search whose query is in `next_query()`: what `ask` asks
@@ -160,12 +151,9 @@ impl Batches {
     ) {
         debug_assert!(seat.parked.is_none(), "one parked search per connection");
         let slot = &mut self.parked[self.parked_len];
-        slot.index.clear();
-        slot.index.push_str(index);
-        slot.ask = ask;
-        slot.filter = filter;
+        slot.search.take(index, ask, filter);
         slot.keep_alive = keep_alive;
-        (slot.done, slot.rendered) = (false, false);
+        slot.rendered = false;
         seat.parked = Some((self.parked_len, started));
         if seat.answered_in == Some(self.runs) {
             self.returned += 1;
@@ -188,7 +176,7 @@ impl Batches {
         if !self.gathering() {
             return None;
         }
-        let large = |p: &Parked| !p.done && store.index(&p.index).is_some_and(Index::is_large);
+        let large = |p: &Parked| !p.search.is_done() && store.index(p.search.index()).is_some_and(Index::is_large);
         self.parked[..self.parked_len].iter().any(large).then(|| window_after(self.last_run.1))
     }
 
@@ -202,29 +190,16 @@ impl Batches {
     /// of them; their answers rendered as `render` says.
     pub fn run(&mut self, store: &Store, metrics: &mut Metrics, (render, reply_bytes_max): (Render, usize)) {
         let started = Instant::now();
-        let to_run = self.parked[..self.parked_len].iter().filter(|p| !p.done).count();
+        let parked = &mut self.parked[..self.parked_len];
+        let to_run = parked.iter().filter(|p| !p.search.is_done()).count();
         if to_run == 0 {
             return;
         }
-        for first in 0..self.parked_len {
-            if self.parked[first].done {
-                continue;
+        run_together(&mut self.scanner, store, parked, |parked, index| {
+            if render == Render::Now {
+                parked.render(index, reply_bytes_max);
             }
-            let Some(index) = store.index(&self.parked[first].index) else {
-                unreachable!("a parked search's index exists until the searches parked before a change are run")
-            };
-            let (head, rest) = self.parked[first..self.parked_len].split_first_mut().expect("the first");
-            let mask = head.filter.as_ref().and_then(|filter| index.rows_matching(filter));
-            let together =
-                |other: &&mut Parked| !other.done && other.index == head.index && other.filter == head.filter;
-            let others = rest.iter_mut().filter(together).map(|p| (&p.query[..], p.ask.k, &mut p.top));
-            let searches = std::iter::once((&head.query[..], head.ask.k, &mut head.top)).chain(others);
-            self.scanner.search_together(index.view(), mask.as_deref(), searches);
-            for slot in rest.iter_mut().filter(together) {
-                slot.ran(index, (render, reply_bytes_max));
-            }
-            head.ran(index, (render, reply_bytes_max));
-        }
+        });
         metrics.add_search_work(self.scanner.take_work());
         self.last_run = (to_run, started.elapsed());
         self.runs += 1;
@@ -242,14 +217,14 @@ impl Batches {
     ) -> Option<(u16, Instant)> {
         let (slot, started) = seat.parked.take()?;
         let parked = &mut self.parked[slot];
-        assert!(parked.done, "a parked search is answered after it has run");
+        assert!(parked.search.is_done(), "a parked search is answered after it has run");
         if parked.rendered {
             out.extend_from_slice(&parked.reply);
         } else {
-            let Some(index) = store.index(&parked.index) else {
+            let Some(index) = store.index(parked.search.index()) else {
                 unreachable!("nothing changes between a run rendering at answer and the answers")
             };
-            parked.status = write_answer(index, &mut parked.top, (parked.ask, parked.keep_alive), reply_bytes_max, out);
+            parked.status = write_answer(index, &mut parked.search, parked.keep_alive, reply_bytes_max, out);
         }
         seat.answered_in = Some(self.runs);
         Some((parked.status, started))

@@ -5,9 +5,10 @@ use std::fmt;
 use super::decode::{Deletion, Include, Scroll, Search};
 use super::envelope::Envelope;
 use super::error::{ApiError, IndexOp};
+use super::group::{self, Ask, Slot};
 use super::{find, json, ApiLimits, Reply, Scratch};
 use crate::db::Database;
-use crate::store::topk::{Candidate, TopK};
+use crate::store::topk::Candidate;
 use crate::store::{Filter, Index, Mutation, Scanner, Store, VectorError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,17 +45,6 @@ impl fmt::Display for SkipReason {
             Skip::RepeatedInRequest => write!(f, "embedding with ID {id} appears more than once in this request"),
         }
     }
-}
-
-/// What a search asks for besides its query.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Ask {
-    /// How many nearest rows.
-    pub k: usize,
-    /// What each hit shows besides its metadata and rank.
-    pub include: Include,
-    /// What `Index::prepare_query` divided the query by (for `Index::score_of`).
-    pub divisor: f64,
 }
 
 /// Decodes and checks a search body: its query goes into `query`, made
@@ -119,16 +109,15 @@ fn check_reply(bytes: usize, items: usize, max: usize, what: &'static str) -> Re
     Err(ApiError::ReplyTooLarge { bytes, max, fit, what })
 }
 
-/// Writes the answer to a search whose hits are in `top`, with what `ask`
+/// Writes the answer to a search whose hits are `hits`, nearest first, with what `ask`
 /// includes, if it fits in `reply_bytes_max`.
 pub fn write_hits(
     index: &Index,
-    top: &mut TopK,
+    hits: &[Candidate],
     ask: Ask,
     reply_bytes_max: usize,
     reply: Reply<'_>,
 ) -> Result<u16, ApiError> {
-    let hits = top.sorted();
     let bytes = REPLY_FRAME_BYTES + hits_bytes(index, hits, ask);
     check_reply(bytes, hits.len(), reply_bytes_max, "hits (a smaller k)")?;
     let Reply { out, keep_alive } = reply;
@@ -192,47 +181,33 @@ pub fn search_batch(
     body: &mut [u8],
     reply: Reply<'_>,
 ) -> Result<u16, ApiError> {
-    let Scratch { decoder, queries, searches, tops, asks, grouped, .. } = scratch;
+    let Scratch { decoder, queries, searches, slots, .. } = scratch;
     decoder.search_batch(body, (limits.k_max, limits.search_batch_max), limits.body, queries, searches)?;
     let index = find(db.store(), name, IndexOp::Fetch)?;
-    asks.clear();
-    for (i, search) in searches.iter().enumerate() {
-        let divisor = prepare_query(index, &mut queries[search.query.clone()], || format!("searches[{i}]."))?;
-        asks.push(Ask { k: search.k, include: search.include, divisor });
+    slots.resize_with(searches.len().max(slots.len()), Slot::default);
+    let slots = &mut slots[..searches.len()];
+    for (i, (search, slot)) in searches.iter_mut().zip(slots.iter_mut()).enumerate() {
+        let query = slot.query();
+        query.clear();
+        query.extend_from_slice(&queries[search.query.clone()]);
+        let divisor = prepare_query(index, query, || format!("searches[{i}]."))?;
+        slot.take(name, Ask { k: search.k, include: search.include, divisor }, search.filter.take());
     }
     // Before the scan, the fewest bytes the hits can take: a batch that
     // cannot fit is refused without scanning, or keeping tops for it.
-    let most_hits: usize = asks.iter().map(|ask| ask.k.min(index.len())).sum();
+    let most_hits: usize = slots.iter().map(|slot| slot.ask().k.min(index.len())).sum();
     let what = "hits in all (a smaller k, or fewer searches)";
     check_reply(REPLY_FRAME_BYTES + HIT_BYTES_MIN * most_hits, most_hits, limits.reply_bytes_max, what)?;
-    for filter in searches.iter().filter_map(|search| search.filter.as_ref()) {
+    for filter in slots.iter().filter_map(Slot::filter) {
         db.index_keys(name, filter);
     }
+    group::run_together(scanner, db.store(), slots, |_, _| ());
     let index = find(db.store(), name, IndexOp::Fetch)?;
-    tops.resize_with(asks.len().max(tops.len()), TopK::new);
-    let tops = &mut tops[..asks.len()];
-    // The searches with the same filter (or none) run together, in one
-    // pass over the rows that filter leaves.
-    grouped.clear();
-    grouped.resize(searches.len(), false);
-    for first in 0..searches.len() {
-        if grouped[first] {
-            continue;
-        }
-        let filter = &searches[first].filter;
-        let mask = filter.as_ref().and_then(|filter| index.rows_matching(filter));
-        let members = (searches.iter().zip(tops.iter_mut()).zip(grouped.iter_mut()).skip(first))
-            .filter(|((search, _), _)| search.filter == *filter)
-            .map(|((search, top), grouped)| {
-                *grouped = true;
-                (&queries[search.query.clone()], search.k, top)
-            });
-        scanner.search_together(index.view(), mask.as_deref(), members);
-    }
     let mut bytes = REPLY_FRAME_BYTES;
     let mut hits = 0;
-    for (top, &ask) in tops.iter_mut().zip(asks.iter()) {
-        let sorted = top.sorted();
+    for slot in slots.iter_mut() {
+        let ask = slot.ask();
+        let sorted = slot.hits();
         bytes += HIT_BYTES_MAX + hits_bytes(index, sorted, ask);
         hits += sorted.len();
     }
@@ -242,15 +217,16 @@ pub fn search_batch(
         out,
         200,
         keep_alive,
-        format_args!("{} similarity {} performed successfully.", asks.len(), noun(asks.len(), "search", "searches")),
+        format_args!("{} similarity {} performed successfully.", slots.len(), noun(slots.len(), "search", "searches")),
     );
     let out = envelope.data();
     out.extend_from_slice(b"{\"results\":[");
-    for (n, (top, &ask)) in tops.iter_mut().zip(asks.iter()).enumerate() {
+    for (n, slot) in slots.iter_mut().enumerate() {
         if n > 0 {
             out.push(b',');
         }
-        write_neighbors(out, index, top.sorted(), ask);
+        let ask = slot.ask();
+        write_neighbors(out, index, slot.hits(), ask);
     }
     out.extend_from_slice(b"]}");
     Ok(envelope.finish())

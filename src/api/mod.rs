@@ -11,6 +11,7 @@ pub mod decode;
 pub mod embeddings;
 pub mod envelope;
 pub mod error;
+pub mod group;
 pub mod health;
 pub mod indexes;
 pub mod json;
@@ -76,13 +77,10 @@ pub struct Scratch {
     pub skipped: Vec<(u32, embeddings::Skip)>,
     pub seen: AHashSet<i64>,
     /// A search batch's queries, one after another, and what each search
-    /// asks for (with its place among them); a top per search.
+    /// asks for (with its place among them); a slot per search to run it.
     pub queries: Vec<f32>,
     pub searches: Vec<decode::Search>,
-    pub tops: Vec<crate::store::topk::TopK>,
-    /// What each search of a batch asks for, and which have run.
-    pub asks: Vec<embeddings::Ask>,
-    pub grouped: Vec<bool>,
+    pub slots: Vec<group::Slot>,
 }
 
 pub struct App {
