@@ -323,7 +323,7 @@ fn batch_from(choices: &mut Choices<'_>, dims: usize, count: usize) -> Batch {
 /// from structured choices decode to themselves; and a log cut anywhere
 /// scans to a prefix of its records, ending clean or torn, never damaged.
 pub fn wal_record(input: &[u8]) {
-    scan(input, |_, _| {});
+    scan(input, record::decode, |_, _| {});
 
     let mut choices = Choices(input);
     let mut log = Vec::new();
@@ -359,12 +359,12 @@ pub fn wal_record(input: &[u8]) {
         ends.push(log.len());
     }
     let mut decoded = Vec::new();
-    assert_eq!(scan(&log, |record, _| decoded.push(record)), ScanEnd::Clean);
+    assert_eq!(scan(&log, record::decode, |record, _| decoded.push(record)), ScanEnd::Clean);
     assert_eq!(decoded, expected);
 
     let cut = if log.is_empty() { 0 } else { usize::from(input[0]) * 257 % (log.len() + 1) };
     let mut prefix = Vec::new();
-    let end = scan(&log[..cut], |record, _| prefix.push(record));
+    let end = scan(&log[..cut], record::decode, |record, _| prefix.push(record));
     let whole_records = ends.iter().filter(|&&e| e <= cut).count();
     assert_eq!(prefix.len(), whole_records);
     assert_eq!(&expected[..whole_records], &prefix[..]);

@@ -209,7 +209,8 @@ impl Database {
         let started = Instant::now();
         let mut items = Vec::new();
         let mut skipped = 0u64;
-        let replayed = wal::replay(&wal_dir, manifest.log_start, options.repair_log, |record| {
+        let from = (manifest.log_start, options.repair_log);
+        let replayed = wal::replay(&wal_dir, from, wal::record::decode, |record| {
             if !replay_one(&mut store, &record, &mut items) {
                 skipped += 1;
             }

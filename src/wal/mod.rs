@@ -8,6 +8,7 @@
 //! `fdatasync` once for all of them (group commit). A snapshot starts a new
 //! segment, and drops the segments it covers once it is safely on disk.
 
+pub mod frame;
 pub mod record;
 
 use std::fs::{self, File, OpenOptions};
@@ -16,7 +17,8 @@ use std::path::{Path, PathBuf};
 
 use crate::files::sync_dir;
 use crate::store::Mutation;
-pub use record::{DecodeError, Record};
+pub use frame::DecodeError;
+pub use record::Record;
 
 pub const SEGMENT_MAGIC: &[u8; 8] = b"QUIVWAL1";
 pub const SEGMENT_VERSION: u32 = 1;
@@ -96,6 +98,21 @@ impl Log {
         })
     }
 
+    /// Appends to segment `segment` of `dir`, whole and synced at `len`
+    /// bytes (one written in full and renamed into place).
+    pub fn resume(dir: &Path, segment: u64, len: u64) -> io::Result<Log> {
+        let file = OpenOptions::new().append(true).open(segment_path(dir, segment))?;
+        Ok(Log {
+            dir: dir.to_owned(),
+            file,
+            segment,
+            synced_bytes: len,
+            pending: Vec::new(),
+            fault: Fault::from_env(),
+            sync: true,
+        })
+    }
+
     /// Whether `commit` calls fdatasync (off only to measure its cost).
     pub fn set_sync(&mut self, sync: bool) {
         self.sync = sync;
@@ -111,6 +128,12 @@ impl Log {
 
     pub fn append(&mut self, mutation: &Mutation<'_>) {
         record::encode(mutation, &mut self.pending);
+    }
+
+    /// Appends the records `encode` writes (framed by `frame`), to be
+    /// synced by the next `commit`.
+    pub fn append_with(&mut self, encode: impl FnOnce(&mut Vec<u8>)) {
+        encode(&mut self.pending);
     }
 
     pub fn has_pending(&self) -> bool {
@@ -160,13 +183,18 @@ impl Log {
     }
 }
 
-fn new_segment(dir: &Path, segment: u64) -> io::Result<File> {
-    let path = segment_path(dir, segment);
-    let mut file = OpenOptions::new().write(true).create_new(true).open(&path)?;
+/// The bytes a segment starts with.
+pub fn segment_header() -> [u8; SEGMENT_HEADER_BYTES] {
     let mut header = [0u8; SEGMENT_HEADER_BYTES];
     header[..8].copy_from_slice(SEGMENT_MAGIC);
     header[8..12].copy_from_slice(&SEGMENT_VERSION.to_le_bytes());
-    file.write_all(&header)?;
+    header
+}
+
+fn new_segment(dir: &Path, segment: u64) -> io::Result<File> {
+    let path = segment_path(dir, segment);
+    let mut file = OpenOptions::new().write(true).create_new(true).open(&path)?;
+    file.write_all(&segment_header())?;
     file.sync_all()?;
     sync_dir(dir)?;
     Ok(file)
@@ -183,12 +211,17 @@ pub enum ScanEnd {
     Damaged { offset: usize, error: DecodeError },
 }
 
-/// Decodes the records of `bytes` (a segment without its header) in order,
-/// handing each to `apply`, until the bytes end or stop being records.
-pub fn scan(bytes: &[u8], mut apply: impl FnMut(Record, usize)) -> ScanEnd {
+/// Decodes the records of `bytes` (a segment without its header) in order
+/// with `decode`, handing each to `apply`, until the bytes end or stop
+/// being records.
+pub fn scan<R>(
+    bytes: &[u8],
+    decode: impl Fn(&[u8]) -> Result<(R, usize), DecodeError>,
+    mut apply: impl FnMut(R, usize),
+) -> ScanEnd {
     let mut at = 0;
     while at < bytes.len() {
-        match record::decode(&bytes[at..]) {
+        match decode(&bytes[at..]) {
             Ok((record, len)) => {
                 apply(record, len);
                 at += len;
@@ -255,13 +288,19 @@ pub struct Replayed {
     pub repaired_at: Option<(u64, u64)>,
 }
 
-/// Reads segments `from..` of `dir` in order, handing each record to `apply`.
+/// Reads segments `from..` of `dir` in order, handing each record (as
+/// `decode` reads it) to `apply`.
 ///
 /// A torn record at the very end of the last segment (a crash mid-append) is
 /// cut off. Damage anywhere else stops recovery with an error naming the file
 /// and offset, unless `repair` is set: then the log is cut at the damage and
 /// everything after it is dropped.
-pub fn replay(dir: &Path, from: u64, repair: bool, mut apply: impl FnMut(Record)) -> Result<Replayed, ReplayError> {
+pub fn replay<R>(
+    dir: &Path,
+    (from, repair): (u64, bool),
+    decode: impl Fn(&[u8]) -> Result<(R, usize), DecodeError>,
+    mut apply: impl FnMut(R),
+) -> Result<Replayed, ReplayError> {
     let all = segments(dir).map_err(io_error("list", dir))?;
     let wanted: Vec<u64> = all.into_iter().filter(|&s| s >= from).collect();
     let mut report = Replayed { segments: wanted.len(), last: wanted.last().copied(), ..Replayed::default() };
@@ -281,7 +320,7 @@ pub fn replay(dir: &Path, from: u64, repair: bool, mut apply: impl FnMut(Record)
             }
             return Err(ReplayError::NotASegment { path });
         }
-        let end = scan(&bytes[SEGMENT_HEADER_BYTES..], |record, len| {
+        let end = scan(&bytes[SEGMENT_HEADER_BYTES..], &decode, |record, len| {
             apply(record);
             report.records += 1;
             progress.advance(len as u64);

@@ -1,10 +1,7 @@
-//! The log's record format: encoding a `Mutation`, decoding a record back.
+//! The single node's records: encoding a `Mutation`, decoding a record back.
+//! Their framing (length, type, checks) is `frame`'s; their payloads:
 //!
 //! ```text
-//! record  = length:u32  type:u8  zero:u8  check:u16  payload:[u8; length]  crc:u32
-//! check   = the low 16 bits of CRC32C over the 6 bytes before it, so a damaged
-//!           length is caught before it is trusted to say where a record ends
-//! crc     = CRC32C over the 8 header bytes and the payload
 //! name    = len:u8 bytes
 //! create  (1) = name dims:u32 metric:u8 [p:f32]    (0 cosine, 1 l2, 2 ip, 3 l1, 4 linf,
 //!                                                   5 lp (the only one with p), 6 canberra,
@@ -15,12 +12,8 @@
 //! ```
 //! All integers and floats are little-endian.
 
-use std::fmt;
-
+use super::frame::{self, DecodeError, Reader};
 use crate::store::{Batch, Metric, Mutation};
-
-pub const HEADER_BYTES: usize = 8;
-pub const TRAILER_BYTES: usize = 4;
 
 const CREATE: u8 = 1;
 const DROP: u8 = 2;
@@ -64,8 +57,7 @@ fn put_u32(out: &mut Vec<u8>, n: usize) {
 
 /// Appends the record for `mutation` to `out`.
 pub fn encode(mutation: &Mutation<'_>, out: &mut Vec<u8>) {
-    let start = out.len();
-    out.extend_from_slice(&[0; HEADER_BYTES]);
+    let start = frame::begin(out);
     let kind = match *mutation {
         Mutation::CreateIndex { name, dims, metric } => {
             put_name(out, name);
@@ -105,142 +97,61 @@ pub fn encode(mutation: &Mutation<'_>, out: &mut Vec<u8>) {
             DELETE
         }
     };
-    let payload_len = out.len() - start - HEADER_BYTES;
-    out[start..start + 4].copy_from_slice(&u32::try_from(payload_len).expect("record under 4 GiB").to_le_bytes());
-    out[start + 4] = kind;
-    let check = header_check(&out[start..start + 6]);
-    out[start + 6..start + 8].copy_from_slice(&check.to_le_bytes());
-    let crc = crc32c::crc32c(&out[start..]);
-    out.extend_from_slice(&crc.to_le_bytes());
-}
-
-/// Why the bytes at some offset are not a record.
-#[derive(Debug, PartialEq, Eq)]
-pub enum DecodeError {
-    /// The bytes end before the record does: a torn append.
-    Truncated,
-    /// A complete record whose checksum or contents are wrong.
-    Corrupt(String),
-}
-
-impl fmt::Display for DecodeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DecodeError::Truncated => f.write_str("record cut short"),
-            DecodeError::Corrupt(why) => f.write_str(why),
-        }
-    }
-}
-
-fn header_check(first_six: &[u8]) -> u16 {
-    crc32c::crc32c(first_six) as u16
+    frame::end(out, start, kind);
 }
 
 /// Decodes the record at the start of `bytes`; returns it and its length.
 pub fn decode(bytes: &[u8]) -> Result<(Record, usize), DecodeError> {
-    if bytes.len() < HEADER_BYTES {
-        return Err(DecodeError::Truncated);
-    }
-    if header_check(&bytes[..6]) != u16::from_le_bytes([bytes[6], bytes[7]]) || bytes[5] != 0 {
-        return Err(DecodeError::Corrupt("header checksum mismatch".into()));
-    }
-    let payload_len = u32::from_le_bytes(bytes[0..4].try_into().unwrap()) as usize;
-    let total = HEADER_BYTES + payload_len + TRAILER_BYTES;
-    if bytes.len() < total {
-        return Err(DecodeError::Truncated);
-    }
-    let stored = u32::from_le_bytes(bytes[total - 4..total].try_into().unwrap());
-    if crc32c::crc32c(&bytes[..total - 4]) != stored {
-        return Err(DecodeError::Corrupt("checksum mismatch".into()));
-    }
-    let mut payload = Reader { bytes: &bytes[HEADER_BYTES..total - 4] };
-    let record =
-        payload.record(bytes[4]).ok_or_else(|| DecodeError::Corrupt(format!("bad payload of type {}", bytes[4])))?;
-    if !payload.bytes.is_empty() {
-        return Err(DecodeError::Corrupt("payload longer than its contents".into()));
-    }
-    Ok((record, total))
+    frame::decode(bytes, read)
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if self.bytes.len() < n {
-            return None;
+/// The record of type `kind` whose payload `payload` holds.
+fn read(kind: u8, payload: &mut Reader<'_>) -> Option<Record> {
+    Some(match kind {
+        CREATE => {
+            let name = payload.name()?;
+            let dims = payload.u32()?;
+            let code = payload.u8()?;
+            let p = if Metric::code_has_power(code) { payload.f32()? } else { 0.0 };
+            let metric = Metric::from_code(code, p)?;
+            if dims == 0 {
+                return None;
+            }
+            Record::Create { name, dims, metric }
         }
-        let (head, rest) = self.bytes.split_at(n);
-        self.bytes = rest;
-        Some(head)
-    }
-
-    fn u8(&mut self) -> Option<u8> {
-        Some(self.take(1)?[0])
-    }
-
-    fn u32(&mut self) -> Option<usize> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize)
-    }
-
-    fn i64(&mut self) -> Option<i64> {
-        Some(i64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-
-    fn name(&mut self) -> Option<String> {
-        let len = usize::from(self.u8()?);
-        String::from_utf8(self.take(len)?.to_vec()).ok()
-    }
-
-    fn record(&mut self, kind: u8) -> Option<Record> {
-        Some(match kind {
-            CREATE => {
-                let name = self.name()?;
-                let dims = self.u32()?;
-                let code = self.u8()?;
-                let p =
-                    if Metric::code_has_power(code) { f32::from_le_bytes(self.take(4)?.try_into().ok()?) } else { 0.0 };
-                let metric = Metric::from_code(code, p)?;
-                if dims == 0 {
-                    return None;
-                }
-                Record::Create { name, dims, metric }
+        DROP => Record::Drop { name: payload.name()? },
+        UPSERT => {
+            let name = payload.name()?;
+            let dims = payload.u32()?;
+            let count = payload.u32()?;
+            // Every item needs at least 12 bytes: refuse counts the payload cannot hold.
+            if count > payload.left() / 12 {
+                return None;
             }
-            DROP => Record::Drop { name: self.name()? },
-            UPSERT => {
-                let name = self.name()?;
-                let dims = self.u32()?;
-                let count = self.u32()?;
-                // Every item needs at least 12 bytes: refuse counts the payload cannot hold.
-                if count > self.bytes.len() / 12 {
-                    return None;
-                }
-                let mut batch = Batch::default();
-                for item in 0..count {
-                    batch.ids.push(self.i64()?);
-                    let len = self.u32()?;
-                    let start = batch.metadata.len();
-                    batch.metadata.extend_from_slice(self.take(len)?);
-                    batch.metadata_spans.push((start as u32, len as u32));
-                    batch.vector_spans.push(((item * dims) as u32, dims as u32));
-                }
-                let floats = self.take(count.checked_mul(dims)?.checked_mul(4)?)?;
-                batch.values = floats.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
-                Record::Upsert { name, batch }
+            let mut batch = Batch::default();
+            for item in 0..count {
+                batch.ids.push(payload.i64()?);
+                let len = payload.u32()?;
+                let start = batch.metadata.len();
+                batch.metadata.extend_from_slice(payload.take(len)?);
+                batch.metadata_spans.push((start as u32, len as u32));
+                batch.vector_spans.push(((item * dims) as u32, dims as u32));
             }
-            DELETE => {
-                let name = self.name()?;
-                let count = self.u32()?;
-                if count > self.bytes.len() / 8 {
-                    return None;
-                }
-                let ids = (0..count).map(|_| self.i64()).collect::<Option<Vec<i64>>>()?;
-                Record::Delete { name, ids }
+            let floats = payload.take(count.checked_mul(dims)?.checked_mul(4)?)?;
+            batch.values = floats.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            Record::Upsert { name, batch }
+        }
+        DELETE => {
+            let name = payload.name()?;
+            let count = payload.u32()?;
+            if count > payload.left() / 8 {
+                return None;
             }
-            _ => return None,
-        })
-    }
+            let ids = (0..count).map(|_| payload.i64()).collect::<Option<Vec<i64>>>()?;
+            Record::Delete { name, ids }
+        }
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
