@@ -48,6 +48,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod connection;
 pub mod db;

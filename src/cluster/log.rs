@@ -1,0 +1,505 @@
+//! The Raft log on disk: what `raft` asks a node to keep (entries, hard
+//! state, configuration), in the write-ahead log's segments and framing.
+//!
+//! ```text
+//! entry      (16) = index:u64 term:u64 kind:u8 data_len:u32 data context_len:u32 context
+//! hard state (17) = term:u64 vote:u64 commit:u64
+//! conf state (18) = index:u64 voters learners voters_outgoing learners_next auto_leave:u8
+//!                   (each list: count:u32 id:u64*count)
+//! base       (19) = index:u64 term:u64
+//! ```
+//!
+//! Records are appended as a `Ready` asks and synced by `sync`, once for
+//! all of them, before the messages that depend on them leave. Reading the
+//! segments back in order rebuilds the log:
+//!
+//! - An entry whose index is at or below the last one's replaces it and
+//!   every entry after it: a leader overwrote an uncommitted suffix, and
+//!   the log drops it on replay as it did in memory.
+//! - A base record says the log restarts after `(index, term)`: every
+//!   entry before it is dropped. `restart_after` writes one first in a new
+//!   segment, after a snapshot (taken here, or sent by the leader) covers
+//!   the entries before it; the entries it keeps follow in the same
+//!   segment, which is renamed into place only once whole and synced, and
+//!   the older segments are then removed.
+//! - The last hard state counts.
+//! - The configuration is the group's first (`bootstrap`), or the one at a
+//!   snapshot's point, written with it: the changes after it are entries,
+//!   applied again, in order, after a restart, as Raft replays every
+//!   entry after the state's point.
+//!
+//! A state snapshot and the log must agree on the point the snapshot
+//! stands for. `open` takes that point from the snapshot's manifest (where
+//! it is written in the same rename as the data): where the log does not
+//! hold the snapshot's last entry with its term, its entries after it are
+//! from an older leadership and are dropped.
+
+use std::collections::VecDeque;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot};
+use raft::{GetEntriesContext, RaftState, Storage, StorageError};
+
+use crate::files::sync_dir;
+use crate::wal::frame::{self, DecodeError, Reader};
+use crate::wal::{self, ReplayError};
+
+const ENTRY: u8 = 16;
+const HARD_STATE: u8 = 17;
+const CONF_STATE: u8 = 18;
+const BASE: u8 = 19;
+
+/// Bytes an entry adds to a message besides its data and context.
+const ENTRY_OVERHEAD_BYTES: u64 = 32;
+
+/// One record of the Raft log.
+#[derive(Debug, PartialEq)]
+enum Item {
+    Entry(Entry),
+    HardState(HardState),
+    /// A configuration and the index of the entry that made it.
+    ConfState(u64, ConfState),
+    Base {
+        index: u64,
+        term: u64,
+    },
+}
+
+/// Where a state snapshot stands in the log: its last entry's index and
+/// term, and the configuration at that entry.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Point {
+    pub index: u64,
+    pub term: u64,
+    pub conf_state: ConfState,
+}
+
+/// The log as it stands: what `raft` reads through `Storage`.
+#[derive(Debug, Default)]
+struct Kept {
+    /// The entries after `base`, in order: `entries[i].index` is
+    /// `base.0 + 1 + i`.
+    entries: VecDeque<Entry>,
+    /// The index and term of the entry before the first kept: the last
+    /// snapshot's, or (0, 0).
+    base: (u64, u64),
+    hard_state: HardState,
+    /// The configuration, and the index of the entry that made it.
+    conf_state: (u64, ConfState),
+}
+
+impl Kept {
+    /// Applies one record read back; `Err((after, found))` for a gap.
+    fn replay(&mut self, item: Item) -> Result<(), (u64, u64)> {
+        match item {
+            Item::Entry(entry) => {
+                if entry.index <= self.base.0 {
+                    return Ok(());
+                }
+                let last = self.last_index();
+                if entry.index > last + 1 {
+                    return Err((last, entry.index));
+                }
+                self.entries.truncate((entry.index - self.base.0 - 1) as usize);
+                self.entries.push_back(entry);
+            }
+            Item::HardState(hard_state) => self.hard_state = hard_state,
+            Item::ConfState(at, conf_state) => self.conf_state = (at, conf_state),
+            Item::Base { index, term } => {
+                self.entries.clear();
+                self.base = (index, term);
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops what the state snapshot at `point` covers: the entries up to
+    /// it, and the entries after it unless the log holds its last entry
+    /// with its term (then they follow it, by Raft's log matching).
+    fn cover(&mut self, point: &Point) {
+        if point.index < self.base.0 {
+            return;
+        }
+        if self.term_of(point.index) == Some(point.term) {
+            self.entries.drain(..(point.index - self.base.0) as usize);
+        } else {
+            self.entries.clear();
+        }
+        self.base = (point.index, point.term);
+        self.hard_state.commit = self.hard_state.commit.max(point.index);
+        if point.index >= self.conf_state.0 {
+            self.conf_state = (point.index, point.conf_state.clone());
+        }
+    }
+
+    /// The term of the entry at `index`, if the log knows it.
+    fn term_of(&self, index: u64) -> Option<u64> {
+        if index == self.base.0 {
+            return Some(self.base.1);
+        }
+        let at = index.checked_sub(self.base.0 + 1)?;
+        self.entries.get(at as usize).map(|entry| entry.term)
+    }
+
+    fn last_index(&self) -> u64 {
+        self.base.0 + self.entries.len() as u64
+    }
+}
+
+/// The Raft log of one replication group, kept in segment files under one
+/// directory: `raft::Storage` over the entries in memory, and the appends
+/// that make them durable.
+pub struct LogStore {
+    dir: PathBuf,
+    log: wal::Log,
+    kept: Kept,
+    /// The snapshot to send a follower behind the entries kept, when one
+    /// is ready.
+    snapshot: Option<Snapshot>,
+    /// Whether `sync` calls fdatasync (off only where a test models the
+    /// disk itself).
+    sync: bool,
+}
+
+/// Why the Raft log could not be read back.
+#[derive(Debug)]
+pub enum OpenError {
+    Replay(ReplayError),
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// An entry that does not follow the one before it.
+    Gap {
+        after: u64,
+        found: u64,
+    },
+    /// The state was loaded from a point before the first entry the log
+    /// keeps: the entries between are gone.
+    StateBehindLog {
+        state: u64,
+        log: u64,
+    },
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Replay(error) => write!(f, "{error}"),
+            OpenError::Io { action, path, source } => write!(f, "cannot {action} {}: {source}", path.display()),
+            OpenError::Gap { after, found } => {
+                write!(f, "the Raft log is damaged: entry {found} follows entry {after}")
+            }
+            OpenError::StateBehindLog { state, log } => write!(
+                f,
+                "the data directory's state stands at entry {state}, but its Raft log starts after entry {log}: the \
+                 entries between are gone"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+fn io_error<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> OpenError + 'a {
+    move |source| OpenError::Io { action, path: path.to_owned(), source }
+}
+
+impl LogStore {
+    /// Reads the log in `dir` (made if missing) back, its entries up to
+    /// `covered` (a state snapshot's point, if there is one) dropped.
+    pub fn open(dir: &Path, covered: Option<&Point>) -> Result<LogStore, OpenError> {
+        fs::create_dir_all(dir).map_err(io_error("create", dir))?;
+        remove_partial_segments(dir)?;
+        let mut kept = Kept::default();
+        let mut gap = None;
+        let replayed = wal::replay(dir, (0, false), decode, |item| {
+            if gap.is_none() {
+                gap = kept.replay(item).err();
+            }
+        })
+        .map_err(OpenError::Replay)?;
+        if let Some((after, found)) = gap {
+            return Err(OpenError::Gap { after, found });
+        }
+        kept.hard_state.commit = kept.hard_state.commit.max(kept.base.0).min(kept.last_index());
+        let next = replayed.last.map_or(0, |last| last + 1);
+        let log = wal::Log::create(dir, next).map_err(io_error("start", &wal::segment_path(dir, next)))?;
+        let mut store = LogStore { dir: dir.to_owned(), log, kept, snapshot: None, sync: true };
+        // A snapshot that covers more than the log knows (taken, or sent,
+        // just before a crash): the log restarts after it on disk too, or
+        // entries dropped here would come back on the next replay.
+        if let Some(point) = covered.filter(|point| point.index > store.kept.base.0) {
+            store.restart_after(point).map_err(io_error("restart", dir))?;
+        }
+        Ok(store)
+    }
+
+    /// Appends `entries` (of a `Ready`), replacing the log from the first
+    /// one's index on. Durable after the next `sync`.
+    pub fn append(&mut self, entries: &[Entry]) {
+        let Some(first) = entries.first() else { return };
+        let (base, last) = (self.kept.base.0, self.kept.last_index());
+        assert!(
+            first.index > base && first.index <= last + 1,
+            "entries from {} appended to a log of {}..={last}",
+            first.index,
+            base + 1,
+        );
+        self.kept.entries.truncate((first.index - base - 1) as usize);
+        for entry in entries {
+            self.log.append_with(|out| encode_entry(entry, out));
+            self.kept.entries.push_back(entry.clone());
+        }
+    }
+
+    /// Notes a new hard state (term, vote, commit). Durable after the next `sync`.
+    pub fn set_hard_state(&mut self, hard_state: &HardState) {
+        if *hard_state != self.kept.hard_state {
+            self.kept.hard_state = hard_state.clone();
+            self.log.append_with(|out| encode_hard_state(hard_state, out));
+        }
+    }
+
+    /// Starts a new group's log with `voters`, the same on every first
+    /// member, durably. Only a log that holds no configuration yet.
+    pub fn bootstrap(&mut self, voters: &[u64]) -> io::Result<()> {
+        assert_eq!(self.kept.conf_state.1, ConfState::default(), "a group bootstrapped once");
+        let conf_state = ConfState { voters: voters.to_vec(), ..ConfState::default() };
+        self.log.append_with(|out| encode_conf_state(0, &conf_state, out));
+        self.kept.conf_state = (0, conf_state);
+        self.sync()
+    }
+
+    /// The hard state last noted.
+    pub fn hard_state(&self) -> &HardState {
+        &self.kept.hard_state
+    }
+
+    /// Whether `sync` calls fdatasync: off only where a test models the
+    /// disk itself (a crash there loses what was not written).
+    pub fn set_sync(&mut self, sync: bool) {
+        self.sync = sync;
+        self.log.set_sync(sync);
+    }
+
+    /// Writes and syncs what was appended: one `fdatasync` for all of it.
+    pub fn sync(&mut self) -> io::Result<()> {
+        self.log.commit()
+    }
+
+    /// Offers `snapshot` to followers too far behind for the entries kept.
+    pub fn offer_snapshot(&mut self, snapshot: Snapshot) {
+        self.snapshot = Some(snapshot);
+    }
+
+    /// Restarts the log after `point`, which a state snapshot now covers
+    /// (one taken here, or one the leader sent): keeps the entries after
+    /// it if the log holds its last entry with its term, drops the rest,
+    /// and writes what remains into a new segment, made whole and synced
+    /// before it replaces every older one.
+    pub fn restart_after(&mut self, point: &Point) -> io::Result<()> {
+        self.sync()?;
+        self.kept.cover(point);
+        let next = self.log.segment() + 1;
+        let mut bytes = wal::segment_header().to_vec();
+        encode_base(self.kept.base, &mut bytes);
+        for entry in &self.kept.entries {
+            encode_entry(entry, &mut bytes);
+        }
+        encode_hard_state(&self.kept.hard_state, &mut bytes);
+        encode_conf_state(self.kept.conf_state.0, &self.kept.conf_state.1, &mut bytes);
+        let partial = self.dir.join(format!("{next:020}.partial"));
+        let mut file = OpenOptions::new().write(true).create_new(true).open(&partial)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&partial, wal::segment_path(&self.dir, next))?;
+        sync_dir(&self.dir)?;
+        self.log = wal::Log::resume(&self.dir, next, bytes.len() as u64)?;
+        self.log.set_sync(self.sync);
+        for segment in wal::segments(&self.dir)?.into_iter().filter(|&segment| segment < next) {
+            fs::remove_file(wal::segment_path(&self.dir, segment))?;
+        }
+        sync_dir(&self.dir)
+    }
+}
+
+/// Removes segments a `restart_after` began and never renamed.
+fn remove_partial_segments(dir: &Path) -> Result<(), OpenError> {
+    for entry in fs::read_dir(dir).map_err(io_error("list", dir))? {
+        let path = entry.map_err(io_error("list", dir))?.path();
+        if path.extension().is_some_and(|extension| extension == "partial") {
+            fs::remove_file(&path).map_err(io_error("remove", &path))?;
+        }
+    }
+    Ok(())
+}
+
+impl Storage for LogStore {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState { hard_state: self.kept.hard_state.clone(), conf_state: self.kept.conf_state.1.clone() })
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        if low <= self.kept.base.0 {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        assert!(
+            high <= self.kept.last_index() + 1,
+            "entries up to {high} asked of a log ending at {}",
+            self.kept.last_index()
+        );
+        let max_size = max_size.into().unwrap_or(u64::MAX);
+        let mut size = 0;
+        let from = (low - self.kept.base.0 - 1) as usize;
+        let to = (high - self.kept.base.0 - 1) as usize;
+        let mut found = Vec::with_capacity(to - from);
+        for entry in self.kept.entries.range(from..to) {
+            size += ENTRY_OVERHEAD_BYTES + (entry.data.len() + entry.context.len()) as u64;
+            if !found.is_empty() && size > max_size {
+                break;
+            }
+            found.push(entry.clone());
+        }
+        Ok(found)
+    }
+
+    fn term(&self, index: u64) -> raft::Result<u64> {
+        if index < self.kept.base.0 {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        self.kept.term_of(index).ok_or(raft::Error::Store(StorageError::Unavailable))
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.kept.base.0 + 1)
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.kept.last_index())
+    }
+
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        match &self.snapshot {
+            Some(snapshot) if snapshot.get_metadata().index >= request_index.max(1) => Ok(snapshot.clone()),
+            _ => Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable)),
+        }
+    }
+}
+
+fn put_u64(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(&n.to_le_bytes());
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&u32::try_from(bytes.len()).expect("an entry under 4 GiB").to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn put_ids(out: &mut Vec<u8>, ids: &[u64]) {
+    out.extend_from_slice(&u32::try_from(ids.len()).expect("fewer than 2^32 members").to_le_bytes());
+    for &id in ids {
+        put_u64(out, id);
+    }
+}
+
+fn encode_entry(entry: &Entry, out: &mut Vec<u8>) {
+    let start = frame::begin(out);
+    put_u64(out, entry.index);
+    put_u64(out, entry.term);
+    out.push(entry.get_entry_type() as u8);
+    put_bytes(out, &entry.data);
+    put_bytes(out, &entry.context);
+    frame::end(out, start, ENTRY);
+}
+
+fn encode_hard_state(hard_state: &HardState, out: &mut Vec<u8>) {
+    let start = frame::begin(out);
+    put_u64(out, hard_state.term);
+    put_u64(out, hard_state.vote);
+    put_u64(out, hard_state.commit);
+    frame::end(out, start, HARD_STATE);
+}
+
+fn encode_conf_state(at: u64, conf_state: &ConfState, out: &mut Vec<u8>) {
+    let start = frame::begin(out);
+    put_u64(out, at);
+    put_ids(out, &conf_state.voters);
+    put_ids(out, &conf_state.learners);
+    put_ids(out, &conf_state.voters_outgoing);
+    put_ids(out, &conf_state.learners_next);
+    out.push(u8::from(conf_state.auto_leave));
+    frame::end(out, start, CONF_STATE);
+}
+
+fn encode_base((index, term): (u64, u64), out: &mut Vec<u8>) {
+    let start = frame::begin(out);
+    put_u64(out, index);
+    put_u64(out, term);
+    frame::end(out, start, BASE);
+}
+
+fn decode(bytes: &[u8]) -> Result<(Item, usize), DecodeError> {
+    frame::decode(bytes, read)
+}
+
+fn read(kind: u8, payload: &mut Reader<'_>) -> Option<Item> {
+    Some(match kind {
+        ENTRY => {
+            let mut entry = Entry { index: payload.u64()?, term: payload.u64()?, ..Entry::default() };
+            entry.set_entry_type(match payload.u8()? {
+                0 => EntryType::EntryNormal,
+                1 => EntryType::EntryConfChange,
+                2 => EntryType::EntryConfChangeV2,
+                _ => return None,
+            });
+            let len = payload.u32()?;
+            entry.data = payload.take(len)?.to_vec().into();
+            let len = payload.u32()?;
+            entry.context = payload.take(len)?.to_vec().into();
+            Item::Entry(entry)
+        }
+        HARD_STATE => {
+            let (term, vote, commit) = (payload.u64()?, payload.u64()?, payload.u64()?);
+            Item::HardState(HardState { term, vote, commit, ..HardState::default() })
+        }
+        CONF_STATE => {
+            let at = payload.u64()?;
+            let mut ids = || {
+                let count = payload.u32()?;
+                if count > payload.left() / 8 {
+                    return None;
+                }
+                (0..count).map(|_| payload.u64()).collect::<Option<Vec<u64>>>()
+            };
+            let mut conf_state = ConfState {
+                voters: ids()?,
+                learners: ids()?,
+                voters_outgoing: ids()?,
+                learners_next: ids()?,
+                ..ConfState::default()
+            };
+            conf_state.auto_leave = match payload.u8()? {
+                0 => false,
+                1 => true,
+                _ => return None,
+            };
+            Item::ConfState(at, conf_state)
+        }
+        BASE => Item::Base { index: payload.u64()?, term: payload.u64()? },
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests;

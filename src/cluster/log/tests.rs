@@ -1,0 +1,246 @@
+use super::*;
+
+fn entry(index: u64, term: u64, data: &str) -> Entry {
+    Entry { index, term, data: data.as_bytes().to_vec().into(), ..Entry::default() }
+}
+
+fn entries(range: std::ops::RangeInclusive<u64>, term: u64) -> Vec<Entry> {
+    range.map(|index| entry(index, term, &format!("{index}@{term}"))).collect()
+}
+
+fn voters(ids: &[u64]) -> ConfState {
+    ConfState { voters: ids.to_vec(), ..ConfState::default() }
+}
+
+/// Everything `raft` can read of a log: its state, its bounds, its entries
+/// (index, term, data).
+type ReadBack = ((HardState, ConfState), u64, u64, Vec<(u64, u64, Vec<u8>)>);
+
+fn read_back(store: &LogStore) -> ReadBack {
+    let RaftState { hard_state, conf_state } = store.initial_state().unwrap();
+    let state = (hard_state, conf_state);
+    let (first, last) = (store.first_index().unwrap(), Storage::last_index(store).unwrap());
+    let found = store.entries(first, last + 1, None, GetEntriesContext::empty(false)).unwrap();
+    for entry in &found {
+        assert_eq!(store.term(entry.index).unwrap(), entry.term);
+    }
+    (state, first, last, found.into_iter().map(|e| (e.index, e.term, e.data.to_vec())).collect())
+}
+
+fn hard_state(term: u64, vote: u64, commit: u64) -> HardState {
+    HardState { term, vote, commit, ..HardState::default() }
+}
+
+#[test]
+fn what_was_synced_reads_back_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = LogStore::open(dir.path(), None).unwrap();
+    assert_eq!((store.first_index().unwrap(), Storage::last_index(&store).unwrap()), (1, 0));
+    store.bootstrap(&[1, 2, 3]).unwrap();
+    store.append(&entries(1..=5, 1));
+    store.set_hard_state(&hard_state(1, 2, 3));
+    store.sync().unwrap();
+    let before = read_back(&store);
+    assert_eq!((before.1, before.2), (1, 5));
+    drop(store);
+    let store = LogStore::open(dir.path(), None).unwrap();
+    assert_eq!(read_back(&store), before);
+    assert_eq!(store.initial_state().unwrap().hard_state, hard_state(1, 2, 3));
+    assert_eq!(store.initial_state().unwrap().conf_state, voters(&[1, 2, 3]));
+}
+
+#[test]
+fn appends_not_synced_are_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = LogStore::open(dir.path(), None).unwrap();
+    store.append(&entries(1..=2, 1));
+    store.sync().unwrap();
+    store.append(&entries(3..=4, 1));
+    store.set_hard_state(&hard_state(1, 1, 4));
+    drop(store);
+    let store = LogStore::open(dir.path(), None).unwrap();
+    assert_eq!(read_back(&store).2, 2);
+    assert_eq!(store.hard_state().commit, 0);
+}
+
+#[test]
+fn an_overwritten_suffix_stays_dropped_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = LogStore::open(dir.path(), None).unwrap();
+    store.append(&entries(1..=5, 1));
+    store.sync().unwrap();
+    // A new leader's entries from 3 on replace the old ones.
+    store.append(&entries(3..=4, 2));
+    store.sync().unwrap();
+    let expected = read_back(&store);
+    assert_eq!(
+        expected.3.iter().map(|(index, term, _)| (*index, *term)).collect::<Vec<_>>(),
+        [(1, 1), (2, 1), (3, 2), (4, 2)]
+    );
+    drop(store);
+    for _ in 0..2 {
+        let store = LogStore::open(dir.path(), None).unwrap();
+        assert_eq!(read_back(&store), expected);
+    }
+}
+
+#[test]
+fn a_torn_last_record_is_cut_and_what_came_before_it_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = LogStore::open(dir.path(), None).unwrap();
+    store.append(&entries(1..=3, 1));
+    store.sync().unwrap();
+    let expected = read_back(&store);
+    drop(store);
+    let mut torn = Vec::new();
+    encode_entry(&entry(4, 1, "torn"), &mut torn);
+    for cut in 1..torn.len() {
+        // Each start begins a segment: the tear is in the last one.
+        let last = *wal::segments(dir.path()).unwrap().last().unwrap();
+        let path = wal::segment_path(dir.path(), last);
+        let mut bytes = fs::read(&path).unwrap();
+        bytes.extend_from_slice(&torn[..cut]);
+        fs::write(&path, &bytes).unwrap();
+        let store = LogStore::open(dir.path(), None).unwrap();
+        assert_eq!(read_back(&store), expected, "cut at {cut}");
+        assert_eq!(fs::read(&path).unwrap().len(), bytes.len() - cut, "cut off on disk");
+    }
+}
+
+#[test]
+fn a_restart_after_a_snapshot_keeps_only_what_follows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = LogStore::open(dir.path(), None).unwrap();
+    store.append(&entries(1..=10, 1));
+    store.set_hard_state(&hard_state(1, 1, 8));
+    store.sync().unwrap();
+    let point = Point { index: 6, term: 1, conf_state: voters(&[1, 2]) };
+    store.restart_after(&point).unwrap();
+    assert_eq!(wal::segments(dir.path()).unwrap().len(), 1, "the older segments are removed");
+    let expected = read_back(&store);
+    assert_eq!((expected.1, expected.2), (7, 10));
+    assert_eq!(store.term(6).unwrap(), 1);
+    assert!(matches!(store.term(5), Err(raft::Error::Store(StorageError::Compacted))));
+    assert!(matches!(
+        store.entries(6, 8, None, GetEntriesContext::empty(false)),
+        Err(raft::Error::Store(StorageError::Compacted))
+    ));
+    assert_eq!(expected.0 .1, voters(&[1, 2]));
+    drop(store);
+    let store = LogStore::open(dir.path(), Some(&point)).unwrap();
+    assert_eq!(read_back(&store), expected);
+    assert_eq!(store.hard_state().commit, 8);
+}
+
+/// A follower sent a snapshot from a leadership its own log does not
+/// share: none of its entries after the snapshot's point may survive,
+/// on this start or any later one.
+#[test]
+fn entries_of_an_older_leadership_past_a_snapshot_are_dropped_for_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = LogStore::open(dir.path(), None).unwrap();
+    store.append(&entries(1..=10, 1));
+    store.sync().unwrap();
+    drop(store);
+    // The snapshot's manifest reached the disk; the log's restart did not.
+    let point = Point { index: 8, term: 2, conf_state: voters(&[1, 2, 3]) };
+    let mut store = LogStore::open(dir.path(), Some(&point)).unwrap();
+    assert_eq!((store.first_index().unwrap(), Storage::last_index(&store).unwrap()), (9, 8));
+    assert_eq!(store.term(8).unwrap(), 2);
+    assert_eq!(store.hard_state().commit, 8);
+    // The new leader's entries after it, then two more starts.
+    store.append(&entries(9..=11, 2));
+    store.sync().unwrap();
+    let expected = read_back(&store);
+    drop(store);
+    for _ in 0..2 {
+        let store = LogStore::open(dir.path(), Some(&point)).unwrap();
+        assert_eq!(read_back(&store), expected);
+        assert_eq!(store.initial_state().unwrap().conf_state, voters(&[1, 2, 3]));
+    }
+}
+
+#[test]
+fn a_snapshot_the_log_agrees_with_keeps_the_entries_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = LogStore::open(dir.path(), None).unwrap();
+    store.append(&entries(1..=4, 1));
+    store.append(&entries(5..=9, 2));
+    store.sync().unwrap();
+    drop(store);
+    let point = Point { index: 6, term: 2, conf_state: voters(&[1]) };
+    let store = LogStore::open(dir.path(), Some(&point)).unwrap();
+    let (_, first, last, found) = read_back(&store);
+    assert_eq!((first, last, found.len()), (7, 9, 3));
+}
+
+#[test]
+fn a_restart_left_half_done_is_as_if_it_never_began() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = LogStore::open(dir.path(), None).unwrap();
+    store.append(&entries(1..=4, 1));
+    store.sync().unwrap();
+    let expected = read_back(&store);
+    drop(store);
+    fs::write(dir.path().join(format!("{:020}.partial", 99)), b"half a segment").unwrap();
+    let store = LogStore::open(dir.path(), None).unwrap();
+    assert_eq!(read_back(&store), expected);
+    assert!(!dir.path().join(format!("{:020}.partial", 99)).exists());
+}
+
+#[test]
+fn entries_are_cut_to_the_size_asked_but_never_to_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = LogStore::open(dir.path(), None).unwrap();
+    store.append(&entries(1..=6, 1));
+    let context = || GetEntriesContext::empty(false);
+    assert_eq!(store.entries(1, 7, 0, context()).unwrap().len(), 1);
+    let one = ENTRY_OVERHEAD_BYTES + 3;
+    assert_eq!(store.entries(2, 7, 2 * one, context()).unwrap().len(), 2);
+    assert_eq!(store.entries(2, 7, None, context()).unwrap().len(), 5);
+    assert!(matches!(store.term(7), Err(raft::Error::Store(StorageError::Unavailable))));
+}
+
+#[test]
+fn a_gap_between_entries_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = LogStore::open(dir.path(), None).unwrap();
+    store.append(&entries(1..=2, 1));
+    store.sync().unwrap();
+    drop(store);
+    let last = *wal::segments(dir.path()).unwrap().last().unwrap();
+    let mut bytes = fs::read(wal::segment_path(dir.path(), last)).unwrap();
+    encode_entry(&entry(5, 1, "after a gap"), &mut bytes);
+    fs::write(wal::segment_path(dir.path(), last), &bytes).unwrap();
+    assert!(matches!(LogStore::open(dir.path(), None), Err(OpenError::Gap { after: 2, found: 5 })));
+}
+
+#[test]
+fn every_record_reads_back_as_written() {
+    let mut bytes = Vec::new();
+    let mut conf_state = voters(&[1, 2, 3]);
+    conf_state.learners = vec![7];
+    conf_state.voters_outgoing = vec![1, 2, 4];
+    conf_state.auto_leave = true;
+    let mut change = entry(9, 4, "change");
+    change.set_entry_type(EntryType::EntryConfChangeV2);
+    change.context = b"context".to_vec().into();
+    let items = [
+        Item::Entry(entry(3, 2, "data")),
+        Item::Entry(change),
+        Item::HardState(hard_state(4, 2, 9)),
+        Item::ConfState(9, conf_state),
+        Item::Base { index: 11, term: 5 },
+    ];
+    for item in &items {
+        match item {
+            Item::Entry(entry) => encode_entry(entry, &mut bytes),
+            Item::HardState(hard_state) => encode_hard_state(hard_state, &mut bytes),
+            Item::ConfState(at, conf_state) => encode_conf_state(*at, conf_state, &mut bytes),
+            Item::Base { index, term } => encode_base((*index, *term), &mut bytes),
+        }
+    }
+    let mut read = Vec::new();
+    assert_eq!(wal::scan(&bytes, decode, |item, _| read.push(item)), wal::ScanEnd::Clean);
+    assert_eq!(read, items);
+}

@@ -1,0 +1,328 @@
+//! One member of a replication group: `raft`'s `RawNode` over the log on
+//! disk, and the order in which a `Ready` is carried out, which is what
+//! makes it correct (`Node::advance`):
+//!
+//! 1. A leader's messages leave at once: Raft lets a leader send entries
+//!    before it has them on disk itself, as it counts its own copy only
+//!    once it reports them persisted.
+//! 2. A snapshot the leader sent replaces the state, and the log restarts
+//!    after it.
+//! 3. Committed entries are applied, in order. They were on disk before
+//!    this `Ready` (committed means persisted here too), so they need not
+//!    wait for its sync. A configuration change is applied to Raft; after
+//!    a restart it is applied again from the log, after the state's point.
+//! 4. This `Ready`'s entries and hard state are appended, and synced: one
+//!    `fdatasync` for all of it.
+//! 5. Only then leave the messages that promise what was just synced (a
+//!    follower's acknowledgements, a vote): `persisted_messages`.
+//! 6. `advance` tells Raft all of it is done; what it hands back (a new
+//!    commit index, more committed entries, a leader's messages) is
+//!    carried out the same way.
+//!
+//! A node whose sync fails cannot know what reached the disk, and stops
+//! (the error goes up): going on could acknowledge what a restart loses.
+
+use std::io;
+use std::path::Path;
+
+use protobuf::Message as _;
+use raft::eraftpb::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot};
+use raft::{Config, RawNode, ReadOnlyOption, ReadState, StateRole, Storage};
+
+use super::log::{LogStore, OpenError, Point};
+
+/// What a group's entries are applied to.
+pub trait StateMachine {
+    /// Applies the data of the committed entry at `index`.
+    fn apply(&mut self, index: u64, data: &[u8]);
+    /// Replaces the state with a snapshot's, durably, with its point: the
+    /// log drops what the snapshot covers as soon as this returns.
+    fn restore(&mut self, snapshot: &Snapshot) -> io::Result<()>;
+}
+
+/// How often `tick` is called, and what Raft counts in ticks.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// Ticks without a leader's word before a follower stands for election
+    /// (randomized by Raft between this and twice this).
+    pub election_ticks: usize,
+    /// Ticks between a leader's heartbeats.
+    pub heartbeat_ticks: usize,
+}
+
+/// Most bytes of entries in one append message.
+const MESSAGE_BYTES_MAX: u64 = 1 << 20;
+
+/// Most append messages on their way to one follower.
+const INFLIGHT_MESSAGES_MAX: usize = 256;
+
+/// Why a peer's message was not stepped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// Addressed to another node.
+    NotForMe,
+    /// From node 0, or from this node itself.
+    BadSender,
+    /// A kind a node only makes for itself.
+    LocalKind,
+    /// Without the term its kind must carry.
+    NoTerm,
+    /// A proposal without entries, a read index without exactly one, or
+    /// entries that do not follow one another.
+    BadEntries,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Refused::NotForMe => "addressed to another node",
+            Refused::BadSender => "from node 0 or from this node",
+            Refused::LocalKind => "a kind only a node itself makes",
+            Refused::NoTerm => "without a term",
+            Refused::BadEntries => "entries out of order or missing",
+        })
+    }
+}
+
+/// Checks what `raft` takes on trust: it panics on some malformed messages
+/// (a vote without a term, a proposal without entries, a read index
+/// without its one entry), so none reaches `step` unchecked.
+pub fn check_message(message: &Message, me: u64) -> Result<(), Refused> {
+    use MessageType::*;
+    if message.to != me {
+        return Err(Refused::NotForMe);
+    }
+    if message.from == 0 || message.from == me {
+        return Err(Refused::BadSender);
+    }
+    let kind = message.get_msg_type();
+    if matches!(kind, MsgHup | MsgBeat | MsgUnreachable | MsgSnapStatus | MsgCheckQuorum) {
+        return Err(Refused::LocalKind);
+    }
+    let termless = matches!(kind, MsgPropose | MsgReadIndex);
+    if message.term == 0 && !termless {
+        return Err(Refused::NoTerm);
+    }
+    let entries = &message.entries;
+    match kind {
+        MsgPropose if entries.is_empty() => return Err(Refused::BadEntries),
+        MsgReadIndex if entries.len() != 1 => return Err(Refused::BadEntries),
+        _ => {}
+    }
+    if kind == MsgAppend && entries.iter().enumerate().any(|(i, entry)| entry.index != message.index + 1 + i as u64) {
+        return Err(Refused::BadEntries);
+    }
+    Ok(())
+}
+
+/// One member of a replication group.
+pub struct Node {
+    raw: RawNode<LogStore>,
+    /// Read states given by Raft, for the caller to take.
+    read_states: Vec<ReadState>,
+}
+
+impl Node {
+    /// Opens the node `id` with its log in `dir`, the state machine at
+    /// `covered` (the point of the state snapshot it was loaded from). A
+    /// node whose log holds no configuration yet starts the group with
+    /// `voters` if given, or waits for a leader to add it.
+    pub fn open(
+        id: u64,
+        dir: &Path,
+        covered: Option<&Point>,
+        voters: Option<&[u64]>,
+        timing: Timing,
+    ) -> Result<Node, OpenError> {
+        let mut store = LogStore::open(dir, covered)?;
+        let (state, log) = (covered.map_or(0, |point| point.index), store.first_index().unwrap_or(1) - 1);
+        if state < log {
+            return Err(OpenError::StateBehindLog { state, log });
+        }
+        let initialized = store.initial_state().is_ok_and(|state| state.initialized());
+        if let (false, Some(voters)) = (initialized, voters) {
+            store.bootstrap(voters).map_err(|source| OpenError::Io { action: "sync", path: dir.to_owned(), source })?;
+        }
+        let config = Config {
+            id,
+            election_tick: timing.election_ticks,
+            heartbeat_tick: timing.heartbeat_ticks,
+            applied: covered.map_or(0, |point| point.index),
+            max_size_per_msg: MESSAGE_BYTES_MAX,
+            max_inflight_msgs: INFLIGHT_MESSAGES_MAX,
+            check_quorum: true,
+            pre_vote: true,
+            read_only_option: ReadOnlyOption::Safe,
+            ..Config::default()
+        };
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let raw = RawNode::new(&config, store, &logger).map_err(|error| OpenError::Io {
+            action: "start Raft on",
+            path: dir.to_owned(),
+            source: io::Error::other(error),
+        })?;
+        Ok(Node { raw, read_states: Vec::new() })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.raw.raft.id
+    }
+
+    pub fn role(&self) -> StateRole {
+        self.raw.raft.state
+    }
+
+    pub fn leader(&self) -> Option<u64> {
+        Some(self.raw.raft.leader_id).filter(|&id| id != raft::INVALID_ID)
+    }
+
+    pub fn term(&self) -> u64 {
+        self.raw.raft.term
+    }
+
+    pub fn commit_index(&self) -> u64 {
+        self.raw.raft.raft_log.committed
+    }
+
+    pub fn applied_index(&self) -> u64 {
+        self.raw.raft.raft_log.applied
+    }
+
+    /// Counts one tick of the clock.
+    pub fn tick(&mut self) {
+        self.raw.tick();
+    }
+
+    /// Steps a peer's message, checked first (`check_message`).
+    pub fn step(&mut self, message: Message) -> Result<(), Refused> {
+        check_message(&message, self.id())?;
+        // What Raft refuses of a well-formed message (a response from a
+        // node no longer a member) it drops; nothing to do about it.
+        let _ = self.raw.step(message);
+        Ok(())
+    }
+
+    /// Proposes `data` as the next entry; false if no leader can take it
+    /// now (none known, or one handing over). A proposal taken may still
+    /// be lost to a change of leader: the caller waits for it to be
+    /// applied, and gives up after its timeout.
+    pub fn propose(&mut self, data: Vec<u8>) -> bool {
+        self.raw.propose(Vec::new(), data).is_ok()
+    }
+
+    /// Proposes a change of the members.
+    pub fn propose_change(&mut self, change: ConfChangeV2) -> bool {
+        self.raw.propose_conf_change(Vec::new(), change).is_ok()
+    }
+
+    /// Asks for a read index tagged `context` (unique among the reads
+    /// waiting); it comes back from `take_read_states`, or never (no
+    /// leader, a leader new to its term, a change of leader).
+    pub fn read_index(&mut self, context: Vec<u8>) {
+        self.raw.read_index(context);
+    }
+
+    /// The read indexes Raft has given since the last call.
+    pub fn take_read_states(&mut self) -> Vec<ReadState> {
+        std::mem::take(&mut self.read_states)
+    }
+
+    /// Tells Raft that sending to `peer` failed.
+    pub fn unreachable(&mut self, peer: u64) {
+        self.raw.report_unreachable(peer);
+    }
+
+    /// The log, to offer a snapshot or restart after one.
+    pub fn log_mut(&mut self) -> &mut LogStore {
+        self.raw.mut_store()
+    }
+
+    /// Carries out what Raft has ready, in the order the module doc gives:
+    /// applies committed entries to `machine`, makes the log durable, and
+    /// puts the messages to send in `out`.
+    pub fn advance(&mut self, machine: &mut impl StateMachine, out: &mut Vec<Message>) -> io::Result<()> {
+        if !self.raw.has_ready() {
+            return Ok(());
+        }
+        let mut ready = self.raw.ready();
+        out.extend(ready.take_messages());
+        if !ready.snapshot().is_empty() {
+            let snapshot = ready.snapshot().clone();
+            machine.restore(&snapshot)?;
+            let metadata = snapshot.get_metadata();
+            let point =
+                Point { index: metadata.index, term: metadata.term, conf_state: metadata.get_conf_state().clone() };
+            let store = self.raw.mut_store();
+            store.restart_after(&point)?;
+            // Until it takes one of its own, the snapshot it was sent is
+            // what it sends a follower behind it, should it lead.
+            store.offer_snapshot(snapshot);
+        }
+        self.apply(machine, ready.take_committed_entries());
+        self.read_states.extend(ready.take_read_states());
+        let store = self.raw.mut_store();
+        store.append(ready.entries());
+        if let Some(hard_state) = ready.hs() {
+            store.set_hard_state(hard_state);
+        }
+        store.sync()?;
+        out.extend(ready.take_persisted_messages());
+        let mut light = self.raw.advance(ready);
+        if let Some(commit) = light.commit_index() {
+            let mut hard_state = self.raw.store().hard_state().clone();
+            hard_state.commit = commit;
+            self.raw.mut_store().set_hard_state(&hard_state);
+        }
+        out.extend(light.take_messages());
+        self.apply(machine, light.take_committed_entries());
+        self.raw.advance_apply();
+        // The commit index and configurations just noted: a restart that
+        // lost them would apply the same entries again from the log, so
+        // this sync can wait for the next `Ready`'s.
+        Ok(())
+    }
+
+    /// Applies committed `entries` in order: data to `machine`,
+    /// configuration changes to Raft (and the log).
+    fn apply(&mut self, machine: &mut impl StateMachine, entries: Vec<Entry>) {
+        for entry in entries {
+            match entry.get_entry_type() {
+                // A new leader's empty entry carries nothing to apply.
+                EntryType::EntryNormal if entry.data.is_empty() => {}
+                EntryType::EntryNormal => machine.apply(entry.index, &entry.data),
+                // A change Raft refuses is refused alike on every node,
+                // and changes nothing.
+                EntryType::EntryConfChange => {
+                    if let Ok(change) = ConfChange::parse_from_bytes(&entry.data) {
+                        let _ = self.raw.apply_conf_change(&change);
+                    }
+                }
+                EntryType::EntryConfChangeV2 => {
+                    if let Ok(change) = ConfChangeV2::parse_from_bytes(&entry.data) {
+                        let _ = self.raw.apply_conf_change(&change);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The members as of the last entry applied: what a snapshot taken now
+    /// records.
+    pub fn conf_state(&self) -> ConfState {
+        self.raw.raft.prs().conf().to_conf_state()
+    }
+
+    /// The term of the entry at `index`, if the log still holds it.
+    pub fn term_of(&self, index: u64) -> Option<u64> {
+        self.raw.raft.raft_log.term(index).ok()
+    }
+
+    /// Tells Raft how sending a snapshot to `peer` ended.
+    pub fn snapshot_sent(&mut self, peer: u64, delivered: bool) {
+        let status = if delivered { raft::SnapshotStatus::Finish } else { raft::SnapshotStatus::Failure };
+        self.raw.report_snapshot(peer, status);
+    }
+}
+
+#[cfg(test)]
+mod tests;
