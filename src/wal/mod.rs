@@ -313,8 +313,10 @@ pub fn replay<R>(
         let last = n + 1 == wanted.len();
         if bytes.len() < SEGMENT_HEADER_BYTES || &bytes[..8] != SEGMENT_MAGIC {
             if last && bytes.iter().all(|&b| b == 0) {
-                // Created, but its header never reached the disk.
-                cut(&path, 0)?;
+                // Created, but its header never reached the disk: removed,
+                // or once a segment follows it it would read as damage.
+                fs::remove_file(&path).map_err(io_error("remove", &path))?;
+                sync_dir(dir).map_err(io_error("sync", dir))?;
                 report.torn_tail = Some((segment, 0, bytes.len() as u64));
                 continue;
             }
@@ -361,4 +363,29 @@ pub fn replay<R>(
 fn cut(path: &Path, len: u64) -> Result<(), ReplayError> {
     let file = OpenOptions::new().write(true).open(path).map_err(io_error("open", path))?;
     file.set_len(len).and_then(|()| file.sync_all()).map_err(io_error("cut", path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A crash between creating a segment and syncing its header leaves
+    /// zeros, or nothing: that start and every later one go on.
+    #[test]
+    fn a_segment_whose_header_never_reached_the_disk_stops_no_start() {
+        for torn in [&[][..], &[0u8; 9][..]] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut log = Log::create(dir.path(), 0).unwrap();
+            log.append(&Mutation::DropIndex { name: "abc" });
+            log.commit().unwrap();
+            fs::write(segment_path(dir.path(), 1), torn).unwrap();
+            for start in 0..2 {
+                let mut records = 0;
+                let replayed = replay(dir.path(), (0, false), record::decode, |_| records += 1).unwrap();
+                assert_eq!(records, 1, "start {start}");
+                // Each start begins a segment after the last.
+                Log::create(dir.path(), replayed.last.unwrap() + 1).unwrap();
+            }
+        }
+    }
 }
