@@ -161,6 +161,10 @@ pub struct LogStore {
     /// Whether `sync` calls fdatasync (off only where a test models the
     /// disk itself).
     sync: bool,
+    /// A restart that failed half-way: what is appended after it might
+    /// land before its base, and be dropped on replay, so nothing more is
+    /// synced.
+    broken: bool,
 }
 
 /// Why the Raft log could not be read back.
@@ -217,8 +221,13 @@ impl LogStore {
         let mut kept = Kept::default();
         let mut gap = None;
         let replayed = wal::replay(dir, (0, false), decode, |item| {
-            if gap.is_none() {
-                gap = kept.replay(item).err();
+            // A base supersedes all before it: segments that a restart
+            // had not finished removing may leave a gap behind one.
+            if matches!(item, Item::Base { .. }) {
+                gap = None;
+            }
+            if let Err(found) = kept.replay(item) {
+                gap.get_or_insert(found);
             }
         })
         .map_err(OpenError::Replay)?;
@@ -228,7 +237,7 @@ impl LogStore {
         kept.hard_state.commit = kept.hard_state.commit.max(kept.base.0).min(kept.last_index());
         let next = replayed.last.map_or(0, |last| last + 1);
         let log = wal::Log::create(dir, next).map_err(io_error("start", &wal::segment_path(dir, next)))?;
-        let mut store = LogStore { dir: dir.to_owned(), log, kept, snapshot: None, sync: true };
+        let mut store = LogStore { dir: dir.to_owned(), log, kept, snapshot: None, sync: true, broken: false };
         // A snapshot that covers more than the log knows (taken, or sent,
         // just before a crash): the log restarts after it on disk too, or
         // entries dropped here would come back on the next replay.
@@ -288,6 +297,9 @@ impl LogStore {
 
     /// Writes and syncs what was appended: one `fdatasync` for all of it.
     pub fn sync(&mut self) -> io::Result<()> {
+        if self.broken {
+            return Err(io::Error::other("the Raft log's restart after a snapshot failed; restart the node"));
+        }
         self.log.commit()
     }
 
@@ -303,6 +315,13 @@ impl LogStore {
     /// before it replaces every older one.
     pub fn restart_after(&mut self, point: &Point) -> io::Result<()> {
         self.sync()?;
+        self.broken = true;
+        self.write_after(point)
+    }
+
+    /// `restart_after` once what was appended is synced; mends `broken`
+    /// once appends go to the new segment.
+    fn write_after(&mut self, point: &Point) -> io::Result<()> {
         self.kept.cover(point);
         let next = self.log.segment() + 1;
         let mut bytes = wal::segment_header().to_vec();
@@ -321,6 +340,7 @@ impl LogStore {
         sync_dir(&self.dir)?;
         self.log = wal::Log::resume(&self.dir, next, bytes.len() as u64)?;
         self.log.set_sync(self.sync);
+        self.broken = false;
         for segment in wal::segments(&self.dir)?.into_iter().filter(|&segment| segment < next) {
             fs::remove_file(wal::segment_path(&self.dir, segment))?;
         }
