@@ -70,6 +70,11 @@ pub enum Refused {
     /// A proposal without entries, a read index without exactly one, or
     /// entries that do not follow one another.
     BadEntries,
+    /// An index past this node's log where Raft takes it as within it (a
+    /// commit, an acknowledgement, an append without its previous term).
+    PastTheLog,
+    /// A snapshot without its index or term.
+    BadSnapshot,
 }
 
 impl std::fmt::Display for Refused {
@@ -80,6 +85,8 @@ impl std::fmt::Display for Refused {
             Refused::LocalKind => "a kind only a node itself makes",
             Refused::NoTerm => "without a term",
             Refused::BadEntries => "entries out of order or missing",
+            Refused::PastTheLog => "an index past this node's log",
+            Refused::BadSnapshot => "a snapshot without its index or term",
         })
     }
 }
@@ -109,8 +116,35 @@ pub fn check_message(message: &Message, me: u64) -> Result<(), Refused> {
         MsgReadIndex if entries.len() != 1 => return Err(Refused::BadEntries),
         _ => {}
     }
-    if kind == MsgAppend && entries.iter().enumerate().any(|(i, entry)| entry.index != message.index + 1 + i as u64) {
+    let follows = |(i, entry): (usize, &Entry)| message.index.checked_add(1 + i as u64) == Some(entry.index);
+    if kind == MsgAppend && !entries.iter().enumerate().all(follows) {
         return Err(Refused::BadEntries);
+    }
+    if kind == MsgSnapshot {
+        let metadata = message.get_snapshot().get_metadata();
+        if metadata.index == 0 || metadata.term == 0 {
+            return Err(Refused::BadSnapshot);
+        }
+    }
+    Ok(())
+}
+
+/// Checks what `raft` would take as within this node's log, ending at
+/// `last_index`: a commit past it, or an acknowledgement of entries a
+/// leader never had, would make it panic; an append after an entry with no
+/// term would match any entry. A node that gets one lost what it had
+/// acknowledged (a disk replaced under the same id), or a peer is wrong:
+/// either way it must not be stepped.
+pub fn check_against_log(message: &Message, last_index: u64) -> Result<(), Refused> {
+    use MessageType::*;
+    let past = match message.get_msg_type() {
+        MsgAppend => message.index > 0 && message.log_term == 0,
+        MsgHeartbeat => message.commit > last_index,
+        MsgAppendResponse => !message.reject && message.index > last_index,
+        _ => false,
+    };
+    if past {
+        return Err(Refused::PastTheLog);
     }
     Ok(())
 }
@@ -196,6 +230,7 @@ impl Node {
     /// Steps a peer's message, checked first (`check_message`).
     pub fn step(&mut self, message: Message) -> Result<(), Refused> {
         check_message(&message, self.id())?;
+        check_against_log(&message, self.raw.raft.raft_log.last_index())?;
         // What Raft refuses of a well-formed message (a response from a
         // node no longer a member) it drops; nothing to do about it.
         let _ = self.raw.step(message);

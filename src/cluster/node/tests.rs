@@ -485,4 +485,23 @@ fn checks_refuse_what_raft_would_panic_on() {
     let mut from_self = message(MessageType::MsgHeartbeat, 3, 0);
     from_self.from = me;
     assert_eq!(check_message(&from_self, me), Err(Refused::BadSender));
+    let mut overflow = message(MessageType::MsgAppend, 3, 1);
+    overflow.index = u64::MAX;
+    assert_eq!(check_message(&overflow, me), Err(Refused::BadEntries));
+    let snapshot = message(MessageType::MsgSnapshot, 3, 0);
+    assert_eq!(check_message(&snapshot, me), Err(Refused::BadSnapshot));
+    // Against a log ending at entry 10.
+    let mut heartbeat = message(MessageType::MsgHeartbeat, 3, 0);
+    heartbeat.commit = 10;
+    assert_eq!(check_against_log(&heartbeat, 10), Ok(()));
+    heartbeat.commit = 11;
+    assert_eq!(check_against_log(&heartbeat, 10), Err(Refused::PastTheLog));
+    let mut acknowledged = message(MessageType::MsgAppendResponse, 3, 0);
+    acknowledged.index = 11;
+    assert_eq!(check_against_log(&acknowledged, 10), Err(Refused::PastTheLog));
+    acknowledged.reject = true;
+    assert_eq!(check_against_log(&acknowledged, 10), Ok(()));
+    let mut termless = message(MessageType::MsgAppend, 3, 1);
+    termless.log_term = 0;
+    assert_eq!(check_against_log(&termless, 10), Err(Refused::PastTheLog));
 }
