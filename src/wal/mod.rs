@@ -87,30 +87,28 @@ impl Log {
     /// Starts segment `segment` in `dir` (which must not exist yet).
     pub fn create(dir: &Path, segment: u64) -> io::Result<Log> {
         let file = new_segment(dir, segment)?;
-        Ok(Log {
-            dir: dir.to_owned(),
-            file,
-            segment,
-            synced_bytes: SEGMENT_HEADER_BYTES as u64,
-            pending: Vec::new(),
-            fault: Fault::from_env(),
-            sync: true,
-        })
+        Ok(Log::appending(dir, file, segment, SEGMENT_HEADER_BYTES as u64))
     }
 
     /// Appends to segment `segment` of `dir`, whole and synced at `len`
     /// bytes (one written in full and renamed into place).
     pub fn resume(dir: &Path, segment: u64, len: u64) -> io::Result<Log> {
         let file = OpenOptions::new().append(true).open(segment_path(dir, segment))?;
-        Ok(Log {
+        Ok(Log::appending(dir, file, segment, len))
+    }
+
+    /// A log appending to `file`, segment `segment` of `dir`, whose first
+    /// `synced_bytes` are on disk.
+    fn appending(dir: &Path, file: File, segment: u64, synced_bytes: u64) -> Log {
+        Log {
             dir: dir.to_owned(),
             file,
             segment,
-            synced_bytes: len,
+            synced_bytes,
             pending: Vec::new(),
             fault: Fault::from_env(),
             sync: true,
-        })
+        }
     }
 
     /// Whether `commit` calls fdatasync (off only to measure its cost).

@@ -8,6 +8,17 @@ fn entries(range: std::ops::RangeInclusive<u64>, term: u64) -> Vec<Entry> {
     range.map(|index| entry(index, term, &format!("{index}@{term}"))).collect()
 }
 
+/// A log in `dir` with `runs` of entries (each a range of indexes and
+/// their term) appended and synced.
+fn synced(dir: &Path, runs: &[(std::ops::RangeInclusive<u64>, u64)]) -> LogStore {
+    let mut store = LogStore::open(dir, None).unwrap();
+    for (range, term) in runs {
+        store.append(&entries(range.clone(), *term));
+    }
+    store.sync().unwrap();
+    store
+}
+
 fn voters(ids: &[u64]) -> ConfState {
     ConfState { voters: ids.to_vec(), ..ConfState::default() }
 }
@@ -52,9 +63,7 @@ fn what_was_synced_reads_back_the_same() {
 #[test]
 fn appends_not_synced_are_not_kept() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = LogStore::open(dir.path(), None).unwrap();
-    store.append(&entries(1..=2, 1));
-    store.sync().unwrap();
+    let mut store = synced(dir.path(), &[(1..=2, 1)]);
     store.append(&entries(3..=4, 1));
     store.set_hard_state(&hard_state(1, 1, 4));
     drop(store);
@@ -66,9 +75,7 @@ fn appends_not_synced_are_not_kept() {
 #[test]
 fn an_overwritten_suffix_stays_dropped_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = LogStore::open(dir.path(), None).unwrap();
-    store.append(&entries(1..=5, 1));
-    store.sync().unwrap();
+    let mut store = synced(dir.path(), &[(1..=5, 1)]);
     // A new leader's entries from 3 on replace the old ones.
     store.append(&entries(3..=4, 2));
     store.sync().unwrap();
@@ -87,9 +94,7 @@ fn an_overwritten_suffix_stays_dropped_after_a_restart() {
 #[test]
 fn a_torn_last_record_is_cut_and_what_came_before_it_kept() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = LogStore::open(dir.path(), None).unwrap();
-    store.append(&entries(1..=3, 1));
-    store.sync().unwrap();
+    let store = synced(dir.path(), &[(1..=3, 1)]);
     let expected = read_back(&store);
     drop(store);
     let mut torn = Vec::new();
@@ -138,9 +143,7 @@ fn a_restart_after_a_snapshot_keeps_only_what_follows_it() {
 #[test]
 fn entries_of_an_older_leadership_past_a_snapshot_are_dropped_for_good() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = LogStore::open(dir.path(), None).unwrap();
-    store.append(&entries(1..=10, 1));
-    store.sync().unwrap();
+    let store = synced(dir.path(), &[(1..=10, 1)]);
     drop(store);
     // The snapshot's manifest reached the disk; the log's restart did not.
     let point = Point { index: 8, term: 2, conf_state: voters(&[1, 2, 3]) };
@@ -163,10 +166,7 @@ fn entries_of_an_older_leadership_past_a_snapshot_are_dropped_for_good() {
 #[test]
 fn a_snapshot_the_log_agrees_with_keeps_the_entries_after_it() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = LogStore::open(dir.path(), None).unwrap();
-    store.append(&entries(1..=4, 1));
-    store.append(&entries(5..=9, 2));
-    store.sync().unwrap();
+    let store = synced(dir.path(), &[(1..=4, 1), (5..=9, 2)]);
     drop(store);
     let point = Point { index: 6, term: 2, conf_state: voters(&[1]) };
     let store = LogStore::open(dir.path(), Some(&point)).unwrap();
@@ -179,13 +179,9 @@ fn a_snapshot_the_log_agrees_with_keeps_the_entries_after_it() {
 #[test]
 fn a_restart_that_removed_only_some_old_segments_reads_back_whole() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = LogStore::open(dir.path(), None).unwrap();
-    store.append(&entries(1..=3, 1));
-    store.sync().unwrap();
+    let store = synced(dir.path(), &[(1..=3, 1)]);
     drop(store);
-    let mut store = LogStore::open(dir.path(), None).unwrap();
-    store.append(&entries(4..=6, 1));
-    store.sync().unwrap();
+    let mut store = synced(dir.path(), &[(4..=6, 1)]);
     let old: Vec<(PathBuf, Vec<u8>)> = wal::segments(dir.path())
         .unwrap()
         .into_iter()
@@ -208,9 +204,7 @@ fn a_restart_that_removed_only_some_old_segments_reads_back_whole() {
 #[test]
 fn a_restart_left_half_done_is_as_if_it_never_began() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = LogStore::open(dir.path(), None).unwrap();
-    store.append(&entries(1..=4, 1));
-    store.sync().unwrap();
+    let store = synced(dir.path(), &[(1..=4, 1)]);
     let expected = read_back(&store);
     drop(store);
     fs::write(dir.path().join(format!("{:020}.partial", 99)), b"half a segment").unwrap();
@@ -235,9 +229,7 @@ fn entries_are_cut_to_the_size_asked_but_never_to_none() {
 #[test]
 fn a_gap_between_entries_is_damage() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = LogStore::open(dir.path(), None).unwrap();
-    store.append(&entries(1..=2, 1));
-    store.sync().unwrap();
+    let store = synced(dir.path(), &[(1..=2, 1)]);
     drop(store);
     let last = *wal::segments(dir.path()).unwrap().last().unwrap();
     let mut bytes = fs::read(wal::segment_path(dir.path(), last)).unwrap();
