@@ -42,13 +42,54 @@ pub fn segments(dir: &Path) -> io::Result<Vec<u64>> {
     Ok(found)
 }
 
-/// Makes syncs fail on demand, so tests can reach the failure path without
-/// filling a disk. Only debug builds read `QUIVER_FAULT_SYNC_FAIL_AFTER=N`
-/// (the syncs after the first N fail).
+/// Faults on demand, so tests can reach what a disk rarely does. Only
+/// debug builds read them:
+///
+/// - `QUIVER_FAULT_SYNC_FAIL_AFTER=N`: the syncs after the first N fail.
+/// - `QUIVER_FAULT_POWER_LOSS=1`: a `kill -9` loses what a power loss
+///   would. After each sync the segment's synced length is noted beside it
+///   (`<segment>.synced`); replay first cuts every segment back to it, so
+///   bytes written but not yet synced are gone; and a commit waits a moment
+///   between its write and its sync, so that kills land there.
 #[derive(Debug, Default)]
 struct Fault {
     sync_fail_after: Option<u64>,
     syncs: u64,
+    power_loss: bool,
+}
+
+/// Whether the power-loss seam is on (see `Fault`).
+fn power_loss_seam() -> bool {
+    cfg!(debug_assertions) && std::env::var_os("QUIVER_FAULT_POWER_LOSS").is_some_and(|v| v == "1")
+}
+
+/// Where the power-loss seam notes how much of `segment` is synced.
+fn synced_note_path(dir: &Path, segment: u64) -> PathBuf {
+    dir.join(format!("{segment:020}.synced"))
+}
+
+/// Under the power-loss seam: notes that `bytes` of `segment` are synced.
+fn note_synced(dir: &Path, segment: u64, bytes: u64) {
+    // Only a kill is emulated, and a kill keeps what was written.
+    let _ = fs::write(synced_note_path(dir, segment), bytes.to_le_bytes());
+}
+
+/// Under the power-loss seam: cuts every segment of `dir` back to what was
+/// synced, as a power loss would have.
+fn drop_unsynced(dir: &Path) -> io::Result<()> {
+    for segment in segments(dir)? {
+        let Ok(note) = fs::read(synced_note_path(dir, segment)) else { continue };
+        let Ok(bytes) = <[u8; 8]>::try_from(note.as_slice()) else { continue };
+        let synced = u64::from_le_bytes(bytes);
+        let file = OpenOptions::new().write(true).open(segment_path(dir, segment))?;
+        if file.metadata()?.len() > synced {
+            crate::log::warn(format_args!(
+                "QUIVER_FAULT_POWER_LOSS: segment {segment} cut to its {synced} synced bytes, as a power loss would"
+            ));
+            file.set_len(synced)?;
+        }
+    }
+    Ok(())
 }
 
 impl Fault {
@@ -58,7 +99,7 @@ impl Fault {
         } else {
             None
         };
-        Fault { sync_fail_after, syncs: 0 }
+        Fault { sync_fail_after, syncs: 0, power_loss: power_loss_seam() }
     }
 
     fn check(&mut self) -> io::Result<()> {
@@ -100,15 +141,11 @@ impl Log {
     /// A log appending to `file`, segment `segment` of `dir`, whose first
     /// `synced_bytes` are on disk.
     fn appending(dir: &Path, file: File, segment: u64, synced_bytes: u64) -> Log {
-        Log {
-            dir: dir.to_owned(),
-            file,
-            segment,
-            synced_bytes,
-            pending: Vec::new(),
-            fault: Fault::from_env(),
-            sync: true,
+        let fault = Fault::from_env();
+        if fault.power_loss {
+            note_synced(dir, segment, synced_bytes);
         }
+        Log { dir: dir.to_owned(), file, segment, synced_bytes, pending: Vec::new(), fault, sync: true }
     }
 
     /// Whether `commit` calls fdatasync (off only to measure its cost).
@@ -147,6 +184,9 @@ impl Log {
         }
         let result = self.fault.check().and_then(|()| {
             self.file.write_all(&self.pending)?;
+            if self.fault.power_loss {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
             if self.sync {
                 self.file.sync_data()?;
             }
@@ -155,6 +195,9 @@ impl Log {
         match result {
             Ok(()) => {
                 self.synced_bytes += self.pending.len() as u64;
+                if self.fault.power_loss {
+                    note_synced(&self.dir, self.segment, self.synced_bytes);
+                }
                 self.pending.clear();
                 if self.pending.capacity() > crate::limits::BUF_KEEP_BYTES_MAX {
                     self.pending = Vec::new();
@@ -177,6 +220,9 @@ impl Log {
         self.file = new_segment(&self.dir, next)?;
         self.segment = next;
         self.synced_bytes = SEGMENT_HEADER_BYTES as u64;
+        if self.fault.power_loss {
+            note_synced(&self.dir, next, self.synced_bytes);
+        }
         Ok(next)
     }
 }
@@ -299,6 +345,9 @@ pub fn replay<R>(
     decode: impl Fn(&[u8]) -> Result<(R, usize), DecodeError>,
     mut apply: impl FnMut(R),
 ) -> Result<Replayed, ReplayError> {
+    if power_loss_seam() {
+        drop_unsynced(dir).map_err(io_error("cut to what was synced", dir))?;
+    }
     let all = segments(dir).map_err(io_error("list", dir))?;
     let wanted: Vec<u64> = all.into_iter().filter(|&s| s >= from).collect();
     let mut report = Replayed { segments: wanted.len(), last: wanted.last().copied(), ..Replayed::default() };
