@@ -22,6 +22,12 @@ pub enum KeySource {
 
 /// Picks the key (flag or environment, else the key file, else a new random
 /// one) and writes it to the key file with mode 0600.
+/// Whether a key is given, or kept in the data directory's key file.
+pub fn has_key(data_dir: &Path, given: Option<&str>) -> bool {
+    given.is_some_and(|key| !key.trim().is_empty())
+        || fs::read_to_string(data_dir.join(KEY_FILE)).is_ok_and(|text| !text.trim().is_empty())
+}
+
 pub fn load_or_create(data_dir: &Path, given: Option<&str>) -> io::Result<(String, KeySource)> {
     let path = data_dir.join(KEY_FILE);
     let (key, source) = match given.map(str::trim).filter(|k| !k.is_empty()) {

@@ -155,6 +155,80 @@ pub struct Config {
     /// How much to log.
     #[arg(long, value_enum, default_value_t = crate::log::Level::Info)]
     pub log_level: crate::log::Level,
+
+    /// This node's id in a cluster, 1 to 2^31. With --peer-addr it makes this server a
+    /// cluster node, whose writes go through the cluster's Raft log.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=(1 << 31)))]
+    pub node_id: Option<u64>,
+
+    /// HOST:PORT where this node listens for the other nodes (its outgoing peer
+    /// connections leave from HOST too).
+    #[arg(long)]
+    pub peer_addr: Option<String>,
+
+    /// The first voting members of a new cluster, this node included:
+    /// 1=HOST:PORT,2=HOST:PORT,3=HOST:PORT. Read only when the data directory holds no
+    /// cluster state yet; without it an empty node waits until a member adds it.
+    #[arg(long, value_delimiter = ',')]
+    pub initial_peers: Vec<String>,
+
+    /// The secret every node of the cluster shares; peer connections prove they
+    /// know it without sending it. Required in a cluster.
+    #[arg(long, env = "QUIVER_CLUSTER_SECRET", hide_env_values = true)]
+    pub cluster_secret: Option<String>,
+
+    /// How long a write waits to be committed, or a read to be confirmed, before it
+    /// is answered 503 CLUSTER_UNAVAILABLE, in milliseconds.
+    #[arg(long, default_value_t = limits::CLUSTER_TIMEOUT_MS_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub cluster_timeout_ms: u64,
+}
+
+impl Config {
+    /// The cluster this node belongs to, from the cluster flags; none
+    /// without them. An error says which flag is missing or wrong.
+    pub fn cluster(&self) -> Result<Option<crate::cluster::replica::Settings>, String> {
+        let (node_id, peer_addr) = match (self.node_id, &self.peer_addr) {
+            (None, None) if self.initial_peers.is_empty() => return Ok(None),
+            (Some(id), Some(address)) => (id, address),
+            _ => return Err("a cluster node needs both --node-id and --peer-addr".to_owned()),
+        };
+        let peer_addr = resolve_peer(peer_addr).map_err(|e| format!("--peer-addr {peer_addr}: {e}"))?;
+        let secret = match &self.cluster_secret {
+            Some(secret) if !secret.is_empty() => secret.clone(),
+            _ => return Err("a cluster node needs --cluster-secret (or QUIVER_CLUSTER_SECRET)".to_owned()),
+        };
+        let mut initial_peers = Vec::new();
+        for member in self.initial_peers.iter().filter(|member| !member.is_empty()) {
+            let bad = |why: &str| format!("--initial-peers: '{member}' is not ID=HOST:PORT ({why})");
+            let (id, address) = member.split_once('=').ok_or_else(|| bad("no '='"))?;
+            let id: u64 = id.trim().parse().map_err(|_| bad("the id is not a number"))?;
+            if !(1..=1 << 31).contains(&id) {
+                return Err(bad("ids are 1 to 2^31"));
+            }
+            let address = resolve_peer(address.trim()).map_err(|e| bad(&e))?;
+            if initial_peers.iter().any(|&(other, _)| other == id) {
+                return Err(bad("the id appears twice"));
+            }
+            initial_peers.push((id, address));
+        }
+        if !initial_peers.is_empty() && !initial_peers.iter().any(|&(id, _)| id == node_id) {
+            return Err(format!("--initial-peers must include this node ({node_id})"));
+        }
+        Ok(Some(crate::cluster::replica::Settings {
+            node_id,
+            peer_addr,
+            initial_peers,
+            secret,
+            timeout: std::time::Duration::from_millis(self.cluster_timeout_ms),
+        }))
+    }
+}
+
+/// The one address `HOST:PORT` names.
+fn resolve_peer(address: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    address.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or_else(|| "names no address".to_owned())
 }
 
 /// `--simd`'s values: the store's `Simd`, named for the command line here,

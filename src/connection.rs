@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 
-use crate::api::{ApiError, App, Endpoint, Handled, Seat, Target};
+use crate::api::{ApiError, App, Caller, Endpoint, Gate, Handled, Seat, Target};
 use crate::http::{Event, Framing, FramingLimits, Parser, ReadBuf};
 use crate::limits::{
     BUF_KEEP_BYTES_MAX, READ_BUF_INITIAL_BYTES, READ_BYTES_PER_TICK_MAX, READ_CHUNK_BYTES, WRITE_PENDING_BYTES_MAX,
@@ -43,6 +43,8 @@ pub enum Flushed {
 }
 
 pub struct Connection {
+    /// Its key in the loop's slab: who a cluster's answer is for.
+    key: usize,
     socket: TcpStream,
     peer: SocketAddr,
     read: ReadBuf,
@@ -50,8 +52,12 @@ pub struct Connection {
     /// Replies not yet sent. Invariant: `written <= sync_mark's reply_at (if any) <= write.len()`.
     write: Vec<u8>,
     written: usize,
-    /// The answer to a write, which may not leave before the log is synced.
+    /// The answer to a write, which may not leave before the log is synced
+    /// (or, in a cluster, is not yet written: it comes once the write is
+    /// applied, and nothing more is read until then).
     sync_mark: Option<Held>,
+    /// Where its read stands with the cluster (`api::replicated`).
+    gate: Gate,
     /// The verdict on the current request, taken when its head arrived.
     admitted: Option<Result<Target, ApiError>>,
     requests_per_tick_max: usize,
@@ -73,6 +79,7 @@ pub struct Connection {
 
 impl Connection {
     pub fn new(
+        key: usize,
         socket: TcpStream,
         peer: SocketAddr,
         limits: FramingLimits,
@@ -80,6 +87,7 @@ impl Connection {
         now: Instant,
     ) -> Connection {
         Connection {
+            key,
             socket,
             peer,
             read: ReadBuf::with_capacity(READ_BUF_INITIAL_BYTES),
@@ -88,6 +96,7 @@ impl Connection {
             write: Vec::new(),
             written: 0,
             sync_mark: None,
+            gate: Gate::default(),
             admitted: None,
             readable: true,
             closing: false,
@@ -115,7 +124,7 @@ impl Connection {
 
     /// Between requests, with nothing received and nothing to send.
     pub fn is_idle(&self) -> bool {
-        self.parser.is_idle() && self.read.is_empty() && !self.has_output()
+        self.parser.is_idle() && self.read.is_empty() && !self.has_output() && self.sync_mark.is_none()
     }
 
     /// Reads and answers requests until the socket is drained, this tick's
@@ -127,7 +136,7 @@ impl Connection {
         let (mut requests, mut read_bytes) = (0, 0);
         self.blocked_on_write = false;
         loop {
-            if self.closing {
+            if self.closing || self.awaits_cluster() {
                 return Progress::Waiting;
             }
             if self.write_pending_bytes() > WRITE_PENDING_BYTES_MAX {
@@ -145,11 +154,15 @@ impl Connection {
                             // Another connection's write awaits its sync this tick.
                             return Progress::MoreWork;
                         }
+                        if app.hold_read(target, &self.parser.head, self.key, &mut self.gate, now) {
+                            // Woken when its read index is applied, or it timed out.
+                            return Progress::Waiting;
+                        }
                     }
                     if shutting_down {
                         self.parser.head.keep_alive = false;
                     }
-                    let stop = self.answer(app);
+                    let stop = self.answer(app, now);
                     requests += 1;
                     // One write or search per connection per turn: the answer
                     // waits for the sync or the batch, and what follows waits for it.
@@ -213,7 +226,7 @@ impl Connection {
     /// Answers the complete request, or parks it (a search, run later in
     /// the turn with the others); returns whether this connection must stop
     /// for this turn: it changed the store, or its answer is not written yet.
-    fn answer(&mut self, app: &mut App) -> bool {
+    fn answer(&mut self, app: &mut App, now: Instant) -> bool {
         let verdict = self.admitted.take().expect("a request's head is admitted before its body");
         let (head, body) = self.parser.request(&mut self.read);
         let keep_alive = head.keep_alive;
@@ -221,7 +234,10 @@ impl Connection {
         let started = Instant::now();
         let body_bytes = body.len();
         let (handled, route) = match verdict {
-            Ok(target) => (app.handle(&target, head, body, &mut self.seat, &mut self.write), Some(target.endpoint)),
+            Ok(target) => {
+                let caller = Caller { conn: self.key, gate: &mut self.gate, seat: &mut self.seat, now };
+                (app.handle(&target, head, body, caller, &mut self.write), Some(target.endpoint))
+            }
             Err(error) => (Handled::Answered(error.write(&mut self.write, keep_alive)), None),
         };
         let reply_bytes = self.write.len() - reply_at;
@@ -235,7 +251,14 @@ impl Connection {
             Handled::Mutated(status) => {
                 debug_assert!(self.sync_mark.is_none());
                 let elapsed = started.elapsed();
-                self.sync_mark = Some(Held { reply_at, keep_alive, route, status, elapsed, body_bytes });
+                let replicating = None;
+                self.sync_mark = Some(Held { reply_at, keep_alive, route, status, elapsed, body_bytes, replicating });
+            }
+            // Counted when its answer comes.
+            Handled::Replicating(seq) => {
+                debug_assert!(self.sync_mark.is_none());
+                let (status, elapsed, replicating) = (0, Duration::ZERO, Some((seq, started)));
+                self.sync_mark = Some(Held { reply_at, keep_alive, route, status, elapsed, body_bytes, replicating });
             }
         }
         self.parser.finish(&mut self.read);
@@ -282,14 +305,35 @@ impl Connection {
     }
 
     pub fn awaits_sync(&self) -> bool {
-        self.sync_mark.is_some()
+        self.sync_mark.is_some_and(|held| held.replicating.is_none())
+    }
+
+    /// Whether its write waits for the cluster.
+    fn awaits_cluster(&self) -> bool {
+        self.sync_mark.is_some_and(|held| held.replicating.is_some())
+    }
+
+    /// Takes the answer of its write from the cluster, if it has come.
+    pub fn resolve(&mut self, app: &mut App) {
+        let Some(Held { reply_at, route, replicating: Some((seq, started)), body_bytes, .. }) = self.sync_mark else {
+            return;
+        };
+        let Some(answer) = app.take_answer(self.key, seq) else { return };
+        debug_assert_eq!(self.write.len(), reply_at);
+        self.write.extend_from_slice(&answer.bytes);
+        self.sync_mark = None;
+        self.record(app, route, answer.status, started.elapsed(), (body_bytes, answer.bytes.len()));
     }
 
     /// After the tick's sync: the held answer may go, or, if the sync
     /// failed, is replaced by the storage error (its write was undone);
     /// either is counted then, with the status the client gets.
     pub fn settle(&mut self, app: &mut App, synced: &Result<(), ApiError>) {
-        let Some(Held { reply_at, keep_alive, route, mut status, elapsed, body_bytes }) = self.sync_mark.take() else {
+        if !self.awaits_sync() {
+            return;
+        }
+        let Some(Held { reply_at, keep_alive, route, mut status, elapsed, body_bytes, .. }) = self.sync_mark.take()
+        else {
             return;
         };
         if let Err(error) = synced {
@@ -458,6 +502,8 @@ struct Held {
     status: u16,
     elapsed: Duration,
     body_bytes: usize,
+    /// In a cluster: the number the write was proposed as, and when.
+    replicating: Option<(u64, Instant)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -24,11 +24,13 @@ pub enum Endpoint {
     Insert,
     Retrieve,
     DeleteEmbeddings,
+    /// `GET /api/v1/cluster`: this node's view of the cluster.
+    Cluster,
 }
 
 impl Endpoint {
     /// Every endpoint, in declaration order (`endpoint as usize` is its position).
-    pub const ALL: [Endpoint; 15] = [
+    pub const ALL: [Endpoint; 16] = [
         Endpoint::Health,
         Endpoint::TestAuth,
         Endpoint::Metrics,
@@ -44,6 +46,7 @@ impl Endpoint {
         Endpoint::Insert,
         Endpoint::Retrieve,
         Endpoint::DeleteEmbeddings,
+        Endpoint::Cluster,
     ];
 
     /// Its `route` label in metrics.
@@ -64,6 +67,7 @@ impl Endpoint {
             Endpoint::Insert => "insert",
             Endpoint::Retrieve => "retrieve",
             Endpoint::DeleteEmbeddings => "delete_embeddings",
+            Endpoint::Cluster => "cluster",
         }
     }
 

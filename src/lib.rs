@@ -34,6 +34,10 @@
 //!   int8 codes and first pass of lone searches (`codes`), the bfloat16
 //!   first pass of batched searches (`screen`), top-k.
 //! - [`wal`]: the write-ahead log's records, segments, group commit and replay.
+//! - [`cluster`]: replication by Raft (`raft`, tikv/raft-rs): the Raft log
+//!   on disk, the node and the order a `Ready` is carried out in, the peer
+//!   links, this node's turn. Its entries are the api's writes
+//!   (`api::replicated`), applied on every node with the single node's code.
 //! - [`snapshot`]: per-index snapshot files and the manifest.
 //! - [`auth`]: the API key; [`files`]: files written whole, directories synced.
 //! - [`metrics`]: Prometheus counters and histograms; [`log`]: operator logs;

@@ -147,6 +147,16 @@ pub const SHUTDOWN_DRAIN_MS: u64 = 5_000;
 /// about twice this on disk.
 pub const SNAPSHOT_LOG_BYTES_DEFAULT: u64 = 512 * 1024 * 1024;
 
+/// How long a cluster's write may wait to be committed, and its read to be
+/// confirmed: long enough for an election after a leader dies (two to
+/// three seconds, `cluster::replica::TIMING`) and the write after it.
+pub const CLUSTER_TIMEOUT_MS_DEFAULT: u64 = 5000;
+
+/// Bytes of a peer frame besides one request body: a Raft message's other
+/// fields and the command's header, with room to spare. A frame holds one
+/// body at most, or `cluster::node`'s 1 MiB of smaller entries.
+pub const PEER_FRAME_OVERHEAD_BYTES: usize = 2 << 20;
+
 /// How often the health figures are resampled at most.
 pub const HEALTH_SAMPLE_INTERVAL_MS: u64 = 1_000;
 

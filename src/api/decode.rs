@@ -86,7 +86,7 @@ pub enum Deletion {
 type Nodes<'t, 'i> = &'t [Node<'i>];
 
 /// What one body may hold.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BodyLimits {
     /// Ids or embeddings per request.
     pub items_max: usize,

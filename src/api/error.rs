@@ -70,6 +70,15 @@ pub enum ApiError {
     Timeout,
     TooManyConnections,
     Storage(StorageError),
+    /// A cluster could not commit a write, or confirm a read, in time:
+    /// `reason` says why, and for a write that it may still take effect.
+    ClusterUnavailable {
+        reason: String,
+    },
+    /// `?consistency=` with a value other than `linearizable` or `local`.
+    BadConsistency {
+        value: String,
+    },
 }
 
 impl ApiError {
@@ -79,7 +88,10 @@ impl ApiError {
 
     pub fn status(&self) -> u16 {
         match self {
-            ApiError::BadBody { .. } | ApiError::SearchFailed { .. } | ApiError::ReplyTooLarge { .. } => 400,
+            ApiError::BadBody { .. }
+            | ApiError::SearchFailed { .. }
+            | ApiError::ReplyTooLarge { .. }
+            | ApiError::BadConsistency { .. } => 400,
             ApiError::NoApiKey { .. } | ApiError::InvalidApiKey { .. } => 401,
             ApiError::NotFound { .. } => 404,
             ApiError::MethodNotAllowed { .. } => 405,
@@ -98,6 +110,7 @@ impl ApiError {
             ApiError::TooManyConnections => 503,
             ApiError::Storage(StorageError::Failed(_)) => 500,
             ApiError::Storage(StorageError::ReadOnly(_)) => 503,
+            ApiError::ClusterUnavailable { .. } => 503,
         }
     }
 
@@ -126,6 +139,8 @@ impl ApiError {
             ApiError::TooManyConnections => "TOO_MANY_CONNECTIONS",
             ApiError::Storage(StorageError::Failed(_)) => "STORAGE_ERROR",
             ApiError::Storage(StorageError::ReadOnly(_)) => "READ_ONLY",
+            ApiError::ClusterUnavailable { .. } => "CLUSTER_UNAVAILABLE",
+            ApiError::BadConsistency { .. } => "INVALID_CONSISTENCY",
         }
     }
 
@@ -155,6 +170,8 @@ impl ApiError {
             ApiError::TooManyConnections => "Service unavailable",
             ApiError::Storage(StorageError::Failed(_)) => "An error occurred while writing to disk.",
             ApiError::Storage(StorageError::ReadOnly(_)) => "Writes are refused until the server is restarted.",
+            ApiError::ClusterUnavailable { .. } => "The cluster is unavailable.",
+            ApiError::BadConsistency { .. } => "Bad request",
         }
     }
 
@@ -220,6 +237,10 @@ impl fmt::Display for ApiError {
             ApiError::Timeout => f.write_str("the request was not received in time"),
             ApiError::TooManyConnections => f.write_str("the server has too many open connections; try again later"),
             ApiError::Storage(error) => write!(f, "{error}"),
+            ApiError::ClusterUnavailable { reason } => f.write_str(reason),
+            ApiError::BadConsistency { value } => {
+                write!(f, "consistency '{value}' is not supported; allowed values: linearizable, local")
+            }
         }
     }
 }

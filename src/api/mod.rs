@@ -15,6 +15,7 @@ pub mod group;
 pub mod health;
 pub mod indexes;
 pub mod json;
+pub mod replicated;
 pub mod route;
 
 use std::time::{Duration, Instant};
@@ -32,6 +33,8 @@ use batch::{Batches, Render};
 pub use error::{ApiError, IndexOp};
 pub use route::{route, Target};
 
+pub use replicated::Gate;
+
 /// What `App::handle` did with a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Handled {
@@ -43,6 +46,17 @@ pub enum Handled {
     /// A search, parked on the connection's seat to run with the others of
     /// the turn (`run_parked`) and be answered by `answer_parked`.
     Parked,
+    /// A cluster's write, proposed as this number: its answer comes from
+    /// `take_answer` once it is applied, or has timed out.
+    Replicating(u64),
+}
+
+/// Who asks: the connection's key in the loop, and its read's gate.
+pub struct Caller<'a> {
+    pub conn: usize,
+    pub gate: &'a mut Gate,
+    pub seat: &'a mut Seat,
+    pub now: Instant,
 }
 
 /// Where an endpoint writes its answer, and whether the connection stays open after it.
@@ -52,7 +66,7 @@ pub struct Reply<'a> {
 }
 
 /// Limits the API enforces on bodies, and what it serves without a key.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ApiLimits {
     pub dimensions_max: usize,
     pub k_max: usize,
@@ -94,6 +108,8 @@ pub struct App {
     /// Whether a request since the last `release_memory` had a body larger
     /// than the buffers keep.
     large_request: bool,
+    /// This node's part in a cluster; none for a single node.
+    cluster: Option<replicated::Replicated>,
 }
 
 impl App {
@@ -107,7 +123,66 @@ impl App {
             health: health::Health::new(),
             metrics: Metrics::default(),
             large_request: false,
+            cluster: None,
         }
+    }
+
+    /// Makes this node a member of a cluster (see `replicated`): its Raft
+    /// log opened, its peer port bound, with peer tokens from `token_base`.
+    pub fn join_cluster(
+        &mut self,
+        settings: &crate::cluster::replica::Settings,
+        registry: &mio::Registry,
+        token_base: usize,
+        frame_bytes_max: usize,
+    ) -> Result<(), crate::cluster::replica::StartError> {
+        let cluster = replicated::Replicated::open(settings, &self.db, registry, token_base, frame_bytes_max)?;
+        self.cluster = Some(cluster);
+        Ok(())
+    }
+
+    pub fn cluster(&self) -> Option<&replicated::Replicated> {
+        self.cluster.as_ref()
+    }
+
+    /// Whether `token` is a peer link's; if so it is noted for the next `cluster_turn`.
+    pub fn peer_event(&mut self, token: mio::Token) -> bool {
+        match &mut self.cluster {
+            Some(cluster) if cluster.owns(token) => {
+                cluster.peer_event(token);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the read whose head is in must wait for the cluster (a
+    /// linearizable read, before its read index is applied here).
+    pub fn hold_read(&mut self, target: &Target, head: &Head, conn: usize, gate: &mut Gate, now: Instant) -> bool {
+        match &mut self.cluster {
+            Some(cluster) => cluster.hold_read(target.endpoint, head, conn, gate, now),
+            None => false,
+        }
+    }
+
+    /// The cluster's turn (`Replicated::turn`); returns the connections to
+    /// service again. An error is a failed sync of the Raft log: the
+    /// server must stop.
+    pub fn cluster_turn(&mut self, now: Instant) -> std::io::Result<Vec<usize>> {
+        let App { db, scratch, cluster, .. } = self;
+        let Some(cluster) = cluster else { return Ok(Vec::new()) };
+        cluster.turn(db, scratch, now)?;
+        Ok(cluster.take_woken())
+    }
+
+    /// The answer to connection `conn`'s replicated write `seq`, once ready.
+    pub fn take_answer(&mut self, conn: usize, seq: u64) -> Option<replicated::Answer> {
+        self.cluster.as_mut()?.take_answer(conn, seq)
+    }
+
+    /// When the loop must run a turn for the cluster's clock, if it is in one.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.cluster.as_ref().map(replicated::Replicated::next_deadline)
     }
 
     /// After large requests, gives back what decoding them grew: the
@@ -211,6 +286,13 @@ impl App {
         self.db.maintain();
     }
 
+    /// The periodic sweep's share: peer links stuck in their handshake.
+    pub fn sweep(&mut self, now: Instant) {
+        if let Some(cluster) = &mut self.cluster {
+            cluster.sweep(now);
+        }
+    }
+
     pub fn shutdown(&mut self) {
         self.db.shutdown();
     }
@@ -241,12 +323,29 @@ impl App {
         target: &Target,
         head: &Head,
         body: &mut [u8],
-        seat: &mut Seat,
+        caller: Caller<'_>,
         out: &mut Vec<u8>,
     ) -> Handled {
+        let Caller { conn, gate, seat, now } = caller;
         let name = &head.path[target.name.clone()];
         let keep_alive = head.keep_alive;
         self.large_request |= body.len() > crate::limits::BUF_KEEP_BYTES_MAX;
+        if let Some(cluster) = &mut self.cluster {
+            let gate = std::mem::take(gate);
+            if target.endpoint.reads_data() {
+                if let Err(error) = replicated::consistency(&head.query) {
+                    return Handled::Answered(error.write(out, keep_alive));
+                }
+            }
+            if gate == Gate::Expired {
+                return Handled::Answered(cluster.read_unavailable().write(out, keep_alive));
+            }
+            if target.endpoint.writes() {
+                let seq = cluster.next_seq();
+                cluster.propose((target.endpoint, self.limits, name), body, (conn, keep_alive), now);
+                return Handled::Replicating(seq);
+            }
+        }
         if target.endpoint == Endpoint::Search {
             return match self.park_search(name, body, seat, Reply { out, keep_alive }) {
                 None => Handled::Parked,
@@ -274,28 +373,26 @@ impl App {
                 out.extend_from_slice(OPENAPI_JSON.as_bytes());
                 Ok(response::finish(out, pending))
             }
+            Endpoint::Cluster => {
+                let status = self.cluster.as_ref().map(|cluster| cluster.replica().status());
+                Ok(replicated::write_status(status.as_ref(), Reply { out, keep_alive }))
+            }
             Endpoint::ListIndexes => Ok(indexes::list(db.store(), Reply { out, keep_alive })),
-            Endpoint::CreateIndex => indexes::create(db, scratch, *limits, name, body, Reply { out, keep_alive }),
             Endpoint::IndexStats => indexes::stats(db.store(), name, Reply { out, keep_alive }),
-            Endpoint::DeleteIndex => indexes::delete(db, name, Reply { out, keep_alive }),
             Endpoint::Search => unreachable!("searches are parked above"),
             Endpoint::SearchBatch => {
                 embeddings::search_batch(db, scratch, batches.scanner(), *limits, name, body, Reply { out, keep_alive })
             }
-            Endpoint::Upsert | Endpoint::Insert => {
-                let write = if target.endpoint == Endpoint::Upsert {
-                    embeddings::Write::Upsert
-                } else {
-                    embeddings::Write::Insert
-                };
-                embeddings::write(db, scratch, *limits, write, name, body, Reply { out, keep_alive })
+            Endpoint::CreateIndex
+            | Endpoint::DeleteIndex
+            | Endpoint::Upsert
+            | Endpoint::Insert
+            | Endpoint::DeleteEmbeddings => {
+                replicated::write(target.endpoint, db, scratch, *limits, name, body, Reply { out, keep_alive })
             }
             Endpoint::Scroll => embeddings::scroll(db, scratch, *limits, name, body, Reply { out, keep_alive }),
             Endpoint::Retrieve => {
                 embeddings::retrieve(db.store(), scratch, *limits, name, body, Reply { out, keep_alive })
-            }
-            Endpoint::DeleteEmbeddings => {
-                embeddings::delete(db, scratch, *limits, name, body, Reply { out, keep_alive })
             }
         };
         if target.endpoint == Endpoint::SearchBatch {

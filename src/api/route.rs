@@ -36,6 +36,7 @@ pub fn route(method: Method, path: &str) -> Result<Target, ApiError> {
         (Some("health"), None, None, None) => (Endpoint::Health, Method::Get, 0..0),
         (Some("test-auth"), None, None, None) => (Endpoint::TestAuth, Method::Get, 0..0),
         (Some("openapi.json"), None, None, None) => (Endpoint::OpenApi, Method::Get, 0..0),
+        (Some("cluster"), None, None, None) => (Endpoint::Cluster, Method::Get, 0..0),
         (Some("indexes"), Some("list"), None, None) => (Endpoint::ListIndexes, Method::Get, 0..0),
         (Some("indexes"), Some(name), Some(action), None) => {
             let (endpoint, allowed) = match action {

@@ -222,6 +222,22 @@ impl Node {
         self.raw.raft.raft_log.applied
     }
 
+    /// Whether this node is a member without a vote.
+    pub fn is_learner(&self) -> bool {
+        let id = self.id();
+        self.raw.raft.prs().conf().learners().contains(&id)
+    }
+
+    /// How far `peer`'s log is known to match this leader's.
+    pub fn match_index(&self, peer: u64) -> Option<u64> {
+        self.raw.raft.prs().get(peer).map(|progress| progress.matched)
+    }
+
+    /// Whether Raft has anything for `advance` to carry out.
+    pub fn has_ready(&self) -> bool {
+        self.raw.has_ready()
+    }
+
     /// Counts one tick of the clock.
     pub fn tick(&mut self) {
         self.raw.tick();

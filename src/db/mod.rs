@@ -91,6 +91,10 @@ pub enum OpenError {
     },
     Snapshot(LoadError),
     Log(ReplayError),
+    /// A cluster node started on a single node's data directory.
+    SingleNodeData {
+        data_dir: PathBuf,
+    },
 }
 
 impl fmt::Display for OpenError {
@@ -105,6 +109,12 @@ impl fmt::Display for OpenError {
             ),
             OpenError::Snapshot(error) => write!(f, "{error}"),
             OpenError::Log(error) => write!(f, "{error}"),
+            OpenError::SingleNodeData { data_dir } => write!(
+                f,
+                "the data directory {} holds a single node's data; a cluster node starts on an empty one (its data \
+                 comes from the cluster)",
+                data_dir.display()
+            ),
         }
     }
 }
@@ -113,7 +123,7 @@ impl std::error::Error for OpenError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             OpenError::Io { source, .. } => Some(source),
-            OpenError::Locked { .. } => None,
+            OpenError::Locked { .. } | OpenError::SingleNodeData { .. } => None,
             OpenError::Snapshot(error) => Some(error),
             OpenError::Log(error) => Some(error),
         }
@@ -148,7 +158,9 @@ enum Undo {
 
 pub struct Database {
     store: Store,
-    log: Log,
+    /// The write-ahead log; none in a cluster, where the Raft log is it
+    /// (`open_replicated`).
+    log: Option<Log>,
     data_dir: PathBuf,
     wal_dir: PathBuf,
     snapshots_dir: PathBuf,
@@ -241,7 +253,7 @@ impl Database {
         log_file.set_sync(options.sync);
         let mut database = Database {
             store,
-            log: log_file,
+            log: Some(log_file),
             data_dir,
             wal_dir,
             snapshots_dir,
@@ -255,6 +267,39 @@ impl Database {
         };
         database.remove_unused_files(false);
         Ok(database)
+    }
+
+    /// Opens the data directory of a cluster's node: its lock, and an empty
+    /// store, which the node rebuilds from its Raft log (entries come to
+    /// `apply` committed, so none is logged or undone here). A directory
+    /// holding a single node's data is refused: it would be silently left out.
+    pub fn open_replicated(data_dir: &Path) -> Result<Database, OpenError> {
+        fs::create_dir_all(data_dir).map_err(io_error("create", data_dir))?;
+        let lock = lock(data_dir)?;
+        let wal_dir = data_dir.join("wal");
+        let single = snapshot::read_manifest(data_dir)?.is_some()
+            || wal::segments(&wal_dir).is_ok_and(|segments| !segments.is_empty());
+        if single {
+            return Err(OpenError::SingleNodeData { data_dir: data_dir.to_owned() });
+        }
+        Ok(Database {
+            store: Store::new(),
+            log: None,
+            data_dir: data_dir.to_owned(),
+            wal_dir,
+            snapshots_dir: data_dir.join("snapshots"),
+            manifest: Manifest::default(),
+            undo: Vec::new(),
+            broken: None,
+            child: None,
+            remover: None,
+            snapshot_log_bytes: u64::MAX,
+            _lock: lock,
+        })
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
     }
 
     pub fn store(&self) -> &Store {
@@ -292,7 +337,11 @@ impl Database {
         if let Some(failure) = &self.broken {
             return Err(StorageError::ReadOnly(failure.clone()));
         }
-        self.log.append(mutation);
+        let Some(log) = &mut self.log else {
+            self.apply_committed(mutation);
+            return Ok(());
+        };
+        log.append(mutation);
         let undo = match *mutation {
             Mutation::CreateIndex { name, .. } => {
                 self.store.apply(mutation);
@@ -324,12 +373,24 @@ impl Database {
         Ok(())
     }
 
+    /// Applies a mutation already durable elsewhere (a committed Raft entry).
+    fn apply_committed(&mut self, mutation: &Mutation<'_>) {
+        match *mutation {
+            Mutation::DropIndex { name } => {
+                // Taken whole, freed as one: `Store::apply` would do the same.
+                self.store.take_index(name).expect("drop of a validated index");
+            }
+            _ => self.store.apply(mutation),
+        }
+    }
+
     /// Makes this tick's mutations durable with one sync, or undoes them all.
     pub fn commit(&mut self) -> Result<(), StorageError> {
+        let Some(log) = &mut self.log else { return Ok(()) };
         if self.undo.is_empty() {
             return Ok(());
         }
-        match self.log.commit() {
+        match log.commit() {
             Ok(()) => {
                 self.undo.clear();
                 Ok(())

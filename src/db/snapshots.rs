@@ -26,10 +26,11 @@ impl Database {
     pub fn maintain(&mut self) {
         debug_assert!(self.undo.is_empty(), "maintenance with uncommitted mutations");
         self.reap_snapshot(false);
+        let Some(log) = &self.log else { return };
         if self.child.is_some() || self.broken.is_some() {
             return;
         }
-        if self.log.segment_bytes() >= self.snapshot_log_bytes {
+        if log.segment_bytes() >= self.snapshot_log_bytes {
             self.start_snapshot();
         } else if self.manifest.indexes.iter().any(|name| self.store.index(name).is_none()) {
             self.forget_deleted_indexes();
@@ -40,7 +41,8 @@ impl Database {
     /// of the store while this process goes on serving.
     fn start_snapshot(&mut self) {
         let rotating = Instant::now();
-        let log_start = match self.log.rotate() {
+        let log = self.log.as_mut().expect("a snapshot of the single node's log");
+        let log_start = match log.rotate() {
             Ok(segment) => segment,
             Err(error) => {
                 log::error(format_args!("cannot start a new log segment for a snapshot: {error}"));
@@ -190,14 +192,14 @@ impl Database {
         if self.child.is_some() {
             self.reap_snapshot(true);
         }
+        let Some(log) = &mut self.log else { return };
         if self.broken.is_some()
-            || (self.log.segment_bytes() <= wal::SEGMENT_HEADER_BYTES as u64
-                && self.manifest.log_start == self.log.segment())
+            || (log.segment_bytes() <= wal::SEGMENT_HEADER_BYTES as u64 && self.manifest.log_start == log.segment())
         {
             return;
         }
         let started = Instant::now();
-        let result = self.log.rotate().and_then(|log_start| {
+        let result = log.rotate().and_then(|log_start| {
             snapshot::write_all(
                 &self.data_dir,
                 &self.snapshots_dir,

@@ -56,6 +56,8 @@ pub struct Head {
     pub method: Method,
     /// The request target without its query string.
     pub path: String,
+    /// The query string, without its `?` (empty when there is none).
+    pub query: String,
     pub http10: bool,
     /// Whether the connection stays open after this request's answer.
     pub keep_alive: bool,
@@ -73,6 +75,7 @@ impl Head {
         Head {
             method: Method::Other,
             path: String::new(),
+            query: String::new(),
             http10: false,
             keep_alive: true,
             expect_continue: false,
@@ -132,8 +135,11 @@ pub(super) fn read_head(
     let target = request.path.ok_or(HttpError::Malformed("no request target"))?;
     let version = request.version.ok_or(HttpError::Malformed("no HTTP version"))?;
     head.method = Method::parse(method);
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
     head.path.clear();
-    head.path.push_str(target.split('?').next().unwrap_or(""));
+    head.path.push_str(path);
+    head.query.clear();
+    head.query.push_str(query);
     head.http10 = version == 0;
     head.api_key.clear();
     head.api_key_header = SERVICE_KEY_HEADER;

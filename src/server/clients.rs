@@ -42,6 +42,8 @@ pub struct Clients {
     /// Events for the server's own tokens, seen while the turn polled.
     own_events: Vec<Token>,
     shutting_down: bool,
+    /// A failed sync of the cluster's log: the server must stop.
+    fatal: Option<io::Error>,
 }
 
 impl Clients {
@@ -57,6 +59,7 @@ impl Clients {
             to_flush: Vec::new(),
             own_events: Vec::new(),
             shutting_down: false,
+            fatal: None,
         })
     }
 
@@ -84,11 +87,16 @@ impl Clients {
         let key = entry.key();
         self.registry.register(&mut socket, token_of(key), Interest::READABLE | Interest::WRITABLE)?;
         let ConnectionLimits { framing, requests_per_tick_max } = self.limits;
-        entry.insert(Connection::new(socket, peer, framing, requests_per_tick_max, now));
+        entry.insert(Connection::new(key, socket, peer, framing, requests_per_tick_max, now));
         self.ready.push(key);
         let open = self.connections.len();
         self.app.metrics().set_open_connections(open);
         Ok(key)
+    }
+
+    /// The error that must stop the server, if one happened.
+    pub fn take_fatal(&mut self) -> Option<io::Error> {
+        self.fatal.take()
     }
 
     /// From now on, every answer closes its connection.
@@ -104,6 +112,9 @@ impl Clients {
     /// Marks the connections that events name as ready; notes the server's own.
     pub fn take_events(&mut self, events: &Events) {
         for event in events.iter() {
+            if self.app.peer_event(event.token()) {
+                continue;
+            }
             let Token(t) = event.token();
             if t < FIRST_CONNECTION {
                 self.own_events.push(event.token());
@@ -145,6 +156,20 @@ impl Clients {
             }
         }
         self.app.end_turn();
+        // The cluster: messages, Raft, applying; the writes it answered,
+        // and the reads it let go, are serviced again.
+        match self.app.cluster_turn(now) {
+            Ok(woken) => {
+                for key in woken {
+                    if let Some(connection) = self.connections.get_mut(key) {
+                        connection.resolve(&mut self.app);
+                        self.to_flush.push(key);
+                        self.carried.push(key);
+                    }
+                }
+            }
+            Err(error) => self.fatal = Some(error),
+        }
         // Replies that wait on no write leave before the sync...
         self.flush_ready(now);
         // ...then one sync for every write of the turn, then their answers.

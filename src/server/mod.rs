@@ -31,6 +31,8 @@ use clients::{Clients, ConnectionLimits, FIRST_CONNECTION};
 
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
+/// The peer links' tokens start here, far above any connection's.
+const PEER_TOKENS: usize = 1 << 40;
 const _: () = assert!(LISTENER.0 < FIRST_CONNECTION && SIGNALS.0 < FIRST_CONNECTION);
 
 /// Starts the server and runs it until SIGTERM or SIGINT.
@@ -73,7 +75,19 @@ fn serve(config: Config) -> io::Result<()> {
     }
     let threads = rayon::current_num_threads();
     log::info(format_args!("scanning with {}, {threads} threads", paths.describe()));
-    let database = Database::open(&options).map_err(io::Error::other)?;
+    let cluster = config.cluster().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let database = match cluster {
+        Some(_) => Database::open_replicated(&config.data_dir),
+        None => Database::open(&options),
+    }
+    .map_err(io::Error::other)?;
+    if cluster.is_some() && !auth::has_key(&config.data_dir, config.api_key.as_deref()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a cluster node needs the API key every node shares (--api-key, QUIVER_API_KEY, or the key file in the \
+             data directory); it never makes one up",
+        ));
+    }
     let (api_key, key_source) = auth::load_or_create(&config.data_dir, config.api_key.as_deref())?;
     raise_descriptor_limit(config.connections_max);
     let local = listener.local_addr()?;
@@ -118,7 +132,21 @@ fn serve(config: Config) -> io::Result<()> {
         metrics_public: config.metrics_public,
     };
     let app = App::new(database, api_key, limits);
-    Server::new(config, listener, app)?.run()
+    let mut server = Server::new(config, listener, app)?;
+    if let Some(settings) = &cluster {
+        let frame_bytes_max = server.config.body_bytes_max + crate::limits::PEER_FRAME_OVERHEAD_BYTES;
+        let registry = server.poll.registry().try_clone()?;
+        server
+            .clients
+            .app()
+            .join_cluster(settings, &registry, PEER_TOKENS, frame_bytes_max)
+            .map_err(io::Error::other)?;
+        let peer_addr = server.clients.app().cluster().map(|c| c.replica().peer_addr());
+        if let Some(Ok(peer_addr)) = peer_addr {
+            log::banner(format_args!("node {} of a cluster, listening for peers on {peer_addr}", settings.node_id));
+        }
+    }
+    server.run()
 }
 
 /// Lifts the soft limit on open files to the hard limit, so that
@@ -187,7 +215,10 @@ impl Server {
         let request = Duration::from_millis(self.config.request_timeout_ms);
         let mut next_sweep = Instant::now() + sweep_interval;
         loop {
-            let timeout = if self.clients.has_work() { Duration::ZERO } else { sweep_interval };
+            let mut timeout = if self.clients.has_work() { Duration::ZERO } else { sweep_interval };
+            if let Some(deadline) = self.clients.app().next_deadline() {
+                timeout = timeout.min(deadline.saturating_duration_since(Instant::now()));
+            }
             match self.poll.poll(&mut events, Some(timeout)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -197,10 +228,16 @@ impl Server {
             self.clients.take_events(&events);
             self.own_events(now);
             self.clients.turn(&mut self.poll, &mut events, now);
+            if let Some(error) = self.clients.take_fatal() {
+                // What reached the disk is unknown: going on could
+                // acknowledge what a restart loses.
+                return Err(io::Error::new(error.kind(), format!("the Raft log could not be synced: {error}")));
+            }
             // Those that came while the turn waited for searches.
             self.own_events(now);
             if now >= next_sweep {
                 self.clients.sweep(now, idle, request);
+                self.clients.app().sweep(now);
                 self.clients.app().release_memory();
                 next_sweep = now + sweep_interval;
             }

@@ -583,7 +583,7 @@ fn clients_back_while_the_loop_waits_join_the_batch() {
 /// drives it, each search from a client not answered before.
 #[test]
 fn a_turn_with_a_write_awaiting_its_sync_waits_for_no_search() {
-    use quiver::api::{App, Handled, Seat};
+    use quiver::api::{App, Caller, Gate, Handled, Seat};
     use quiver::http::{Framing, Head, Method};
 
     let dir = tempfile::tempdir().unwrap();
@@ -592,6 +592,7 @@ fn a_turn_with_a_write_awaiting_its_sync_waits_for_no_search() {
         let head = Head {
             method,
             path: path.to_owned(),
+            query: String::new(),
             http10: false,
             keep_alive: true,
             expect_continue: false,
@@ -600,7 +601,9 @@ fn a_turn_with_a_write_awaiting_its_sync_waits_for_no_search() {
             framing: Framing::None,
         };
         let target = app.admit(&head).unwrap();
-        app.handle(&target, &head, &mut body.as_bytes().to_vec(), &mut Seat::default(), &mut Vec::new())
+        let (mut gate, mut seat) = (Gate::default(), Seat::default());
+        let caller = Caller { conn: 0, gate: &mut gate, seat: &mut seat, now: std::time::Instant::now() };
+        app.handle(&target, &head, &mut body.as_bytes().to_vec(), caller, &mut Vec::new())
     };
     // An index large enough for the loop to gather searches (4,100 x 1,024).
     handle(&mut app, Method::Put, "/api/v1/indexes/gather/create", r#"{"dimensions":1024,"metric":"l2"}"#);

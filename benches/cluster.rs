@@ -1,0 +1,196 @@
+//! The cluster's figures: a three-node cluster on loopback against one
+//! node, same run, same release binary.
+//!
+//! 1. Durable ingest of 1,000 x 768 batches from one client (to the
+//!    leader): MB/s of vector data, cluster / single.
+//! 2. One-row upsert latency, p50 of 1,000, to the leader: cluster / single.
+//! 3. A linearizable search on a follower, 100,000 x 768, one client:
+//!    latency p50, cluster / single.
+//! 4. Failover: from `kill -9` of the leader to the next write answered
+//!    200 through a survivor (a client retrying at once), 20 kills: p50, max.
+//! 5. Catch-up: a follower down while 100,000 x 768 rows are written, then
+//!    restarted: MB/s of vector data from its start to its applying the
+//!    leader's commit index.
+//!
+//! Run with `make bench` (or `cargo bench --bench cluster`).
+
+#[allow(dead_code)]
+#[path = "../tests/it/harness.rs"]
+mod harness;
+#[allow(dead_code)]
+#[path = "../tests/it/nodes.rs"]
+mod nodes;
+
+use std::time::{Duration, Instant};
+
+use harness::{create_index, Client, Rng, Server};
+use nodes::{try_call, Cluster};
+
+const DIMS: usize = 768;
+const BATCH: usize = 1000;
+
+fn vector_texts(rng: &mut Rng, count: usize) -> Vec<String> {
+    (0..count)
+        .map(|_| {
+            let values: Vec<String> = (0..DIMS).map(|_| rng.float().to_string()).collect();
+            format!("[{}]", values.join(","))
+        })
+        .collect()
+}
+
+/// `{"embeddings":[...]}` for ids `first..first+BATCH`, vectors taken in turn from `texts`.
+fn batch_body(first: usize, texts: &[String]) -> String {
+    let mut body = String::with_capacity(BATCH * (texts[0].len() + 24) + 20);
+    body.push_str(r#"{"embeddings":["#);
+    for i in 0..BATCH {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(&format!(r#"{{"id":{},"data":"#, first + i));
+        body.push_str(&texts[(first + i) % texts.len()]);
+        body.push('}');
+    }
+    body.push_str("]}");
+    body
+}
+
+/// MB/s of vector data, inserting `bodies` one after another through `client`.
+fn ingest(client: &mut Client, index: &str, bodies: &[String]) -> f64 {
+    let started = Instant::now();
+    for body in bodies {
+        let r = client.call("PUT", &format!("/api/v1/embeddings/{index}/insert"), Some(body));
+        assert_eq!(r.status, 200, "{:?}", r.body);
+    }
+    (bodies.len() * BATCH * DIMS * 4) as f64 / 1e6 / started.elapsed().as_secs_f64()
+}
+
+fn percentile(samples: &mut [f64], p: f64) -> f64 {
+    samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    samples[((samples.len() - 1) as f64 * p).round() as usize]
+}
+
+/// p50 in ms of `count` one-row upserts through `client`.
+fn upsert_p50(client: &mut Client, index: &str, count: usize, rng: &mut Rng) -> f64 {
+    let mut samples = Vec::with_capacity(count);
+    for i in 0..count {
+        let values: Vec<String> = (0..DIMS).map(|_| rng.float().to_string()).collect();
+        let body = format!(r#"{{"embeddings":[{{"id":{},"data":[{}]}}]}}"#, 10_000_000 + i, values.join(","));
+        let started = Instant::now();
+        let r = client.call("PUT", &format!("/api/v1/embeddings/{index}/upsert"), Some(&body));
+        samples.push(started.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(r.status, 200, "{:?}", r.body);
+    }
+    percentile(&mut samples, 0.5)
+}
+
+/// p50 in ms of `count` searches (k = 10) through `client`.
+fn search_p50(client: &mut Client, path: &str, count: usize, rng: &mut Rng) -> f64 {
+    let mut samples = Vec::with_capacity(count);
+    for _ in 0..count {
+        let values: Vec<String> = (0..DIMS).map(|_| rng.float().to_string()).collect();
+        let body = format!(r#"{{"queryVector":[{}],"k":10}}"#, values.join(","));
+        let started = Instant::now();
+        let r = client.call("POST", path, Some(&body));
+        samples.push(started.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(r.status, 200, "{:?}", r.body);
+    }
+    percentile(&mut samples, 0.5)
+}
+
+fn main() {
+    let mut rng = Rng(34);
+    let texts = vector_texts(&mut rng, BATCH);
+    println!("cluster (release server, three nodes on loopback vs one node, same run)");
+
+    // 1-3 on one node.
+    let single = Server::start();
+    create_index(&single, "ingest", DIMS, "cosine");
+    let bodies: Vec<String> = (0..20).map(|b| batch_body(b * BATCH, &texts)).collect();
+    let mut client = single.connect();
+    let single_ingest = ingest(&mut client, "ingest", &bodies);
+    let single_upsert = upsert_p50(&mut client, "ingest", 1000, &mut rng);
+    create_index(&single, "search", DIMS, "l2");
+    let big: Vec<String> = (0..100).map(|b| batch_body(b * BATCH, &texts)).collect();
+    ingest(&mut client, "search", &big);
+    let single_search = search_p50(&mut client, "/api/v1/embeddings/search/search", 200, &mut rng);
+    drop(client);
+    drop(single);
+
+    // 1-3 on the cluster.
+    let mut cluster = Cluster::start(3, false);
+    let leader = cluster.wait_for_leader(Duration::from_secs(30));
+    create_index(cluster.node(leader), "ingest", DIMS, "cosine");
+    let mut client = cluster.node(leader).connect();
+    let cluster_ingest = ingest(&mut client, "ingest", &bodies);
+    let cluster_upsert = upsert_p50(&mut client, "ingest", 1000, &mut rng);
+    create_index(cluster.node(leader), "search", DIMS, "l2");
+    ingest(&mut client, "search", &big);
+    drop(client);
+    let follower = (leader + 1) % 3;
+    let mut client = cluster.node(follower).connect();
+    let cluster_search = search_p50(&mut client, "/api/v1/embeddings/search/search", 200, &mut rng);
+    drop(client);
+    println!(
+        "  1. ingest 1,000 x 768, one client, durable: cluster {cluster_ingest:.0} MB/s, single {single_ingest:.0} MB/s, \
+         ratio {:.2} (target >= 0.5)",
+        cluster_ingest / single_ingest
+    );
+    println!(
+        "  2. one-row upsert p50: cluster {cluster_upsert:.2} ms, single {single_upsert:.2} ms, ratio {:.2} (target <= 3)",
+        cluster_upsert / single_upsert
+    );
+    println!(
+        "  3. search 100,000 x 768, k 10, linearizable on a follower: p50 {cluster_search:.2} ms, single {single_search:.2} \
+         ms, ratio {:.2} (target <= 1.2)",
+        cluster_search / single_search
+    );
+
+    // 5. Catch-up: a follower misses 100,000 x 768 rows.
+    let leader = cluster.wait_for_leader(Duration::from_secs(30));
+    let behind = (leader + 1) % 3;
+    cluster.kill(behind);
+    create_index(cluster.node(leader), "missed", DIMS, "l2");
+    let mut client = cluster.node(leader).connect();
+    ingest(&mut client, "missed", &big);
+    drop(client);
+    let commit = cluster.status(leader).unwrap()["commit_index"].as_u64().unwrap();
+    let started = Instant::now();
+    cluster.start_node(behind);
+    loop {
+        let applied = cluster.status(behind).map_or(0, |s| s["applied_index"].as_u64().unwrap());
+        if applied >= commit {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(300), "the follower did not catch up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let catch_up = (100 * BATCH * DIMS * 4) as f64 / 1e6 / started.elapsed().as_secs_f64();
+    println!("  5. catch-up of 100,000 x 768 rows missed: {catch_up:.0} MB/s (target >= 100)");
+
+    // 4. Failover, 20 kills of the leader.
+    let mut failovers = Vec::new();
+    let body = r#"{"embeddings":[{"id":1,"data":[1.0]}]}"#;
+    create_index(cluster.node(cluster.wait_for_leader(Duration::from_secs(30))), "failover", 1, "l2");
+    for _ in 0..20 {
+        let leader = cluster.wait_for_leader(Duration::from_secs(30));
+        cluster.wait_until_converged(Duration::from_secs(60));
+        let survivor = cluster.node((leader + 1) % 3).addr;
+        let killed = Instant::now();
+        cluster.kill(leader);
+        loop {
+            let r = try_call(survivor, "PUT", "/api/v1/embeddings/failover/upsert", Some(body));
+            if r.is_some_and(|r| r.status == 200) {
+                break;
+            }
+            assert!(killed.elapsed() < Duration::from_secs(60), "no write went through after a leader's death");
+        }
+        failovers.push(killed.elapsed().as_secs_f64());
+        cluster.start_node(leader);
+    }
+    let max = failovers.iter().cloned().fold(0.0, f64::max);
+    println!(
+        "  4. failover, kill -9 of the leader to the next answered write, 20 kills: p50 {:.2} s, max {max:.2} s \
+         (target <= 3)",
+        percentile(&mut failovers, 0.5)
+    );
+}

@@ -1,0 +1,612 @@
+//! The API of a cluster's node: writes go through the Raft log, reads wait
+//! for a read index. Without the cluster flags nothing here runs.
+//!
+//! **Writes.** The node a client asks puts the request in a command (its
+//! endpoint, index name and body as the client sent them, the limits this
+//! node answers by, and who asked: this node's id and a number of its own)
+//! and proposes it; a follower's proposal goes to the leader. Every node
+//! applies the committed commands in log order with the same code a single
+//! node answers with (`write`), so each reaches the same state, and the
+//! asking node's answer is the one a single node would give at that point
+//! of the order. Only then, the command being on a majority's disk and
+//! applied here, does the asking node answer. A command not applied within
+//! the cluster's timeout is answered 503 `CLUSTER_UNAVAILABLE`: it may still
+//! be committed later, as the answer says.
+//!
+//! The body is decoded when the command is applied, not before: its
+//! decoding errors and limits are those of the asking node (carried in the
+//! command), the same on every node.
+//!
+//! **Reads.** A read (search, retrieve, scroll, stats, list) waits on its
+//! connection, unread, for a read index asked after it arrived (one for all
+//! the reads of a turn: their round) to be applied here; then it is
+//! answered from this node's copy like any read. `?consistency=local`
+//! skips the wait.
+
+use std::io;
+use std::time::Instant;
+
+use ahash::AHashMap;
+use mio::{Registry, Token};
+
+use super::envelope::Envelope;
+use super::{embeddings, indexes, json, ApiError, ApiLimits, Reply, Scratch};
+use crate::cluster::node::StateMachine;
+use crate::cluster::replica::{Replica, Settings, StartError, Status};
+use crate::db::Database;
+use crate::endpoint::Endpoint;
+use crate::http::Head;
+use crate::log as oplog;
+
+/// The first byte of every command: its encoding.
+const COMMAND_VERSION: u8 = 1;
+
+/// A write as the log carries it:
+///
+/// ```text
+/// version:u8 (1) origin:u64 run:u64 seq:u64 endpoint:u8 limits:u64*11 name_len:u8 name body
+/// origin: the asking node's id; run: random, new each time it starts (its
+///         numbers start again at 1, and commands of its last run may still
+///         be applied after it restarts: they must not answer this run's)
+/// endpoint: 1 create index, 2 delete index, 3 upsert, 4 insert, 5 delete embeddings
+/// limits: dimensions, k, search-batch, reply bytes, items, metadata entries,
+///         metadata bytes, filter depth, filter terms, indexes, index name bytes
+/// ```
+#[derive(Debug, PartialEq)]
+struct Command<'a> {
+    origin: u64,
+    run: u64,
+    seq: u64,
+    endpoint: Endpoint,
+    limits: ApiLimits,
+    name: &'a str,
+    body: &'a [u8],
+}
+
+fn endpoint_code(endpoint: Endpoint) -> Option<u8> {
+    Some(match endpoint {
+        Endpoint::CreateIndex => 1,
+        Endpoint::DeleteIndex => 2,
+        Endpoint::Upsert => 3,
+        Endpoint::Insert => 4,
+        Endpoint::DeleteEmbeddings => 5,
+        _ => return None,
+    })
+}
+
+fn endpoint_of(code: u8) -> Option<Endpoint> {
+    Some(match code {
+        1 => Endpoint::CreateIndex,
+        2 => Endpoint::DeleteIndex,
+        3 => Endpoint::Upsert,
+        4 => Endpoint::Insert,
+        5 => Endpoint::DeleteEmbeddings,
+        _ => return None,
+    })
+}
+
+fn limits_as_numbers(limits: &ApiLimits) -> [usize; 11] {
+    let body = &limits.body;
+    [
+        limits.dimensions_max,
+        limits.k_max,
+        limits.search_batch_max,
+        limits.reply_bytes_max,
+        body.items_max,
+        body.metadata_entries_max,
+        body.metadata_bytes_max,
+        body.filter_depth_max,
+        body.filter_terms_max,
+        limits.indexes_max,
+        limits.index_name_bytes_max,
+    ]
+}
+
+fn limits_from_numbers(n: [usize; 11]) -> ApiLimits {
+    ApiLimits {
+        dimensions_max: n[0],
+        k_max: n[1],
+        search_batch_max: n[2],
+        reply_bytes_max: n[3],
+        body: super::decode::BodyLimits {
+            items_max: n[4],
+            metadata_entries_max: n[5],
+            metadata_bytes_max: n[6],
+            filter_depth_max: n[7],
+            filter_terms_max: n[8],
+        },
+        indexes_max: n[9],
+        index_name_bytes_max: n[10],
+        metrics_public: false,
+    }
+}
+
+impl Command<'_> {
+    fn encode(&self) -> Vec<u8> {
+        let code = endpoint_code(self.endpoint).expect("a command is a write");
+        let name_len = u8::try_from(self.name.len()).unwrap_or(u8::MAX);
+        let name = &self.name.as_bytes()[..usize::from(name_len)];
+        let mut out = Vec::with_capacity(1 + 24 + 1 + 88 + 1 + name.len() + self.body.len());
+        out.push(COMMAND_VERSION);
+        out.extend_from_slice(&self.origin.to_le_bytes());
+        out.extend_from_slice(&self.run.to_le_bytes());
+        out.extend_from_slice(&self.seq.to_le_bytes());
+        out.push(code);
+        for n in limits_as_numbers(&self.limits) {
+            out.extend_from_slice(&(n as u64).to_le_bytes());
+        }
+        out.push(name_len);
+        out.extend_from_slice(name);
+        out.extend_from_slice(self.body);
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Command<'_>> {
+        let (&version, rest) = bytes.split_first()?;
+        if version != COMMAND_VERSION {
+            return None;
+        }
+        let (origin, rest) = take_u64(rest)?;
+        let (run, rest) = take_u64(rest)?;
+        let (seq, rest) = take_u64(rest)?;
+        let (&code, mut rest) = rest.split_first()?;
+        let endpoint = endpoint_of(code)?;
+        let mut numbers = [0usize; 11];
+        for n in &mut numbers {
+            let (value, after) = take_u64(rest)?;
+            *n = usize::try_from(value).ok()?;
+            rest = after;
+        }
+        let (&name_len, rest) = rest.split_first()?;
+        let (name, body) = rest.split_at_checked(usize::from(name_len))?;
+        let name = std::str::from_utf8(name).ok()?;
+        Some(Command { origin, run, seq, endpoint, limits: limits_from_numbers(numbers), name, body })
+    }
+}
+
+fn take_u64(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let (head, rest) = bytes.split_at_checked(8)?;
+    Some((u64::from_le_bytes(head.try_into().ok()?), rest))
+}
+
+/// Answers a write of `endpoint`: the one dispatch a single node and every
+/// node of a cluster apply writes through.
+pub fn write(
+    endpoint: Endpoint,
+    db: &mut Database,
+    scratch: &mut Scratch,
+    limits: ApiLimits,
+    name: &str,
+    body: &mut [u8],
+    reply: Reply<'_>,
+) -> Result<u16, ApiError> {
+    match endpoint {
+        Endpoint::CreateIndex => indexes::create(db, scratch, limits, name, body, reply),
+        Endpoint::DeleteIndex => indexes::delete(db, name, reply),
+        Endpoint::Upsert => embeddings::write(db, scratch, limits, embeddings::Write::Upsert, name, body, reply),
+        Endpoint::Insert => embeddings::write(db, scratch, limits, embeddings::Write::Insert, name, body, reply),
+        Endpoint::DeleteEmbeddings => embeddings::delete(db, scratch, limits, name, body, reply),
+        _ => unreachable!("{endpoint:?} is not a write"),
+    }
+}
+
+/// Where a connection's read stands with the cluster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Gate {
+    /// It has not asked (or is answered).
+    #[default]
+    Closed,
+    /// It waits for its round's read index, asked at `since`.
+    Asked { round: u64, since: Instant },
+    /// Its round passed: it may be answered.
+    Open,
+    /// It waited longer than the cluster's timeout: it is answered 503.
+    Expired,
+}
+
+/// A write of this node's clients, waiting to be applied.
+struct Waiting {
+    /// The connection that asked.
+    conn: usize,
+    keep_alive: bool,
+    since: Instant,
+    /// The command, until a leader has taken it.
+    unproposed: Option<Vec<u8>>,
+    /// The leader that took it: if another leads before it is applied, it
+    /// was probably lost with that leader's term, and the client is told
+    /// at once rather than at the timeout.
+    leader: Option<u64>,
+}
+
+/// A write's answer, ready for its connection.
+pub struct Answer {
+    pub seq: u64,
+    pub status: u16,
+    pub bytes: Vec<u8>,
+}
+
+pub struct Replicated {
+    replica: Replica,
+    /// This run's number (`Command::run`), and the next command's.
+    run: u64,
+    next_seq: u64,
+    waiting: AHashMap<u64, Waiting>,
+    /// Answers ready, by connection.
+    answers: AHashMap<usize, Answer>,
+    /// Connections with a read waiting: its round, and when it asked.
+    reads: Vec<(usize, u64, Instant)>,
+    /// Connections to service again: their write is answered, or their read may go.
+    woken: Vec<usize>,
+    peer_events: Vec<Token>,
+    /// Bodies are decoded in place: each applied command's is copied here.
+    body: Vec<u8>,
+    /// Where the answers to other nodes' writes are written, and dropped.
+    discard: Vec<u8>,
+}
+
+impl Replicated {
+    pub fn open(
+        settings: &Settings,
+        db: &Database,
+        registry: &Registry,
+        token_base: usize,
+        frame_bytes_max: usize,
+    ) -> Result<Replicated, StartError> {
+        let replica = Replica::open(settings, db.data_dir(), registry, token_base, frame_bytes_max)?;
+        let mut run = [0u8; 8];
+        getrandom::fill(&mut run).map_err(|e| StartError::Io {
+            action: "draw a run number from",
+            path: "the operating system's random source".into(),
+            source: io::Error::other(e.to_string()),
+        })?;
+        Ok(Replicated {
+            replica,
+            run: u64::from_le_bytes(run),
+            next_seq: 1,
+            waiting: AHashMap::new(),
+            answers: AHashMap::new(),
+            reads: Vec::new(),
+            woken: Vec::new(),
+            peer_events: Vec::new(),
+            body: Vec::new(),
+            discard: Vec::new(),
+        })
+    }
+
+    pub fn replica(&self) -> &Replica {
+        &self.replica
+    }
+
+    /// Whether `token` is a peer link's.
+    pub fn owns(&self, token: Token) -> bool {
+        self.replica.owns(token)
+    }
+
+    /// Notes readiness of a peer link, handled in the next `turn`.
+    pub fn peer_event(&mut self, token: Token) {
+        self.peer_events.push(token);
+    }
+
+    /// Proposes a write of connection `conn`; its answer comes back from
+    /// `take_answer` once applied, or timed out.
+    pub fn propose(
+        &mut self,
+        (endpoint, limits, name): (Endpoint, ApiLimits, &str),
+        body: &[u8],
+        (conn, keep_alive): (usize, bool),
+        now: Instant,
+    ) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let (origin, run) = (self.replica.id(), self.run);
+        let data = Command { origin, run, seq, endpoint, limits, name, body }.encode();
+        let leader = self.replica.leader();
+        let unproposed = if self.replica.propose(data.clone()) { None } else { Some(data) };
+        self.waiting.insert(seq, Waiting { conn, keep_alive, since: now, unproposed, leader });
+    }
+
+    /// Decides whether the read `head` asks for waits for a read index.
+    /// Returns true while it must wait (the connection reads nothing more).
+    pub fn hold_read(&mut self, endpoint: Endpoint, head: &Head, conn: usize, gate: &mut Gate, now: Instant) -> bool {
+        if !endpoint.reads_data() || !matches!(consistency(&head.query), Ok(Consistency::Linearizable)) {
+            return false;
+        }
+        match *gate {
+            Gate::Closed => {
+                let round = self.replica.ask_read();
+                *gate = Gate::Asked { round, since: now };
+                self.reads.push((conn, round, now));
+                true
+            }
+            Gate::Asked { round, .. } if self.replica.read_passed(round) => {
+                *gate = Gate::Open;
+                false
+            }
+            Gate::Asked { since, .. } if now.duration_since(since) >= self.replica.timeout() => {
+                *gate = Gate::Expired;
+                false
+            }
+            Gate::Asked { .. } => true,
+            Gate::Open | Gate::Expired => false,
+        }
+    }
+
+    /// The error a read whose gate expired is answered with.
+    pub fn read_unavailable(&self) -> ApiError {
+        let timeout_ms = self.replica.timeout().as_millis();
+        ApiError::ClusterUnavailable {
+            reason: format!(
+                "this read could not be confirmed with a majority of the cluster within {timeout_ms} ms ({}); \
+                 ?consistency=local answers from this node's copy",
+                self.why()
+            ),
+        }
+    }
+
+    fn why(&self) -> String {
+        match self.replica.leader() {
+            Some(leader) if leader == self.replica.id() => "this node leads, but a majority did not answer".to_owned(),
+            Some(leader) => format!("the leader is node {leader}, but it did not answer in time"),
+            None => "no leader is known".to_owned(),
+        }
+    }
+
+    /// One turn of the cluster: peer messages, Raft, applying, answers.
+    /// An error is a failed sync of the Raft log: the node must stop.
+    pub fn turn(&mut self, db: &mut Database, scratch: &mut Scratch, now: Instant) -> io::Result<()> {
+        for token in std::mem::take(&mut self.peer_events) {
+            self.replica.on_event(token, now);
+        }
+        for waiting in self.waiting.values_mut() {
+            if let Some(data) = waiting.unproposed.take() {
+                waiting.leader = self.replica.leader();
+                if !self.replica.propose(data.clone()) {
+                    waiting.unproposed = Some(data);
+                }
+            }
+        }
+        let Replicated { replica, run, waiting, answers, woken, body, discard, .. } = self;
+        let me = (replica.id(), *run);
+        let mut machine = Applier { db, scratch, me, waiting, answers, woken, body, discard };
+        replica.turn(&mut machine, now)?;
+        self.expire(now);
+        let replica = &self.replica;
+        self.reads.retain(|&(conn, round, since)| {
+            let done = replica.read_passed(round) || now.duration_since(since) >= replica.timeout();
+            if done {
+                self.woken.push(conn);
+            }
+            !done
+        });
+        Ok(())
+    }
+
+    /// Answers 503 the writes that waited past the timeout, or whose leader
+    /// lost its place before they were applied.
+    fn expire(&mut self, now: Instant) {
+        let (timeout, leader) = (self.replica.timeout(), self.replica.leader());
+        let late = |w: &Waiting| now.duration_since(w.since) >= timeout;
+        let orphaned = |w: &Waiting| w.unproposed.is_none() && w.leader != leader;
+        let expired: Vec<(u64, bool)> =
+            self.waiting.iter().filter(|(_, w)| late(w) || orphaned(w)).map(|(&seq, w)| (seq, late(w))).collect();
+        if expired.is_empty() {
+            return;
+        }
+        let retry = "it may or may not take effect: an upsert or a delete can be retried as it is";
+        let timed_out = ApiError::ClusterUnavailable {
+            reason: format!(
+                "this write could not be committed by a majority of the cluster within {} ms ({}); {retry}",
+                timeout.as_millis(),
+                self.why()
+            ),
+        };
+        let lost = ApiError::ClusterUnavailable {
+            reason: format!(
+                "the leader changed before this write was committed ({}); {retry}",
+                match leader {
+                    Some(leader) => format!("node {leader} leads now"),
+                    None => "no leader is known yet".to_owned(),
+                }
+            ),
+        };
+        for (seq, late) in expired {
+            let error = if late { &timed_out } else { &lost };
+            let waiting = self.waiting.remove(&seq).expect("listed above");
+            let mut bytes = Vec::new();
+            let status = error.write(&mut bytes, waiting.keep_alive);
+            self.answers.insert(waiting.conn, Answer { seq, status, bytes });
+            self.woken.push(waiting.conn);
+        }
+    }
+
+    /// The connections to service again, since the last call.
+    pub fn take_woken(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.woken)
+    }
+
+    /// The answer of connection `conn`'s write `seq`, if it is ready.
+    pub fn take_answer(&mut self, conn: usize, seq: u64) -> Option<Answer> {
+        match self.answers.get(&conn) {
+            Some(answer) if answer.seq == seq => self.answers.remove(&conn),
+            _ => None,
+        }
+    }
+
+    /// The sequence number the next proposal takes.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    pub fn next_deadline(&self) -> Instant {
+        self.replica.next_deadline()
+    }
+
+    pub fn sweep(&mut self, now: Instant) {
+        self.replica.sweep(now);
+    }
+}
+
+/// Applies committed commands to the database, and keeps the answers of
+/// this node's own.
+struct Applier<'a> {
+    db: &'a mut Database,
+    scratch: &'a mut Scratch,
+    /// This node's id and run: the commands it answers.
+    me: (u64, u64),
+    waiting: &'a mut AHashMap<u64, Waiting>,
+    answers: &'a mut AHashMap<usize, Answer>,
+    woken: &'a mut Vec<usize>,
+    body: &'a mut Vec<u8>,
+    discard: &'a mut Vec<u8>,
+}
+
+impl StateMachine for Applier<'_> {
+    fn apply(&mut self, index: u64, data: &[u8]) {
+        let Some(command) = Command::decode(data) else {
+            // Every node skips it alike; only a bug or another version writes one.
+            oplog::error(format_args!("Raft entry {index} is not a command this version knows; skipped"));
+            return;
+        };
+        let mine = if (command.origin, command.run) == self.me { self.waiting.remove(&command.seq) } else { None };
+        self.body.clear();
+        self.body.extend_from_slice(command.body);
+        let mut out = match &mine {
+            Some(_) => Vec::new(),
+            None => std::mem::take(self.discard),
+        };
+        let keep_alive = mine.as_ref().is_none_or(|waiting| waiting.keep_alive);
+        let reply = Reply { out: &mut out, keep_alive };
+        let status = write(command.endpoint, self.db, self.scratch, command.limits, command.name, self.body, reply)
+            .unwrap_or_else(|error| error.write(&mut out, keep_alive));
+        match mine {
+            Some(waiting) => {
+                self.answers.insert(waiting.conn, Answer { seq: command.seq, status, bytes: out });
+                self.woken.push(waiting.conn);
+            }
+            None => {
+                out.clear();
+                *self.discard = out;
+            }
+        }
+    }
+
+    fn restore(&mut self, _snapshot: &raft::eraftpb::Snapshot) -> io::Result<()> {
+        Err(io::Error::other("this node cannot take a state snapshot yet"))
+    }
+}
+
+/// What `?consistency=` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Consistency {
+    Linearizable,
+    Local,
+}
+
+/// The consistency a query string asks for (the default when it names none).
+pub fn consistency(query: &str) -> Result<Consistency, ApiError> {
+    let mut asked = Consistency::Linearizable;
+    for pair in query.split('&') {
+        let Some(value) = pair.strip_prefix("consistency=") else { continue };
+        asked = match value {
+            "linearizable" => Consistency::Linearizable,
+            "local" => Consistency::Local,
+            _ => return Err(ApiError::BadConsistency { value: value.chars().take(64).collect() }),
+        };
+    }
+    Ok(asked)
+}
+
+/// Writes `GET /api/v1/cluster`'s answer: `status`, or a single node's.
+pub fn write_status(status: Option<&Status>, reply: Reply<'_>) -> u16 {
+    let Reply { out, keep_alive } = reply;
+    let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("Cluster status retrieved."));
+    let out = envelope.data();
+    let Some(status) = status else {
+        out.extend_from_slice(
+            b"{\"node_id\":null,\"role\":\"single\",\"term\":0,\"leader_id\":null,\"commit_index\":0,\
+              \"applied_index\":0,\"members\":[]}",
+        );
+        return envelope.finish();
+    };
+    let optional = |out: &mut Vec<u8>, n: Option<u64>| match n {
+        Some(n) => json::write_u64(out, n),
+        None => out.extend_from_slice(b"null"),
+    };
+    out.extend_from_slice(b"{\"node_id\":");
+    json::write_u64(out, status.node_id);
+    out.extend_from_slice(b",\"role\":");
+    json::write_str(out, status.role);
+    out.extend_from_slice(b",\"term\":");
+    json::write_u64(out, status.term);
+    out.extend_from_slice(b",\"leader_id\":");
+    optional(out, status.leader_id);
+    out.extend_from_slice(b",\"commit_index\":");
+    json::write_u64(out, status.commit_index);
+    out.extend_from_slice(b",\"applied_index\":");
+    json::write_u64(out, status.applied_index);
+    out.extend_from_slice(b",\"members\":[");
+    for (n, member) in status.members.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"id\":");
+        json::write_u64(out, member.id);
+        out.extend_from_slice(b",\"address\":");
+        match member.address {
+            Some(address) => json::write_fmt_str(out, format_args!("{address}")),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(if member.voter { b",\"voter\":true" } else { b",\"voter\":false" });
+        out.extend_from_slice(if member.reachable { b",\"reachable\":true" } else { b",\"reachable\":false" });
+        out.extend_from_slice(b",\"match_index\":");
+        optional(out, member.match_index);
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"]}");
+    envelope.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> ApiLimits {
+        limits_from_numbers([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
+    }
+
+    #[test]
+    fn a_command_decodes_as_it_was_encoded() {
+        let command = Command {
+            origin: 3,
+            run: 77,
+            seq: 1 << 40,
+            endpoint: Endpoint::Upsert,
+            limits: limits(),
+            name: "docs",
+            body: b"{\"embeddings\":[]}",
+        };
+        let bytes = command.encode();
+        assert_eq!(Command::decode(&bytes), Some(command));
+        // Every cut of it is refused or shorter in body, never misread.
+        for cut in 0..bytes.len() {
+            if let Some(decoded) = Command::decode(&bytes[..cut]) {
+                assert_eq!((decoded.origin, decoded.name), (3, "docs"));
+                assert!(decoded.body.len() < b"{\"embeddings\":[]}".len());
+            }
+        }
+        let mut other = bytes.clone();
+        other[0] = 2;
+        assert_eq!(Command::decode(&other), None);
+        other = bytes.clone();
+        other[25] = 9;
+        assert_eq!(Command::decode(&other), None);
+    }
+
+    #[test]
+    fn consistency_is_read_from_the_query() {
+        assert_eq!(consistency(""), Ok(Consistency::Linearizable));
+        assert_eq!(consistency("consistency=local"), Ok(Consistency::Local));
+        assert_eq!(consistency("a=b&consistency=linearizable"), Ok(Consistency::Linearizable));
+        assert!(matches!(consistency("consistency=eventual"), Err(ApiError::BadConsistency { .. })));
+    }
+}

@@ -1,0 +1,510 @@
+//! The links between nodes: Raft's messages over TCP, in the server's own
+//! event loop, on the port of `--peer-addr`.
+//!
+//! A node sends on the connections it opens and receives on those it
+//! accepts: one link each way per pair of nodes, so neither side ever
+//! waits for the other to pick a connection. An outgoing connection leaves
+//! from the node's own peer address (bound before it connects), so that a
+//! firewall rule can tell the nodes apart on one machine.
+//!
+//! Every link proves it knows the cluster secret before anything it sends
+//! is read, without the secret on the wire:
+//!
+//! ```text
+//! acceptor  -> "QVRC" version:u8 challenge:[u8; 32]          (fresh random bytes)
+//! connector -> "QVRH" version:u8 from:u64 to:u64 mac:[u8; 32]
+//!              mac = HMAC-SHA256(secret, "quiver peer" challenge from to)
+//! connector -> { length:u32 message:[u8; length] }*           (protobuf `eraftpb.Message`)
+//! ```
+//!
+//! Integers are little-endian. The challenge is new for every connection,
+//! so a recorded hello opens nothing; a hello for another node, or with a
+//! wrong mac, closes the connection and is logged. Only the acceptor checks:
+//! a connector only ever sends, so a false acceptor learns no secret and
+//! can feed it nothing.
+//!
+//! Limits as on the client side: a frame's length (`frame_bytes_max`), the
+//! bytes waiting to go to one peer (`OUTGOING_BYTES_MAX`: past it, messages
+//! are dropped and Raft is told the peer is unreachable, and it sends again
+//! later), the time a handshake may take, how often a lost peer is dialled.
+
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Interest, Registry, Token};
+use protobuf::Message as _;
+use raft::eraftpb::Message;
+use sha2::Sha256;
+use slab::Slab;
+
+use crate::http::ReadBuf;
+use crate::log as oplog;
+
+const CHALLENGE_MAGIC: &[u8; 4] = b"QVRC";
+const HELLO_MAGIC: &[u8; 4] = b"QVRH";
+const VERSION: u8 = 1;
+const CHALLENGE_BYTES: usize = 4 + 1 + 32;
+const HELLO_BYTES: usize = 4 + 1 + 8 + 8 + 32;
+const MAC_CONTEXT: &[u8] = b"quiver peer";
+
+/// Most bytes waiting to be sent to one peer: enough for Raft's window of
+/// appends to a follower that keeps up; one that does not is sent again.
+pub const OUTGOING_BYTES_MAX: usize = 64 << 20;
+
+/// How long a connection may take to prove itself (or to be accepted).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long after a failed dial the next one may start.
+const REDIAL_AFTER: Duration = Duration::from_millis(200);
+
+/// How long sent bytes may go unacknowledged before the kernel gives the
+/// connection up (TCP_USER_TIMEOUT): a peer cut off by the network is
+/// dialled anew, instead of waiting out TCP's retransmission backoff
+/// (minutes) once the network heals.
+const UNACKNOWLEDGED_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Bytes read from a link at a time.
+const READ_CHUNK_BYTES: usize = 64 << 10;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// What proves a hello: the mac of the challenge and both ids.
+fn mac(secret: &[u8], challenge: &[u8; 32], from: u64, to: u64) -> HmacSha256 {
+    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes a key of any length");
+    mac.update(MAC_CONTEXT);
+    mac.update(challenge);
+    mac.update(&from.to_le_bytes());
+    mac.update(&to.to_le_bytes());
+    mac
+}
+
+/// Where a link stands.
+enum State {
+    /// Ours, connecting: waits for the challenge.
+    Dialing { peer: u64, since: Instant },
+    /// Ours, proven: sends frames.
+    Sending { peer: u64 },
+    /// Theirs, accepted: the challenge is sent, the hello awaited.
+    Challenged { challenge: [u8; 32], since: Instant },
+    /// Theirs, proven: receives frames from `peer`.
+    Receiving { peer: u64 },
+}
+
+struct Link {
+    socket: TcpStream,
+    state: State,
+    address: SocketAddr,
+    read: ReadBuf,
+    /// Bytes to send; invariant `written <= write.len()`.
+    write: Vec<u8>,
+    written: usize,
+}
+
+impl Link {
+    fn new(socket: TcpStream, state: State, address: SocketAddr) -> Link {
+        Link { socket, state, address, read: ReadBuf::with_capacity(0), write: Vec::new(), written: 0 }
+    }
+
+    fn pending_bytes(&self) -> usize {
+        self.write.len() - self.written
+    }
+
+    /// Sends what the socket takes; false if the link broke.
+    fn flush(&mut self) -> bool {
+        while self.written < self.write.len() {
+            match self.socket.write(&self.write[self.written..]) {
+                Ok(0) => return false,
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        self.write.clear();
+        self.written = 0;
+        true
+    }
+
+    /// Reads what the socket has; false if the link ended or broke.
+    fn fill(&mut self) -> bool {
+        loop {
+            match self.read.read_from(&mut self.socket, READ_CHUNK_BYTES) {
+                Ok(0) => return false,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+/// Why a message was not queued for its peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Undelivered {
+    /// No link to it is open yet (one is being dialled), or it has no address.
+    NoLink,
+    /// Too many bytes already wait for it.
+    Backlog,
+}
+
+pub struct Peers {
+    me: u64,
+    secret: Vec<u8>,
+    /// The address outgoing connections leave from (none when the node
+    /// listens on every address).
+    own_ip: Option<IpAddr>,
+    listener: TcpListener,
+    registry: Registry,
+    /// Tokens from `token_base` are ours: the listener, then a link each.
+    token_base: usize,
+    links: Slab<Link>,
+    /// Each peer's address, and its outgoing link once one is dialled.
+    addresses: BTreeMap<u64, SocketAddr>,
+    outgoing: BTreeMap<u64, usize>,
+    /// When each peer may next be dialled.
+    redial_at: BTreeMap<u64, Instant>,
+    frame_bytes_max: usize,
+}
+
+impl Peers {
+    /// Listens on `address` for the other nodes, with tokens from `token_base`.
+    pub fn bind(
+        me: u64,
+        address: SocketAddr,
+        secret: &[u8],
+        registry: &Registry,
+        token_base: usize,
+        frame_bytes_max: usize,
+    ) -> io::Result<Peers> {
+        let mut listener = TcpListener::bind(address)
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot listen for peers on {address}: {e}")))?;
+        registry.register(&mut listener, Token(token_base), Interest::READABLE)?;
+        let own_ip = Some(address.ip()).filter(|ip| !ip.is_unspecified());
+        Ok(Peers {
+            me,
+            secret: secret.to_vec(),
+            own_ip,
+            listener,
+            registry: registry.try_clone()?,
+            token_base,
+            links: Slab::new(),
+            addresses: BTreeMap::new(),
+            outgoing: BTreeMap::new(),
+            redial_at: BTreeMap::new(),
+            frame_bytes_max,
+        })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Whether `token` is one of ours.
+    pub fn owns(&self, token: Token) -> bool {
+        token.0 >= self.token_base
+    }
+
+    /// Notes where `peer` listens (a member added, or the first members).
+    pub fn set_address(&mut self, peer: u64, address: SocketAddr) {
+        if self.addresses.insert(peer, address) != Some(address) {
+            if let Some(key) = self.outgoing.remove(&peer) {
+                self.close(key);
+            }
+        }
+    }
+
+    /// Forgets a peer that is no longer a member.
+    pub fn forget(&mut self, peer: u64) {
+        self.addresses.remove(&peer);
+        if let Some(key) = self.outgoing.remove(&peer) {
+            self.close(key);
+        }
+    }
+
+    pub fn address(&self, peer: u64) -> Option<SocketAddr> {
+        self.addresses.get(&peer).copied()
+    }
+
+    /// Whether a proven link to `peer` is open now.
+    pub fn reachable(&self, peer: u64) -> bool {
+        self.outgoing.get(&peer).is_some_and(|&key| matches!(self.links[key].state, State::Sending { .. }))
+    }
+
+    /// Queues `message` for its peer, dialling it if no link is open.
+    pub fn send(&mut self, message: &Message, now: Instant) -> Result<(), Undelivered> {
+        let peer = message.to;
+        let Some(&key) = self.outgoing.get(&peer) else {
+            self.dial(peer, now);
+            return Err(Undelivered::NoLink);
+        };
+        let link = &mut self.links[key];
+        if !matches!(link.state, State::Sending { .. }) {
+            return Err(Undelivered::NoLink);
+        }
+        if link.pending_bytes() > OUTGOING_BYTES_MAX {
+            return Err(Undelivered::Backlog);
+        }
+        let start = link.write.len();
+        link.write.extend_from_slice(&[0; 4]);
+        if message.write_to_vec(&mut link.write).is_err() {
+            link.write.truncate(start);
+            return Err(Undelivered::NoLink);
+        }
+        let length = (link.write.len() - start - 4) as u32;
+        link.write[start..start + 4].copy_from_slice(&length.to_le_bytes());
+        Ok(())
+    }
+
+    /// Sends what every link has queued.
+    pub fn flush(&mut self) {
+        let broken: Vec<usize> = self
+            .links
+            .iter_mut()
+            .filter_map(|(key, link)| (link.pending_bytes() > 0 && !link.flush()).then_some(key))
+            .collect();
+        for key in broken {
+            self.close(key);
+        }
+    }
+
+    /// Starts a connection to `peer` from our own address, unless one is
+    /// open or a failed one was too recent.
+    fn dial(&mut self, peer: u64, now: Instant) {
+        let Some(&address) = self.addresses.get(&peer) else { return };
+        if self.outgoing.contains_key(&peer) || self.redial_at.get(&peer).is_some_and(|&at| now < at) {
+            return;
+        }
+        self.redial_at.insert(peer, now + REDIAL_AFTER);
+        match connect_from(self.own_ip, address) {
+            Ok(socket) => {
+                let key = self.insert(socket, State::Dialing { peer, since: now }, address);
+                if let Some(key) = key {
+                    self.outgoing.insert(peer, key);
+                }
+            }
+            Err(e) => oplog::debug(format_args!("peer {peer} at {address}: cannot connect: {e}")),
+        }
+    }
+
+    fn insert(&mut self, mut socket: TcpStream, state: State, address: SocketAddr) -> Option<usize> {
+        let entry = self.links.vacant_entry();
+        let token = Token(self.token_base + 1 + entry.key());
+        if self.registry.register(&mut socket, token, Interest::READABLE | Interest::WRITABLE).is_err() {
+            return None;
+        }
+        let _ = socket.set_nodelay(true);
+        let key = entry.key();
+        entry.insert(Link::new(socket, state, address));
+        Some(key)
+    }
+
+    fn close(&mut self, key: usize) {
+        if !self.links.contains(key) {
+            return;
+        }
+        let mut link = self.links.remove(key);
+        let _ = self.registry.deregister(&mut link.socket);
+        if let State::Dialing { peer, .. } | State::Sending { peer } = link.state {
+            if self.outgoing.get(&peer) == Some(&key) {
+                self.outgoing.remove(&peer);
+            }
+        }
+    }
+
+    /// Handles readiness of one of our tokens: accepts, proves, reads.
+    /// Messages received are appended to `inbox`.
+    pub fn on_event(&mut self, token: Token, now: Instant, inbox: &mut Vec<Message>) {
+        if token.0 == self.token_base {
+            self.accept(now);
+            return;
+        }
+        let key = token.0 - self.token_base - 1;
+        let mut proven = None;
+        if self.links.contains(key) && !self.service(key, inbox, &mut proven) {
+            self.close(key);
+        }
+        if let Some(from) = proven {
+            // A peer dials again when its link broke, maybe without our
+            // side seeing it: its older links go.
+            let older: Vec<usize> = self
+                .links
+                .iter()
+                .filter(|&(other, link)| {
+                    other != key && matches!(link.state, State::Receiving { peer } if peer == from)
+                })
+                .map(|(other, _)| other)
+                .collect();
+            for other in older {
+                self.close(other);
+            }
+        }
+    }
+
+    fn accept(&mut self, now: Instant) {
+        loop {
+            match self.listener.accept() {
+                Ok((socket, address)) => {
+                    let mut challenge = [0u8; 32];
+                    if getrandom::fill(&mut challenge).is_err() {
+                        oplog::error(format_args!("no random bytes for a peer challenge; refusing {address}"));
+                        continue;
+                    }
+                    let Some(key) = self.insert(socket, State::Challenged { challenge, since: now }, address) else {
+                        continue;
+                    };
+                    let link = &mut self.links[key];
+                    link.write.extend_from_slice(CHALLENGE_MAGIC);
+                    link.write.push(VERSION);
+                    link.write.extend_from_slice(&challenge);
+                    if !link.flush() {
+                        self.close(key);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    oplog::warn(format_args!("accepting a peer failed: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reads and writes what link `key` can; false if it must close.
+    /// A link proven in this call names its peer in `proven`.
+    fn service(&mut self, key: usize, inbox: &mut Vec<Message>, proven: &mut Option<u64>) -> bool {
+        let (me, frame_bytes_max) = (self.me, self.frame_bytes_max);
+        let link = &mut self.links[key];
+        if !link.flush() {
+            return false;
+        }
+        let open = link.fill();
+        loop {
+            let pending = link.read.pending();
+            match link.state {
+                State::Dialing { peer, .. } => {
+                    if pending.len() < CHALLENGE_BYTES {
+                        break;
+                    }
+                    if &pending[..4] != CHALLENGE_MAGIC || pending[4] != VERSION {
+                        oplog::warn(format_args!("peer {peer} at {}: not a quiver peer port", link.address));
+                        return false;
+                    }
+                    let challenge: [u8; 32] = pending[5..CHALLENGE_BYTES].try_into().expect("32 bytes");
+                    link.read.consume(CHALLENGE_BYTES);
+                    let proof = mac(&self.secret, &challenge, me, peer).finalize().into_bytes();
+                    link.write.extend_from_slice(HELLO_MAGIC);
+                    link.write.push(VERSION);
+                    link.write.extend_from_slice(&me.to_le_bytes());
+                    link.write.extend_from_slice(&peer.to_le_bytes());
+                    link.write.extend_from_slice(&proof);
+                    link.state = State::Sending { peer };
+                    if !link.flush() {
+                        return false;
+                    }
+                }
+                State::Challenged { challenge, .. } => {
+                    if pending.len() < HELLO_BYTES {
+                        break;
+                    }
+                    let from = u64::from_le_bytes(pending[5..13].try_into().expect("8 bytes"));
+                    let to = u64::from_le_bytes(pending[13..21].try_into().expect("8 bytes"));
+                    let good = &pending[..4] == HELLO_MAGIC
+                        && pending[4] == VERSION
+                        && to == me
+                        && from != me
+                        && from != 0
+                        && mac(&self.secret, &challenge, from, to).verify_slice(&pending[21..HELLO_BYTES]).is_ok();
+                    if !good {
+                        oplog::client_warning(
+                            Instant::now(),
+                            format_args!(
+                                "peer connection from {} refused: it did not prove it knows the cluster secret \
+                                 (or is for another node)",
+                                link.address
+                            ),
+                        );
+                        return false;
+                    }
+                    link.read.consume(HELLO_BYTES);
+                    link.state = State::Receiving { peer: from };
+                    *proven = Some(from);
+                }
+                State::Receiving { peer } => {
+                    if pending.len() < 4 {
+                        break;
+                    }
+                    let length = u32::from_le_bytes(pending[..4].try_into().expect("4 bytes")) as usize;
+                    if length > frame_bytes_max {
+                        oplog::warn(format_args!("peer {peer}: a frame of {length} bytes, over the limit; closing"));
+                        return false;
+                    }
+                    if pending.len() < 4 + length {
+                        link.read.reserve_pending(4 + length);
+                        break;
+                    }
+                    match Message::parse_from_bytes(&pending[4..4 + length]) {
+                        // A peer speaks for itself only.
+                        Ok(message) if message.from == peer => inbox.push(message),
+                        Ok(message) => oplog::warn(format_args!(
+                            "peer {peer}: dropped a message claiming to be from node {}",
+                            message.from
+                        )),
+                        Err(e) => {
+                            oplog::warn(format_args!("peer {peer}: a frame that is not a Raft message ({e}); closing"));
+                            return false;
+                        }
+                    }
+                    link.read.consume(4 + length);
+                }
+                // Nothing is read from a link we send on.
+                State::Sending { .. } => {
+                    let n = pending.len();
+                    link.read.consume(n);
+                    break;
+                }
+            }
+        }
+        open
+    }
+
+    /// Closes links whose handshake took too long.
+    pub fn sweep(&mut self, now: Instant) {
+        let stale: Vec<usize> = self
+            .links
+            .iter()
+            .filter(|(_, link)| match link.state {
+                State::Dialing { since, .. } | State::Challenged { since, .. } => {
+                    now.duration_since(since) > HANDSHAKE_TIMEOUT
+                }
+                _ => false,
+            })
+            .map(|(key, _)| key)
+            .collect();
+        for key in stale {
+            self.close(key);
+        }
+    }
+}
+
+/// A non-blocking connection to `address`, leaving from `own_ip` if given.
+fn connect_from(own_ip: Option<IpAddr>, address: SocketAddr) -> io::Result<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(address), Type::STREAM, None)?;
+    socket.set_nonblocking(true)?;
+    socket.set_tcp_user_timeout(Some(UNACKNOWLEDGED_TIMEOUT))?;
+    if let Some(ip) = own_ip {
+        socket.bind(&SocketAddr::new(ip, 0).into())?;
+    }
+    match socket.connect(&address.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) || e.kind() == io::ErrorKind::WouldBlock => {}
+        Err(e) => return Err(e),
+    }
+    Ok(TcpStream::from_std(socket.into()))
+}

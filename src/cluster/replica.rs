@@ -1,0 +1,395 @@
+//! This node's copy of the database in a cluster: its Raft node, its links
+//! to the others, its clock, and the reads waiting for a read index. What
+//! the entries mean is the caller's (`StateMachine`): here they are bytes.
+//!
+//! One turn (`Replica::turn`, once per turn of the server's loop):
+//!
+//! 1. The messages received since the last turn are stepped.
+//! 2. The clock ticks Raft as often as `TICK` has passed.
+//! 3. If reads asked for one, a read index is requested: one for every
+//!    read of the turn (their round).
+//! 4. `Node::advance` persists, applies and collects messages (its module
+//!    doc gives the order), until Raft has nothing ready.
+//! 5. Rounds whose read index is applied pass: their reads may go.
+//! 6. The messages leave; a peer that cannot take them is reported
+//!    unreachable (Raft probes it again later).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use mio::{Registry, Token};
+use raft::eraftpb::{Message, MessageType};
+use raft::StateRole;
+
+use super::log::OpenError;
+use super::node::{Node, StateMachine, Timing};
+use super::peers::Peers;
+use crate::files;
+use crate::log as oplog;
+
+/// How often Raft's clock ticks.
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// Raft's timing in ticks: a follower that hears no leader for one to two
+/// seconds stands for election (so a leader's death costs two to three
+/// seconds at most, pre-vote included); a leader sends heartbeats five
+/// times a second.
+pub const TIMING: Timing = Timing { election_ticks: 10, heartbeat_ticks: 2 };
+
+/// What a node of a cluster is started with.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub node_id: u64,
+    pub peer_addr: SocketAddr,
+    /// The first voting members, with their peer addresses (this node's
+    /// among them); read only when the data directory holds no cluster state.
+    pub initial_peers: Vec<(u64, SocketAddr)>,
+    pub secret: String,
+    pub timeout: Duration,
+}
+
+/// Why the replica could not start.
+#[derive(Debug)]
+pub enum StartError {
+    Log(OpenError),
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// The data directory belongs to another node id.
+    OtherNode {
+        path: PathBuf,
+        id: u64,
+    },
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Log(error) => write!(f, "the Raft log: {error}"),
+            StartError::Io { action, path, source } => write!(f, "cannot {action} {}: {source}", path.display()),
+            StartError::OtherNode { path, id } => write!(
+                f,
+                "{} says this data directory is node {id}'s; a node keeps its id for life (a node that lost its \
+                 data rejoins under a new id)",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// One member as this node sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub id: u64,
+    pub address: Option<SocketAddr>,
+    pub voter: bool,
+    pub reachable: bool,
+    /// How far its log is known to match the leader's (on the leader only).
+    pub match_index: Option<u64>,
+}
+
+/// What `GET /api/v1/cluster` shows.
+#[derive(Clone, Debug)]
+pub struct Status {
+    pub node_id: u64,
+    pub role: &'static str,
+    pub term: u64,
+    pub leader_id: Option<u64>,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub members: Vec<Member>,
+}
+
+/// The file naming the node a data directory belongs to, and the peer
+/// address of each member: `id=host:port` lines, the node's own first.
+const MEMBERS_FILE: &str = "members";
+
+pub struct Replica {
+    node: Node,
+    peers: Peers,
+    dir: PathBuf,
+    inbox: Vec<Message>,
+    outbox: Vec<Message>,
+    next_tick: Instant,
+    timeout: Duration,
+    /// Read rounds: `wanted` if a read of this turn waits for the next
+    /// round; each round asked (its number is its read's context) waits in
+    /// `asked` for its read index, then in `confirmed` for that index to be
+    /// applied; `passed` is the last round whose index is applied.
+    next_round: u64,
+    wanted: bool,
+    asked: BTreeMap<u64, Instant>,
+    confirmed: Vec<(u64, u64)>,
+    passed: u64,
+    /// The term and leader the last round was asked under: a round asked
+    /// of a leader that lost its place is never answered, so one is asked
+    /// again (a later round passes the reads of earlier ones).
+    asked_under: (u64, Option<u64>),
+}
+
+impl Replica {
+    /// Opens this node's Raft log in `data_dir/raft` and listens for peers.
+    pub fn open(
+        settings: &Settings,
+        data_dir: &Path,
+        registry: &Registry,
+        token_base: usize,
+        frame_bytes_max: usize,
+    ) -> Result<Replica, StartError> {
+        let dir = data_dir.join("raft");
+        std::fs::create_dir_all(&dir).map_err(|source| StartError::Io {
+            action: "create",
+            path: dir.clone(),
+            source,
+        })?;
+        let members_path = dir.join(MEMBERS_FILE);
+        let known = read_members(&members_path)?;
+        let (members, voters) = match &known {
+            Some(members) => {
+                if members.first().map(|&(id, _)| id) != Some(settings.node_id) {
+                    let id = members.first().map_or(0, |&(id, _)| id);
+                    return Err(StartError::OtherNode { path: members_path, id });
+                }
+                (members.clone(), None)
+            }
+            None => {
+                let mut members = vec![(settings.node_id, settings.peer_addr)];
+                members.extend(settings.initial_peers.iter().filter(|&&(id, _)| id != settings.node_id));
+                let voters: Vec<u64> = settings.initial_peers.iter().map(|&(id, _)| id).collect();
+                (members, Some(voters).filter(|voters| !voters.is_empty()))
+            }
+        };
+        let node = Node::open(settings.node_id, &dir, None, voters.as_deref(), TIMING).map_err(StartError::Log)?;
+        if known.is_none() {
+            write_members(&members_path, &members)?;
+        }
+        let secret = settings.secret.as_bytes();
+        let mut peers =
+            Peers::bind(settings.node_id, settings.peer_addr, secret, registry, token_base, frame_bytes_max)
+                .map_err(|source| StartError::Io { action: "listen on", path: PathBuf::from("--peer-addr"), source })?;
+        for &(id, address) in members.iter().filter(|&&(id, _)| id != settings.node_id) {
+            peers.set_address(id, address);
+        }
+        Ok(Replica {
+            node,
+            peers,
+            dir,
+            inbox: Vec::new(),
+            outbox: Vec::new(),
+            next_tick: Instant::now() + TICK,
+            timeout: settings.timeout,
+            next_round: 1,
+            wanted: false,
+            asked: BTreeMap::new(),
+            confirmed: Vec::new(),
+            passed: 0,
+            asked_under: (0, None),
+        })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.node.id()
+    }
+
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.peers.local_addr()
+    }
+
+    /// How long a write or read may wait for the cluster.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Whether `token` is one of the peer links'.
+    pub fn owns(&self, token: Token) -> bool {
+        self.peers.owns(token)
+    }
+
+    /// Handles readiness of a peer token.
+    pub fn on_event(&mut self, token: Token, now: Instant) {
+        self.peers.on_event(token, now, &mut self.inbox);
+    }
+
+    /// When the loop must next run a turn, with nothing else to do.
+    pub fn next_deadline(&self) -> Instant {
+        self.next_tick
+    }
+
+    /// Proposes `data` as an entry; false if no leader can take it now.
+    pub fn propose(&mut self, data: Vec<u8>) -> bool {
+        self.node.propose(data)
+    }
+
+    /// The round of read index the read asking now waits for.
+    pub fn ask_read(&mut self) -> u64 {
+        self.wanted = true;
+        self.next_round
+    }
+
+    /// Whether the reads of `round` may go: its read index is applied.
+    pub fn read_passed(&self, round: u64) -> bool {
+        round <= self.passed
+    }
+
+    /// One turn, in the order of the module doc. An error is a failed sync
+    /// of the log: the node must stop (`Node::advance`).
+    pub fn turn(&mut self, machine: &mut impl StateMachine, now: Instant) -> io::Result<()> {
+        for message in self.inbox.drain(..) {
+            let (from, kind) = (message.from, message.get_msg_type());
+            if let Err(refused) = self.node.step(message) {
+                oplog::debug(format_args!("a {kind:?} from node {from} was refused: {refused}"));
+            }
+        }
+        while now >= self.next_tick {
+            self.node.tick();
+            self.next_tick += TICK;
+            if self.next_tick + TICK < now {
+                // The loop was held up (a long request): tick once for it, not for each tick missed.
+                self.next_tick = now + TICK;
+            }
+        }
+        let under = (self.node.term(), self.node.leader());
+        if !self.asked.is_empty() && under != self.asked_under && under.1.is_some() {
+            self.wanted = true;
+        }
+        if std::mem::take(&mut self.wanted) {
+            self.node.read_index(self.next_round.to_le_bytes().to_vec());
+            self.asked.insert(self.next_round, now);
+            self.asked_under = under;
+            self.next_round += 1;
+        }
+        // Rounds never answered (lost to a change of leader) are given up:
+        // their reads time out, or a later round passes them.
+        let timeout = self.timeout;
+        self.asked.retain(|_, &mut at| now.duration_since(at) < timeout);
+        loop {
+            self.node.advance(machine, &mut self.outbox)?;
+            for state in self.node.take_read_states() {
+                let Ok(bytes) = <[u8; 8]>::try_from(state.request_ctx.as_slice()) else { continue };
+                let round = u64::from_le_bytes(bytes);
+                if self.asked.remove(&round).is_some() {
+                    self.confirmed.push((round, state.index));
+                }
+            }
+            self.send(now);
+            if !self.node.has_ready() {
+                break;
+            }
+        }
+        let applied = self.node.applied_index();
+        let passed = &mut self.passed;
+        self.confirmed.retain(|&(round, index)| {
+            if index <= applied {
+                *passed = (*passed).max(round);
+            }
+            index > applied
+        });
+        self.peers.flush();
+        Ok(())
+    }
+
+    fn send(&mut self, now: Instant) {
+        for message in self.outbox.drain(..) {
+            let (to, snapshot) = (message.to, message.get_msg_type() == MessageType::MsgSnapshot);
+            if self.peers.send(&message, now).is_err() {
+                self.node.unreachable(to);
+                if snapshot {
+                    self.node.snapshot_sent(to, false);
+                }
+            }
+        }
+    }
+
+    /// Closes peer links stuck in their handshake.
+    pub fn sweep(&mut self, now: Instant) {
+        self.peers.sweep(now);
+    }
+
+    /// The leader this node knows of.
+    pub fn leader(&self) -> Option<u64> {
+        self.node.leader()
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.node.role() == StateRole::Leader
+    }
+
+    pub fn status(&self) -> Status {
+        let role = match self.node.role() {
+            StateRole::Leader => "leader",
+            StateRole::Follower if self.node.is_learner() => "learner",
+            StateRole::Follower => "follower",
+            StateRole::Candidate | StateRole::PreCandidate => "candidate",
+        };
+        let conf = self.node.conf_state();
+        let leader = self.is_leader();
+        let members = conf
+            .voters
+            .iter()
+            .map(|&id| (id, true))
+            .chain(conf.learners.iter().map(|&id| (id, false)))
+            .map(|(id, voter)| {
+                let me = id == self.node.id();
+                Member {
+                    id,
+                    address: if me { self.peers.local_addr().ok() } else { self.peers.address(id) },
+                    voter,
+                    reachable: me || self.peers.reachable(id),
+                    match_index: if leader { self.node.match_index(id) } else { None },
+                }
+            })
+            .collect();
+        Status {
+            node_id: self.node.id(),
+            role,
+            term: self.node.term(),
+            leader_id: self.node.leader(),
+            commit_index: self.node.commit_index(),
+            applied_index: self.node.applied_index(),
+            members,
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+fn read_members(path: &Path) -> Result<Option<Vec<(u64, SocketAddr)>>, StartError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(StartError::Io { action: "read", path: path.to_owned(), source }),
+    };
+    let damaged = |line: &str| StartError::Io {
+        action: "read",
+        path: path.to_owned(),
+        source: io::Error::new(io::ErrorKind::InvalidData, format!("not an id=host:port line: {line:?}")),
+    };
+    let mut members = Vec::new();
+    for line in text.lines().filter(|line| !line.is_empty()) {
+        let (id, address) = line.split_once('=').ok_or_else(|| damaged(line))?;
+        let id = id.parse().map_err(|_| damaged(line))?;
+        let address = address.parse().map_err(|_| damaged(line))?;
+        members.push((id, address));
+    }
+    Ok(Some(members))
+}
+
+fn write_members(path: &Path, members: &[(u64, SocketAddr)]) -> Result<(), StartError> {
+    use std::io::Write as _;
+    files::write_atomically(path, |file| {
+        for (id, address) in members {
+            writeln!(file, "{id}={address}")?;
+        }
+        Ok(())
+    })
+    .map_err(|source| StartError::Io { action: "write", path: path.to_owned(), source })
+}
