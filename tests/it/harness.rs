@@ -383,3 +383,15 @@ pub fn app_in(data_dir: &Path) -> quiver::api::App {
     };
     App::new(Database::open(&options).unwrap(), KEY.to_owned(), limits)
 }
+
+/// Records, as the unit tests' `testing::skip` does, that `test` did not
+/// run here because of `why`; `make test` lists such lines at its end.
+pub fn skip(test: &str, why: &str) {
+    let line = format!("skipped: {test} ({why})\n");
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    if let Some(path) = std::env::var_os("QUIVER_SKIPPED_TESTS") {
+        if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = std::io::Write::write_all(&mut file, line.as_bytes());
+        }
+    }
+}

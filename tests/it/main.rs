@@ -3,6 +3,8 @@
 
 /// Starting the server and a raw-TCP client.
 mod harness;
+/// Starting, killing and asking the nodes of a cluster.
+mod nodes;
 
 /// Counts each thread's allocations, for the zero-allocation test.
 #[global_allocator]
@@ -11,6 +13,8 @@ static ALLOCATOR: allocations::Counting = allocations::Counting;
 /// No allocation on the steady-state path of health, search and retrieve.
 mod allocations;
 
+/// Three nodes, one database: answers as one node's, kill -9, pauses.
+mod cluster;
 /// EigenDB client compatibility: X-Eigen-API-Key and /test-auth.
 mod compat;
 /// Every row of the reference: statuses, codes and messages.
@@ -31,6 +35,8 @@ mod http_framing;
 mod layers;
 /// The process: API key sources, start-up log, --help, shutdown.
 mod lifecycle;
+/// A linearizability checker (Wing–Gong) for the cluster's histories.
+mod linearizable;
 /// 2,000 concurrent connections of every kind; normal clients still served.
 mod load;
 /// Malformed bodies: 400 with a precise detail, nothing applied.

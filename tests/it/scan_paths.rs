@@ -2,25 +2,11 @@
 //! and without, answers as the f64 oracle does; and with the pass each path
 //! answers byte for byte as it does without it, scores included.
 
-use std::io::Write;
-
 use quiver::store::cpu::{Paths, Simd, F32};
 use serde_json::Value;
 
-use crate::harness::{Client, Rng, Server};
+use crate::harness::{skip, Client, Rng, Server};
 use crate::search_oracle::{check_search, write_batch, Metric, Model};
-
-/// Records, as the unit tests' `testing::skip` does, that `test` did not
-/// run here because of `why`; `make test` lists such lines at its end.
-fn skip(test: &str, why: &str) {
-    let line = format!("skipped: {test} ({why})\n");
-    let _ = std::io::stderr().write_all(line.as_bytes());
-    if let Some(path) = std::env::var_os("QUIVER_SKIPPED_TESTS") {
-        if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-            let _ = file.write_all(line.as_bytes());
-        }
-    }
-}
 
 /// Rows that make the int8 codes lose the most: random, a crowd around one
 /// point, values all of one magnitude (every code ±127), a spike among small
