@@ -8,7 +8,8 @@ Each server gets ROWS random rows of DIMS values (environment, default
 METRIC_ROWS x 128 non-negative rows for each other metric; then, four
 rounds of 200 lone searches (k = 10, one keep-alive connection), 40
 search-batch requests of 16 searches, 200 lone searches with a filter a
-tenth of the rows match, and 100 lone searches of each other metric.
+tenth of the rows match, 200 one-row upserts (unsynced: the request's own
+path), and 100 lone searches of each other metric.
 Prints each round's medians and the ratio of the medians.
 """
 import http.client
@@ -56,11 +57,11 @@ def load(connection, name, create, rows):
              {"embeddings": [{"id": i, "data": rows[i], "metadata": {"n": str(i % 10)}} for i in ids]})
 
 
-def median_ms(connection, path, bodies, count):
+def median_ms(connection, path, bodies, count, method="POST"):
     times = []
     for n in range(count):
         started = time.perf_counter()
-        connection.request("POST", path, body=bodies[n % len(bodies)], headers=HEADERS)
+        connection.request(method, path, body=bodies[n % len(bodies)], headers=HEADERS)
         connection.getresponse().read()
         times.append(time.perf_counter() - started)
     return statistics.median(times) * 1000
@@ -73,6 +74,8 @@ def main():
     lone = [json.dumps({"queryVector": q, "k": 10}) for q in queries]
     batch = [json.dumps({"searches": [{"queryVector": q, "k": 10} for q in queries[:16]]})]
     filtered = [json.dumps({"queryVector": q, "k": 10, "filter": {"n": "3"}}) for q in queries]
+    upserts = [json.dumps({"embeddings": [{"id": ROWS + n, "data": q, "metadata": {"n": "x"}}]})
+               for n, q in enumerate(queries)]
     positive = [[round(rng.uniform(0, 1), 4) for _ in range(128)] for _ in range(METRIC_ROWS)]
     positive_queries = [json.dumps({"queryVector": [round(rng.uniform(0, 1), 4) for _ in range(128)], "k": 10})
                         for _ in range(32)]
@@ -83,7 +86,7 @@ def main():
         for metric, p in METRICS:
             create = {"dimensions": 128, "metric": metric, **({"p": p} if p else {})}
             load(servers[name][1], f"ab-{metric}", create, positive)
-    kinds = ["lone", "batch", "filtered"] + [metric for metric, _ in METRICS]
+    kinds = ["lone", "batch", "filtered", "upsert"] + [metric for metric, _ in METRICS]
     results = {name: {what: [] for what in kinds} for name in servers}
     for round_ in range(4):
         for name in ["before", "after"] if round_ % 2 == 0 else ["after", "before"]:
@@ -93,6 +96,8 @@ def main():
             results[name]["batch"].append(median_ms(connection, "/api/v1/embeddings/ab-search/search-batch", batch, 40))
             path = "/api/v1/embeddings/ab-search/search"
             results[name]["filtered"].append(median_ms(connection, path, filtered, 200))
+            path = "/api/v1/embeddings/ab-search/upsert"
+            results[name]["upsert"].append(median_ms(connection, path, upserts, 200, "PUT"))
             for metric, _ in METRICS:
                 path = f"/api/v1/embeddings/ab-{metric}/search"
                 results[name][metric].append(median_ms(connection, path, positive_queries, 100))

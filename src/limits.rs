@@ -148,8 +148,8 @@ pub const SHUTDOWN_DRAIN_MS: u64 = 5_000;
 pub const SNAPSHOT_LOG_BYTES_DEFAULT: u64 = 512 * 1024 * 1024;
 
 /// How long a cluster's write may wait to be committed, and its read to be
-/// confirmed: long enough for an election after a leader dies (two to
-/// three seconds, `cluster::replica::TIMING`) and the write after it.
+/// confirmed: long enough for an election after a leader dies (about two
+/// seconds, `cluster::replica::TIMING`) and the write after it.
 pub const CLUSTER_TIMEOUT_MS_DEFAULT: u64 = 5000;
 
 /// Bytes of a peer frame besides one request body: a Raft message's other

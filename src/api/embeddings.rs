@@ -243,9 +243,21 @@ pub fn write(
     body: &mut [u8],
     reply: Reply<'_>,
 ) -> Result<u16, ApiError> {
+    scratch.decoder.embeddings(body, limits.body, &mut scratch.batch)?;
+    write_batch(db, scratch, mode, name, reply)
+}
+
+/// `write` of a body already decoded into `scratch.batch` (a cluster's
+/// nodes apply the batch its asking node decoded).
+pub fn write_batch(
+    db: &mut Database,
+    scratch: &mut Scratch,
+    mode: Write,
+    name: &str,
+    reply: Reply<'_>,
+) -> Result<u16, ApiError> {
     let Reply { out, keep_alive } = reply;
-    let Scratch { decoder, batch, items, skipped, seen, .. } = scratch;
-    decoder.embeddings(body, limits.body, batch)?;
+    let Scratch { batch, items, skipped, seen, .. } = scratch;
     let index = find(db.store(), name, IndexOp::Fetch)?;
     items.clear();
     skipped.clear();

@@ -341,9 +341,11 @@ impl App {
                 return Handled::Answered(cluster.read_unavailable().write(out, keep_alive));
             }
             if target.endpoint.writes() {
-                let seq = cluster.next_seq();
-                cluster.propose((target.endpoint, self.limits, name), body, (conn, keep_alive), now);
-                return Handled::Replicating(seq);
+                let asked = (target.endpoint, self.limits, name);
+                return match cluster.propose(asked, (body, &mut self.scratch), (conn, keep_alive), now) {
+                    Ok(seq) => Handled::Replicating(seq),
+                    Err(error) => Handled::Answered(error.write(out, keep_alive)),
+                };
             }
         }
         if target.endpoint == Endpoint::Search {

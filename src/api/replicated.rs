@@ -29,6 +29,7 @@ use std::time::Instant;
 use ahash::AHashMap;
 use mio::{Registry, Token};
 
+use super::embeddings::Write;
 use super::envelope::Envelope;
 use super::{embeddings, indexes, json, ApiError, ApiLimits, Reply, Scratch};
 use crate::cluster::node::StateMachine;
@@ -37,6 +38,7 @@ use crate::db::Database;
 use crate::endpoint::Endpoint;
 use crate::http::Head;
 use crate::log as oplog;
+use crate::store::Batch;
 
 /// The first byte of every command: its encoding.
 const COMMAND_VERSION: u8 = 1;
@@ -48,7 +50,8 @@ const COMMAND_VERSION: u8 = 1;
 /// origin: the asking node's id; run: random, new each time it starts (its
 ///         numbers start again at 1, and commands of its last run may still
 ///         be applied after it restarts: they must not answer this run's)
-/// endpoint: 1 create index, 2 delete index, 3 upsert, 4 insert, 5 delete embeddings
+/// endpoint: 1 create index, 2 delete index, 3 upsert, 4 insert, 5 delete embeddings,
+///           6 upsert and 7 insert of a body decoded by the asking node (`Batch`)
 /// limits: dimensions, k, search-batch, reply bytes, items, metadata entries,
 ///         metadata bytes, filter depth, filter terms, indexes, index name bytes
 /// ```
@@ -58,9 +61,23 @@ struct Command<'a> {
     run: u64,
     seq: u64,
     endpoint: Endpoint,
+    kind: Body,
     limits: ApiLimits,
     name: &'a str,
     body: &'a [u8],
+}
+
+/// The codes of an upsert and an insert whose body is a decoded batch.
+const UPSERT_BATCH: u8 = 6;
+const INSERT_BATCH: u8 = 7;
+
+/// What a command's body holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Body {
+    /// The body as the client sent it.
+    AsSent,
+    /// An insert's or upsert's items, decoded by the asking node (`encode_batch`).
+    Batch,
 }
 
 fn endpoint_code(endpoint: Endpoint) -> Option<u8> {
@@ -74,15 +91,69 @@ fn endpoint_code(endpoint: Endpoint) -> Option<u8> {
     })
 }
 
-fn endpoint_of(code: u8) -> Option<Endpoint> {
+fn endpoint_of(code: u8) -> Option<(Endpoint, Body)> {
     Some(match code {
-        1 => Endpoint::CreateIndex,
-        2 => Endpoint::DeleteIndex,
-        3 => Endpoint::Upsert,
-        4 => Endpoint::Insert,
-        5 => Endpoint::DeleteEmbeddings,
+        1 => (Endpoint::CreateIndex, Body::AsSent),
+        2 => (Endpoint::DeleteIndex, Body::AsSent),
+        3 => (Endpoint::Upsert, Body::AsSent),
+        4 => (Endpoint::Insert, Body::AsSent),
+        5 => (Endpoint::DeleteEmbeddings, Body::AsSent),
+        UPSERT_BATCH => (Endpoint::Upsert, Body::Batch),
+        INSERT_BATCH => (Endpoint::Insert, Body::Batch),
         _ => return None,
     })
+}
+
+/// An insert's or upsert's decoded items, as a command carries them: each
+/// one decoded once, by the node asked, and copied by the others.
+///
+/// ```text
+/// count:u32 { id:i64 values:u32 metadata_len:u32 metadata }*count  f32*(all values)
+/// ```
+fn encode_batch(batch: &Batch, out: &mut Vec<u8>) {
+    let as_u32 = |n: usize| u32::try_from(n).expect("a body under 4 GiB").to_le_bytes();
+    out.extend_from_slice(&as_u32(batch.len()));
+    for item in 0..batch.len() {
+        let metadata = batch.metadata(item);
+        out.extend_from_slice(&batch.ids[item].to_le_bytes());
+        out.extend_from_slice(&as_u32(batch.vector(item).len()));
+        out.extend_from_slice(&as_u32(metadata.len()));
+        out.extend_from_slice(metadata);
+    }
+    for item in 0..batch.len() {
+        out.extend_from_slice(bytemuck::cast_slice(batch.vector(item)));
+    }
+}
+
+/// `encode_batch`'s bytes back into `batch`; false if they are not whole.
+fn decode_batch(mut bytes: &[u8], batch: &mut Batch) -> bool {
+    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = bytes.split_at_checked(n)?;
+        *bytes = rest;
+        Some(head)
+    }
+    fn u32_of(bytes: &mut &[u8]) -> Option<u32> {
+        Some(u32::from_le_bytes(take(bytes, 4)?.try_into().ok()?))
+    }
+    let mut read = || -> Option<()> {
+        batch.clear();
+        let count = u32_of(&mut bytes)?;
+        let mut start = 0u32;
+        for _ in 0..count {
+            batch.ids.push(i64::from_le_bytes(take(&mut bytes, 8)?.try_into().ok()?));
+            let values = u32_of(&mut bytes)?;
+            let metadata_len = u32_of(&mut bytes)?;
+            let metadata_start = u32::try_from(batch.metadata.len()).ok()?;
+            batch.metadata.extend_from_slice(take(&mut bytes, metadata_len as usize)?);
+            batch.vector_spans.push((start, values));
+            batch.metadata_spans.push((metadata_start, metadata_len));
+            start = start.checked_add(values)?;
+        }
+        let values = take(&mut bytes, start as usize * 4)?;
+        batch.values.extend(values.chunks_exact(4).map(|v| f32::from_le_bytes(v.try_into().expect("4 bytes"))));
+        bytes.is_empty().then_some(())
+    };
+    read().is_some()
 }
 
 fn limits_as_numbers(limits: &ApiLimits) -> [usize; 11] {
@@ -123,7 +194,11 @@ fn limits_from_numbers(n: [usize; 11]) -> ApiLimits {
 
 impl Command<'_> {
     fn encode(&self) -> Vec<u8> {
-        let code = endpoint_code(self.endpoint).expect("a command is a write");
+        let code = match (self.endpoint, self.kind) {
+            (Endpoint::Upsert, Body::Batch) => UPSERT_BATCH,
+            (Endpoint::Insert, Body::Batch) => INSERT_BATCH,
+            (endpoint, _) => endpoint_code(endpoint).expect("a command is a write"),
+        };
         let name_len = u8::try_from(self.name.len()).unwrap_or(u8::MAX);
         let name = &self.name.as_bytes()[..usize::from(name_len)];
         let mut out = Vec::with_capacity(1 + 24 + 1 + 88 + 1 + name.len() + self.body.len());
@@ -150,7 +225,7 @@ impl Command<'_> {
         let (run, rest) = take_u64(rest)?;
         let (seq, rest) = take_u64(rest)?;
         let (&code, mut rest) = rest.split_first()?;
-        let endpoint = endpoint_of(code)?;
+        let (endpoint, kind) = endpoint_of(code)?;
         let mut numbers = [0usize; 11];
         for n in &mut numbers {
             let (value, after) = take_u64(rest)?;
@@ -160,7 +235,7 @@ impl Command<'_> {
         let (&name_len, rest) = rest.split_first()?;
         let (name, body) = rest.split_at_checked(usize::from(name_len))?;
         let name = std::str::from_utf8(name).ok()?;
-        Some(Command { origin, run, seq, endpoint, limits: limits_from_numbers(numbers), name, body })
+        Some(Command { origin, run, seq, endpoint, kind, limits: limits_from_numbers(numbers), name, body })
     }
 }
 
@@ -183,8 +258,8 @@ pub fn write(
     match endpoint {
         Endpoint::CreateIndex => indexes::create(db, scratch, limits, name, body, reply),
         Endpoint::DeleteIndex => indexes::delete(db, name, reply),
-        Endpoint::Upsert => embeddings::write(db, scratch, limits, embeddings::Write::Upsert, name, body, reply),
-        Endpoint::Insert => embeddings::write(db, scratch, limits, embeddings::Write::Insert, name, body, reply),
+        Endpoint::Upsert => embeddings::write(db, scratch, limits, Write::Upsert, name, body, reply),
+        Endpoint::Insert => embeddings::write(db, scratch, limits, Write::Insert, name, body, reply),
         Endpoint::DeleteEmbeddings => embeddings::delete(db, scratch, limits, name, body, reply),
         _ => unreachable!("{endpoint:?} is not a write"),
     }
@@ -289,20 +364,33 @@ impl Replicated {
 
     /// Proposes a write of connection `conn`; its answer comes back from
     /// `take_answer` once applied, or timed out.
+    ///
+    /// An insert's or upsert's body is decoded here, once: a body that
+    /// does not decode is answered at once (as on a single node, its error
+    /// does not depend on the data), and the others apply its items.
     pub fn propose(
         &mut self,
         (endpoint, limits, name): (Endpoint, ApiLimits, &str),
-        body: &[u8],
+        (body, scratch): (&mut [u8], &mut Scratch),
         (conn, keep_alive): (usize, bool),
         now: Instant,
-    ) {
+    ) -> Result<u64, ApiError> {
+        let mut kind = Body::AsSent;
+        let mut decoded = Vec::new();
+        if matches!(endpoint, Endpoint::Upsert | Endpoint::Insert) {
+            scratch.decoder.embeddings(body, limits.body, &mut scratch.batch)?;
+            encode_batch(&scratch.batch, &mut decoded);
+            kind = Body::Batch;
+        }
+        let body = if kind == Body::Batch { &decoded[..] } else { &body[..] };
         let seq = self.next_seq;
         self.next_seq += 1;
         let (origin, run) = (self.replica.id(), self.run);
-        let data = Command { origin, run, seq, endpoint, limits, name, body }.encode();
+        let data = Command { origin, run, seq, endpoint, kind, limits, name, body }.encode();
         let leader = self.replica.leader();
         let unproposed = if self.replica.propose(data.clone()) { None } else { Some(data) };
         self.waiting.insert(seq, Waiting { conn, keep_alive, since: now, unproposed, leader });
+        Ok(seq)
     }
 
     /// Decides whether the read `head` asks for waits for a read index.
@@ -432,11 +520,6 @@ impl Replicated {
         }
     }
 
-    /// The sequence number the next proposal takes.
-    pub fn next_seq(&self) -> u64 {
-        self.next_seq
-    }
-
     pub fn next_deadline(&self) -> Instant {
         self.replica.next_deadline()
     }
@@ -476,8 +559,20 @@ impl StateMachine for Applier<'_> {
         };
         let keep_alive = mine.as_ref().is_none_or(|waiting| waiting.keep_alive);
         let reply = Reply { out: &mut out, keep_alive };
-        let status = write(command.endpoint, self.db, self.scratch, command.limits, command.name, self.body, reply)
-            .unwrap_or_else(|error| error.write(&mut out, keep_alive));
+        let (db, scratch, name) = (&mut *self.db, &mut *self.scratch, command.name);
+        let written = match (command.kind, command.endpoint) {
+            (Body::Batch, endpoint) if decode_batch(command.body, &mut scratch.batch) => {
+                let mode = if endpoint == Endpoint::Insert { Write::Insert } else { Write::Upsert };
+                embeddings::write_batch(db, scratch, mode, name, reply)
+            }
+            (Body::Batch, _) => {
+                // Every node refuses it alike; only a bug writes one.
+                oplog::error(format_args!("Raft entry {index} holds a batch that does not decode; refused"));
+                Err(ApiError::bad_body("the replicated batch did not decode"))
+            }
+            (Body::AsSent, endpoint) => write(endpoint, db, scratch, command.limits, name, self.body, reply),
+        };
+        let status = written.unwrap_or_else(|error| error.write(&mut out, keep_alive));
         match mine {
             Some(waiting) => {
                 self.answers.insert(waiting.conn, Answer { seq: command.seq, status, bytes: out });
@@ -581,6 +676,7 @@ mod tests {
             run: 77,
             seq: 1 << 40,
             endpoint: Endpoint::Upsert,
+            kind: Body::AsSent,
             limits: limits(),
             name: "docs",
             body: b"{\"embeddings\":[]}",
@@ -600,6 +696,27 @@ mod tests {
         other = bytes.clone();
         other[25] = 9;
         assert_eq!(Command::decode(&other), None);
+    }
+
+    #[test]
+    fn a_batch_decodes_as_it_was_encoded_and_a_cut_one_never() {
+        let mut batch = Batch::default();
+        let mut decoder = crate::api::decode::Decoder::default();
+        let mut body =
+            br#"{"embeddings":[{"id":-3,"data":[1.5,2],"metadata":{"a":"b"}},{"id":9,"data":[0.25]}]}"#.to_vec();
+        decoder.embeddings(&mut body, crate::api::decode::BodyLimits::DEFAULT, &mut batch).unwrap();
+        let mut bytes = Vec::new();
+        encode_batch(&batch, &mut bytes);
+        let mut back = Batch::default();
+        assert!(decode_batch(&bytes, &mut back));
+        assert_eq!(
+            (&back.ids, back.vector(0), back.metadata(0)),
+            (&batch.ids, &[1.5f32, 2.0][..], &br#"{"a":"b"}"#[..])
+        );
+        assert_eq!((back.vector(1), back.metadata(1)), (&[0.25f32][..], batch.metadata(1)));
+        for cut in 0..bytes.len() {
+            assert!(!decode_batch(&bytes[..cut], &mut back), "cut at {cut}");
+        }
     }
 
     #[test]

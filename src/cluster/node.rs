@@ -40,6 +40,20 @@ pub trait StateMachine {
     fn restore(&mut self, snapshot: &Snapshot) -> io::Result<()>;
 }
 
+/// Where `Node::advance` puts the messages to send, as soon as each may
+/// leave: a leader's before its own sync (so that its followers' syncs
+/// overlap its own), the rest after.
+pub trait Outbox {
+    fn send(&mut self, messages: Vec<Message>);
+}
+
+/// Messages kept to be sent later (the simulation's network).
+impl Outbox for Vec<Message> {
+    fn send(&mut self, messages: Vec<Message>) {
+        self.extend(messages);
+    }
+}
+
 /// How often `tick` is called, and what Raft counts in ticks.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
@@ -291,12 +305,12 @@ impl Node {
     /// Carries out what Raft has ready, in the order the module doc gives:
     /// applies committed entries to `machine`, makes the log durable, and
     /// puts the messages to send in `out`.
-    pub fn advance(&mut self, machine: &mut impl StateMachine, out: &mut Vec<Message>) -> io::Result<()> {
+    pub fn advance(&mut self, machine: &mut impl StateMachine, out: &mut impl Outbox) -> io::Result<()> {
         if !self.raw.has_ready() {
             return Ok(());
         }
         let mut ready = self.raw.ready();
-        out.extend(ready.take_messages());
+        out.send(ready.take_messages());
         if !ready.snapshot().is_empty() {
             let snapshot = ready.snapshot().clone();
             machine.restore(&snapshot)?;
@@ -317,14 +331,14 @@ impl Node {
             store.set_hard_state(hard_state);
         }
         store.sync()?;
-        out.extend(ready.take_persisted_messages());
+        out.send(ready.take_persisted_messages());
         let mut light = self.raw.advance(ready);
         if let Some(commit) = light.commit_index() {
             let mut hard_state = self.raw.store().hard_state().clone();
             hard_state.commit = commit;
             self.raw.mut_store().set_hard_state(&hard_state);
         }
-        out.extend(light.take_messages());
+        out.send(light.take_messages());
         self.apply(machine, light.take_committed_entries());
         self.raw.advance_apply();
         // The commit index and configurations just noted: a restart that

@@ -8,11 +8,11 @@
 //! 2. The clock ticks Raft as often as `TICK` has passed.
 //! 3. If reads asked for one, a read index is requested: one for every
 //!    read of the turn (their round).
-//! 4. `Node::advance` persists, applies and collects messages (its module
-//!    doc gives the order), until Raft has nothing ready.
+//! 4. `Node::advance` persists, applies and sends (its module doc gives
+//!    the order: a leader's messages leave before its own sync), until
+//!    Raft has nothing ready. A peer that cannot take a message is
+//!    reported unreachable (Raft probes it again later).
 //! 5. Rounds whose read index is applied pass: their reads may go.
-//! 6. The messages leave; a peer that cannot take them is reported
-//!    unreachable (Raft probes it again later).
 
 use std::collections::BTreeMap;
 use std::io;
@@ -25,7 +25,7 @@ use raft::eraftpb::{Message, MessageType};
 use raft::StateRole;
 
 use super::log::OpenError;
-use super::node::{Node, StateMachine, Timing};
+use super::node::{Node, Outbox, StateMachine, Timing};
 use super::peers::Peers;
 use crate::files;
 use crate::log as oplog;
@@ -33,11 +33,12 @@ use crate::log as oplog;
 /// How often Raft's clock ticks.
 pub const TICK: Duration = Duration::from_millis(100);
 
-/// Raft's timing in ticks: a follower that hears no leader for one to two
-/// seconds stands for election (so a leader's death costs two to three
-/// seconds at most, pre-vote included); a leader sends heartbeats five
-/// times a second.
-pub const TIMING: Timing = Timing { election_ticks: 10, heartbeat_ticks: 2 };
+/// Raft's timing in ticks: a follower that hears no leader for 0.8 to 1.6
+/// seconds stands for election (so a leader's death costs about two
+/// seconds of writes at most, pre-vote and the client's retry included);
+/// a leader sends heartbeats five times a second, so that a loaded
+/// machine's late turn is not taken for a death.
+pub const TIMING: Timing = Timing { election_ticks: 8, heartbeat_ticks: 2 };
 
 /// What a node of a cluster is started with.
 #[derive(Clone, Debug)]
@@ -116,7 +117,9 @@ pub struct Replica {
     peers: Peers,
     dir: PathBuf,
     inbox: Vec<Message>,
-    outbox: Vec<Message>,
+    /// Peers a message could not be queued for this turn, and whether it
+    /// was a snapshot: reported to Raft after `advance`.
+    undelivered: Vec<(u64, bool)>,
     next_tick: Instant,
     timeout: Duration,
     /// Read rounds: `wanted` if a read of this turn waits for the next
@@ -182,7 +185,7 @@ impl Replica {
             peers,
             dir,
             inbox: Vec::new(),
-            outbox: Vec::new(),
+            undelivered: Vec::new(),
             next_tick: Instant::now() + TICK,
             timeout: settings.timeout,
             next_round: 1,
@@ -270,7 +273,14 @@ impl Replica {
         let timeout = self.timeout;
         self.asked.retain(|_, &mut at| now.duration_since(at) < timeout);
         loop {
-            self.node.advance(machine, &mut self.outbox)?;
+            let mut out = Sender { peers: &mut self.peers, undelivered: &mut self.undelivered, now };
+            self.node.advance(machine, &mut out)?;
+            for (to, snapshot) in self.undelivered.drain(..) {
+                self.node.unreachable(to);
+                if snapshot {
+                    self.node.snapshot_sent(to, false);
+                }
+            }
             for state in self.node.take_read_states() {
                 let Ok(bytes) = <[u8; 8]>::try_from(state.request_ctx.as_slice()) else { continue };
                 let round = u64::from_le_bytes(bytes);
@@ -278,7 +288,6 @@ impl Replica {
                     self.confirmed.push((round, state.index));
                 }
             }
-            self.send(now);
             if !self.node.has_ready() {
                 break;
             }
@@ -293,18 +302,6 @@ impl Replica {
         });
         self.peers.flush();
         Ok(())
-    }
-
-    fn send(&mut self, now: Instant) {
-        for message in self.outbox.drain(..) {
-            let (to, snapshot) = (message.to, message.get_msg_type() == MessageType::MsgSnapshot);
-            if self.peers.send(&message, now).is_err() {
-                self.node.unreachable(to);
-                if snapshot {
-                    self.node.snapshot_sent(to, false);
-                }
-            }
-        }
     }
 
     /// Closes peer links stuck in their handshake.
@@ -359,6 +356,28 @@ impl Replica {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+}
+
+/// Sends `advance`'s messages as soon as it gives them: queued on their
+/// links and written to the sockets at once.
+struct Sender<'a> {
+    peers: &'a mut Peers,
+    undelivered: &'a mut Vec<(u64, bool)>,
+    now: Instant,
+}
+
+impl Outbox for Sender<'_> {
+    fn send(&mut self, messages: Vec<Message>) {
+        if messages.is_empty() {
+            return;
+        }
+        for message in messages {
+            if self.peers.send(&message, self.now).is_err() {
+                self.undelivered.push((message.to, message.get_msg_type() == MessageType::MsgSnapshot));
+            }
+        }
+        self.peers.flush();
     }
 }
 
