@@ -308,6 +308,11 @@ impl Connection {
         self.sync_mark.is_some_and(|held| held.replicating.is_none())
     }
 
+    /// The number of its write waiting for the cluster, if one does.
+    pub fn replicating(&self) -> Option<u64> {
+        self.sync_mark.and_then(|held| held.replicating).map(|(seq, _)| seq)
+    }
+
     /// Whether its write waits for the cluster.
     fn awaits_cluster(&self) -> bool {
         self.sync_mark.is_some_and(|held| held.replicating.is_some())
@@ -318,7 +323,7 @@ impl Connection {
         let Some(Held { reply_at, route, replicating: Some((seq, started)), body_bytes, .. }) = self.sync_mark else {
             return;
         };
-        let Some(answer) = app.take_answer(self.key, seq) else { return };
+        let Some(answer) = app.take_answer(seq) else { return };
         debug_assert_eq!(self.write.len(), reply_at);
         self.write.extend_from_slice(&answer.bytes);
         self.sync_mark = None;

@@ -152,9 +152,10 @@ pub const SNAPSHOT_LOG_BYTES_DEFAULT: u64 = 512 * 1024 * 1024;
 /// seconds, `cluster::replica::TIMING`) and the write after it.
 pub const CLUSTER_TIMEOUT_MS_DEFAULT: u64 = 5000;
 
-/// Bytes of a peer frame besides one request body: a Raft message's other
-/// fields and the command's header, with room to spare. A frame holds one
-/// body at most, or `cluster::node`'s 1 MiB of smaller entries.
+/// Bytes of a peer frame besides one command (at most twice a request body:
+/// an upsert's decoded items): a Raft message's other fields and the
+/// command's header, with room to spare. A frame holds one command at
+/// most, or `cluster::node`'s 1 MiB of smaller entries.
 pub const PEER_FRAME_OVERHEAD_BYTES: usize = 2 << 20;
 
 /// How often the health figures are resampled at most.
@@ -169,6 +170,8 @@ const _: () = assert!(REPLY_BYTES_FLOOR <= REPLY_BYTES_MAX_DEFAULT);
 const _: () = assert!(DIMENSIONS_MAX_DEFAULT * 16 + METADATA_BYTES_MAX_DEFAULT < REPLY_BYTES_MAX_DEFAULT);
 const _: () = assert!(BODY_BYTES_MAX_DEFAULT <= BODY_BYTES_CEILING);
 const _: () = assert!(2 * BODY_BYTES_CEILING + (1 << 20) < u32::MAX as usize);
+// A peer frame's length is a u32.
+const _: () = assert!(2 * BODY_BYTES_CEILING + PEER_FRAME_OVERHEAD_BYTES < u32::MAX as usize);
 const _: () = assert!(DIMENSIONS_MAX_DEFAULT <= DIMENSIONS_CEILING);
 const _: () = assert!(DIMENSIONS_CEILING <= u32::MAX as usize);
 const _: () = assert!(READ_BUF_INITIAL_BYTES >= HEAD_BYTES_MAX_DEFAULT);

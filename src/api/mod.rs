@@ -175,9 +175,16 @@ impl App {
         Ok(cluster.take_woken())
     }
 
-    /// The answer to connection `conn`'s replicated write `seq`, once ready.
-    pub fn take_answer(&mut self, conn: usize, seq: u64) -> Option<replicated::Answer> {
-        self.cluster.as_mut()?.take_answer(conn, seq)
+    /// The answer to the replicated write `seq`, once ready.
+    pub fn take_answer(&mut self, seq: u64) -> Option<replicated::Answer> {
+        self.cluster.as_mut()?.take_answer(seq)
+    }
+
+    /// Forgets the replicated write `seq`: its connection closed.
+    pub fn forget_write(&mut self, seq: u64) {
+        if let Some(cluster) = &mut self.cluster {
+            cluster.forget(seq);
+        }
     }
 
     /// When the loop must run a turn for the cluster's clock, if it is in one.

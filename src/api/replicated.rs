@@ -46,7 +46,7 @@ const COMMAND_VERSION: u8 = 1;
 /// A write as the log carries it:
 ///
 /// ```text
-/// version:u8 (1) origin:u64 run:u64 seq:u64 endpoint:u8 limits:u64*11 name_len:u8 name body
+/// version:u8 (1) origin:u64 run:u64 seq:u64 endpoint:u8 limits:u64*11 name_len:u16 name body
 /// origin: the asking node's id; run: random, new each time it starts (its
 ///         numbers start again at 1, and commands of its last run may still
 ///         be applied after it restarts: they must not answer this run's)
@@ -193,15 +193,16 @@ fn limits_from_numbers(n: [usize; 11]) -> ApiLimits {
 }
 
 impl Command<'_> {
-    fn encode(&self) -> Vec<u8> {
+    /// Its bytes; none for a name of 64 KiB or more (no index has one).
+    fn encode(&self) -> Option<Vec<u8>> {
         let code = match (self.endpoint, self.kind) {
             (Endpoint::Upsert, Body::Batch) => UPSERT_BATCH,
             (Endpoint::Insert, Body::Batch) => INSERT_BATCH,
             (endpoint, _) => endpoint_code(endpoint).expect("a command is a write"),
         };
-        let name_len = u8::try_from(self.name.len()).unwrap_or(u8::MAX);
-        let name = &self.name.as_bytes()[..usize::from(name_len)];
-        let mut out = Vec::with_capacity(1 + 24 + 1 + 88 + 1 + name.len() + self.body.len());
+        let name_len = u16::try_from(self.name.len()).ok()?;
+        let name = self.name.as_bytes();
+        let mut out = Vec::with_capacity(1 + 24 + 1 + 88 + 2 + name.len() + self.body.len());
         out.push(COMMAND_VERSION);
         out.extend_from_slice(&self.origin.to_le_bytes());
         out.extend_from_slice(&self.run.to_le_bytes());
@@ -210,10 +211,10 @@ impl Command<'_> {
         for n in limits_as_numbers(&self.limits) {
             out.extend_from_slice(&(n as u64).to_le_bytes());
         }
-        out.push(name_len);
+        out.extend_from_slice(&name_len.to_le_bytes());
         out.extend_from_slice(name);
         out.extend_from_slice(self.body);
-        out
+        Some(out)
     }
 
     fn decode(bytes: &[u8]) -> Option<Command<'_>> {
@@ -232,7 +233,8 @@ impl Command<'_> {
             *n = usize::try_from(value).ok()?;
             rest = after;
         }
-        let (&name_len, rest) = rest.split_first()?;
+        let (name_len, rest) = rest.split_at_checked(2)?;
+        let name_len = u16::from_le_bytes(name_len.try_into().ok()?);
         let (name, body) = rest.split_at_checked(usize::from(name_len))?;
         let name = std::str::from_utf8(name).ok()?;
         Some(Command { origin, run, seq, endpoint, kind, limits: limits_from_numbers(numbers), name, body })
@@ -306,8 +308,9 @@ pub struct Replicated {
     run: u64,
     next_seq: u64,
     waiting: AHashMap<u64, Waiting>,
-    /// Answers ready, by connection.
-    answers: AHashMap<usize, Answer>,
+    /// Answers ready, by sequence number (a connection's key may be taken
+    /// by another once it closes; a number is never reused in a run).
+    answers: AHashMap<u64, Answer>,
     /// Connections with a read waiting: its round, and when it asked.
     reads: Vec<(usize, u64, Instant)>,
     /// Connections to service again: their write is answered, or their read may go.
@@ -386,7 +389,15 @@ impl Replicated {
         let seq = self.next_seq;
         self.next_seq += 1;
         let (origin, run) = (self.replica.id(), self.run);
-        let data = Command { origin, run, seq, endpoint, kind, limits, name, body }.encode();
+        let Some(data) = Command { origin, run, seq, endpoint, kind, limits, name, body }.encode() else {
+            // No index has such a name: what a single node answers.
+            let name = name.chars().take(64).collect();
+            return Err(match endpoint {
+                Endpoint::CreateIndex => ApiError::IndexNameInvalid { name, bytes_max: limits.index_name_bytes_max },
+                Endpoint::DeleteIndex => ApiError::IndexNotFound { name, op: super::IndexOp::Delete },
+                _ => ApiError::IndexNotFound { name, op: super::IndexOp::Fetch },
+            });
+        };
         let leader = self.replica.leader();
         let unproposed = if self.replica.propose(data.clone()) { None } else { Some(data) };
         self.waiting.insert(seq, Waiting { conn, keep_alive, since: now, unproposed, leader });
@@ -500,9 +511,12 @@ impl Replicated {
         for (seq, late) in expired {
             let error = if late { &timed_out } else { &lost };
             let waiting = self.waiting.remove(&seq).expect("listed above");
+            if waiting.conn == usize::MAX {
+                continue;
+            }
             let mut bytes = Vec::new();
             let status = error.write(&mut bytes, waiting.keep_alive);
-            self.answers.insert(waiting.conn, Answer { seq, status, bytes });
+            self.answers.insert(seq, Answer { seq, status, bytes });
             self.woken.push(waiting.conn);
         }
     }
@@ -512,11 +526,18 @@ impl Replicated {
         std::mem::take(&mut self.woken)
     }
 
-    /// The answer of connection `conn`'s write `seq`, if it is ready.
-    pub fn take_answer(&mut self, conn: usize, seq: u64) -> Option<Answer> {
-        match self.answers.get(&conn) {
-            Some(answer) if answer.seq == seq => self.answers.remove(&conn),
-            _ => None,
+    /// The answer of write `seq`, if it is ready.
+    pub fn take_answer(&mut self, seq: u64) -> Option<Answer> {
+        self.answers.remove(&seq)
+    }
+
+    /// Forgets write `seq`, whose connection closed: its answer has nobody
+    /// to go to (the write itself may still be applied).
+    pub fn forget(&mut self, seq: u64) {
+        self.answers.remove(&seq);
+        if let Some(waiting) = self.waiting.get_mut(&seq) {
+            // Kept, unproposed or not, only to be removed when applied or late.
+            waiting.conn = usize::MAX;
         }
     }
 
@@ -537,7 +558,7 @@ struct Applier<'a> {
     /// This node's id and run: the commands it answers.
     me: (u64, u64),
     waiting: &'a mut AHashMap<u64, Waiting>,
-    answers: &'a mut AHashMap<usize, Answer>,
+    answers: &'a mut AHashMap<u64, Answer>,
     woken: &'a mut Vec<usize>,
     body: &'a mut Vec<u8>,
     discard: &'a mut Vec<u8>,
@@ -574,8 +595,9 @@ impl StateMachine for Applier<'_> {
         };
         let status = written.unwrap_or_else(|error| error.write(&mut out, keep_alive));
         match mine {
+            Some(waiting) if waiting.conn == usize::MAX => {}
             Some(waiting) => {
-                self.answers.insert(waiting.conn, Answer { seq: command.seq, status, bytes: out });
+                self.answers.insert(command.seq, Answer { seq: command.seq, status, bytes: out });
                 self.woken.push(waiting.conn);
             }
             None => {
@@ -681,7 +703,7 @@ mod tests {
             name: "docs",
             body: b"{\"embeddings\":[]}",
         };
-        let bytes = command.encode();
+        let bytes = command.encode().unwrap();
         assert_eq!(Command::decode(&bytes), Some(command));
         // Every cut of it is refused or shorter in body, never misread.
         for cut in 0..bytes.len() {

@@ -82,7 +82,8 @@ pub enum Refused {
     /// Without the term its kind must carry.
     NoTerm,
     /// A proposal without entries, a read index without exactly one, or
-    /// entries that do not follow one another.
+    /// appended entries that do not follow one another or carry no term
+    /// (or a term past the message's).
     BadEntries,
     /// An index past this node's log where Raft takes it as within it (a
     /// commit, an acknowledgement, an append without its previous term).
@@ -131,7 +132,11 @@ pub fn check_message(message: &Message, me: u64) -> Result<(), Refused> {
         _ => {}
     }
     let follows = |(i, entry): (usize, &Entry)| message.index.checked_add(1 + i as u64) == Some(entry.index);
-    if kind == MsgAppend && !entries.iter().enumerate().all(follows) {
+    // An entry's term is that of the leader that made it: never 0 (Raft
+    // would take one past the log as matching anything), never past the
+    // message's own.
+    let termed = |entry: &Entry| entry.term != 0 && entry.term <= message.term;
+    if kind == MsgAppend && !(entries.iter().enumerate().all(follows) && entries.iter().all(termed)) {
         return Err(Refused::BadEntries);
     }
     if kind == MsgSnapshot {

@@ -29,7 +29,7 @@
 //! later), the time a handshake may take, how often a lost peer is dialled.
 
 use std::collections::BTreeMap;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -69,6 +69,15 @@ const UNACKNOWLEDGED_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Bytes read from a link at a time.
 const READ_CHUNK_BYTES: usize = 64 << 10;
+
+/// Most accepted connections still to prove themselves: past it, new ones
+/// are closed at once, so that strangers on the peer port cannot take
+/// the process's descriptors or memory.
+const HANDSHAKES_MAX: usize = 64;
+
+/// Sent bytes a link's buffer keeps before it drops them (it drops them
+/// anyway whenever it is drained whole).
+const SENT_KEEP_BYTES_MAX: usize = 1 << 20;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -119,13 +128,38 @@ impl Link {
             match self.socket.write(&self.write[self.written..]) {
                 Ok(0) => return false,
                 Ok(n) => self.written += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // A peer that keeps up but never drains us whole must
+                    // not make the buffer keep all it was ever sent.
+                    if self.written > SENT_KEEP_BYTES_MAX {
+                        self.write.drain(..self.written);
+                        self.written = 0;
+                    }
+                    return true;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => return false,
             }
         }
         self.write.clear();
         self.written = 0;
+        true
+    }
+
+    /// Reads what the socket has of the `wanted` bytes a handshake still
+    /// needs, no more: nothing is taken from a stranger beyond its hello.
+    fn fill_to(&mut self, wanted: usize) -> bool {
+        let mut chunk = [0u8; HELLO_BYTES];
+        while self.read.pending().len() < wanted {
+            let need = (wanted - self.read.pending().len()).min(chunk.len());
+            match self.socket.read(&mut chunk[..need]) {
+                Ok(0) => return false,
+                Ok(n) => self.read.extend(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
         true
     }
 
@@ -349,6 +383,17 @@ impl Peers {
         loop {
             match self.listener.accept() {
                 Ok((socket, address)) => {
+                    let handshakes =
+                        self.links.iter().filter(|(_, link)| matches!(link.state, State::Challenged { .. })).count();
+                    if handshakes >= HANDSHAKES_MAX {
+                        oplog::client_warning(
+                            now,
+                            format_args!(
+                                "peer connection from {address} refused: {handshakes} others are proving themselves"
+                            ),
+                        );
+                        continue;
+                    }
                     let mut challenge = [0u8; 32];
                     if getrandom::fill(&mut challenge).is_err() {
                         oplog::error(format_args!("no random bytes for a peer challenge; refusing {address}"));
@@ -383,7 +428,10 @@ impl Peers {
         if !link.flush() {
             return false;
         }
-        let open = link.fill();
+        let mut open = match link.state {
+            State::Challenged { .. } => link.fill_to(HELLO_BYTES),
+            _ => link.fill(),
+        };
         loop {
             let pending = link.read.pending();
             match link.state {
@@ -434,6 +482,9 @@ impl Peers {
                     link.read.consume(HELLO_BYTES);
                     link.state = State::Receiving { peer: from };
                     *proven = Some(from);
+                    // Proven: what it sent after its hello is read now (no
+                    // new readiness comes for bytes already there).
+                    open &= link.fill();
                 }
                 State::Receiving { peer } => {
                     if pending.len() < 4 {

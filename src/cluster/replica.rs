@@ -131,11 +131,19 @@ pub struct Replica {
     asked: BTreeMap<u64, Instant>,
     confirmed: Vec<(u64, u64)>,
     passed: u64,
-    /// The term and leader the last round was asked under: a round asked
-    /// of a leader that lost its place is never answered, so one is asked
-    /// again (a later round passes the reads of earlier ones).
+    /// The term and leader the last round was asked under, and when: a
+    /// round can be lost (asked of a leader that lost its place, or of one
+    /// new to its term, which drops it; its message dropped on the way),
+    /// so while reads wait, one is asked again on a change of leader or
+    /// when the last went unanswered for `REASK_AFTER` (a later round
+    /// passes the reads of earlier ones).
     asked_under: (u64, Option<u64>),
+    last_asked: Instant,
 }
+
+/// How long a round may go unanswered before another is asked: two
+/// heartbeats, long past a quorum's answer on a working cluster.
+const REASK_AFTER: Duration = Duration::from_millis(400);
 
 impl Replica {
     /// Opens this node's Raft log in `data_dir/raft` and listens for peers.
@@ -194,6 +202,7 @@ impl Replica {
             confirmed: Vec::new(),
             passed: 0,
             asked_under: (0, None),
+            last_asked: Instant::now(),
         })
     }
 
@@ -246,6 +255,12 @@ impl Replica {
     pub fn turn(&mut self, machine: &mut impl StateMachine, now: Instant) -> io::Result<()> {
         for message in self.inbox.drain(..) {
             let (from, kind) = (message.from, message.get_msg_type());
+            if kind == MessageType::MsgSnapshot {
+                // No node sends one (none compacts its log yet), and this
+                // one could not take it.
+                oplog::warn(format_args!("a snapshot from node {from} was refused: state snapshots are not supported"));
+                continue;
+            }
             if let Err(refused) = self.node.step(message) {
                 oplog::debug(format_args!("a {kind:?} from node {from} was refused: {refused}"));
             }
@@ -259,13 +274,19 @@ impl Replica {
             }
         }
         let under = (self.node.term(), self.node.leader());
-        if !self.asked.is_empty() && under != self.asked_under && under.1.is_some() {
+        let stalled = under != self.asked_under || now.duration_since(self.last_asked) >= REASK_AFTER;
+        if !self.asked.is_empty() && stalled && under.1.is_some() {
             self.wanted = true;
         }
         if std::mem::take(&mut self.wanted) {
-            self.node.read_index(self.next_round.to_le_bytes().to_vec());
+            // The context names the node too: the leader keeps one pending
+            // read per context, and every node counts its rounds from 1.
+            let mut context = self.node.id().to_le_bytes().to_vec();
+            context.extend_from_slice(&self.next_round.to_le_bytes());
+            self.node.read_index(context);
             self.asked.insert(self.next_round, now);
             self.asked_under = under;
+            self.last_asked = now;
             self.next_round += 1;
         }
         // Rounds never answered (lost to a change of leader) are given up:
@@ -282,8 +303,12 @@ impl Replica {
                 }
             }
             for state in self.node.take_read_states() {
-                let Ok(bytes) = <[u8; 8]>::try_from(state.request_ctx.as_slice()) else { continue };
-                let round = u64::from_le_bytes(bytes);
+                let Ok(bytes) = <[u8; 16]>::try_from(state.request_ctx.as_slice()) else { continue };
+                let (node, round) = bytes.split_at(8);
+                if node != self.node.id().to_le_bytes() {
+                    continue;
+                }
+                let round = u64::from_le_bytes(round.try_into().expect("8 bytes"));
                 if self.asked.remove(&round).is_some() {
                     self.confirmed.push((round, state.index));
                 }

@@ -283,7 +283,9 @@ impl Clients {
         let idle: Vec<usize> = self
             .connections
             .iter()
-            .filter(|(_, c)| c.is_idle() || (c.is_closing() && !c.has_output()) || c.is_lingering())
+            .filter(|(_, c)| {
+                c.is_idle() || (c.is_closing() && !c.has_output() && !c.answer_pending()) || c.is_lingering()
+            })
             .map(|(key, _)| key)
             .collect();
         for key in idle {
@@ -293,6 +295,9 @@ impl Clients {
 
     fn close(&mut self, key: usize) {
         let mut connection = self.connections.remove(key);
+        if let Some(seq) = connection.replicating() {
+            self.app.forget_write(seq);
+        }
         let _ = self.registry.deregister(connection.socket());
         let open = self.connections.len();
         self.app.metrics().set_open_connections(open);

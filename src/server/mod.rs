@@ -134,7 +134,9 @@ fn serve(config: Config) -> io::Result<()> {
     let app = App::new(database, api_key, limits);
     let mut server = Server::new(config, listener, app)?;
     if let Some(settings) = &cluster {
-        let frame_bytes_max = server.config.body_bytes_max + crate::limits::PEER_FRAME_OVERHEAD_BYTES;
+        // A command carries an upsert's items decoded: up to twice its body
+        // (a value written `0,` in two bytes takes four).
+        let frame_bytes_max = 2 * server.config.body_bytes_max + crate::limits::PEER_FRAME_OVERHEAD_BYTES;
         let registry = server.poll.registry().try_clone()?;
         server
             .clients

@@ -147,7 +147,8 @@ fn a_cluster_answers_every_request_as_one_node_would() {
 }
 
 /// A node refuses to start without the shared key or the secret; a peer
-/// that does not know the secret is refused and logged.
+/// that does not know the secret is refused and logged, and strangers
+/// that say nothing are bounded.
 #[test]
 fn a_cluster_node_needs_the_key_and_the_secret() {
     let dir = tempfile::tempdir().unwrap();
@@ -173,6 +174,11 @@ fn a_cluster_node_needs_the_key_and_the_secret() {
     let intruder = Server::start_in(None, dir.path().join("d"), &args, &[("QUIVER_CLUSTER_SECRET", "not-the-secret")]);
     good.node(0).wait_for_log("did not prove it knows the cluster secret", Duration::from_secs(20));
     intruder.kill();
+    // Strangers holding the peer port open without a word are bounded: past
+    // 64 waiting, new ones are closed at once, and the node serves on.
+    let strangers: Vec<_> = (0..80).filter_map(|_| std::net::TcpStream::connect(good.peers[0]).ok()).collect();
+    good.node(0).wait_for_log("others are proving themselves", Duration::from_secs(20));
+    drop(strangers);
     // The good node still answers writes by itself (it is a cluster of one).
     crate::harness::create_index(good.node(0), "still", 2, "l2");
 }

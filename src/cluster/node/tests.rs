@@ -485,7 +485,7 @@ fn checks_refuse_what_raft_would_panic_on() {
     let message = |kind: MessageType, term: u64, entries: usize| {
         let mut message = Message { to: me, from: 1, term, ..Message::default() };
         message.set_msg_type(kind);
-        message.entries = (0..entries).map(|i| Entry { index: 5 + i as u64, ..Entry::default() }).collect();
+        message.entries = (0..entries).map(|i| Entry { index: 5 + i as u64, term: 1, ..Entry::default() }).collect();
         message.index = 4;
         message
     };
@@ -498,6 +498,12 @@ fn checks_refuse_what_raft_would_panic_on() {
     let mut gap = message(MessageType::MsgAppend, 3, 2);
     gap.entries[1].index = 9;
     assert_eq!(check_message(&gap, me), Err(Refused::BadEntries));
+    let mut termless_entry = message(MessageType::MsgAppend, 3, 2);
+    termless_entry.entries[1].term = 0;
+    assert_eq!(check_message(&termless_entry, me), Err(Refused::BadEntries));
+    let mut from_the_future = message(MessageType::MsgAppend, 3, 2);
+    from_the_future.entries[0].term = 4;
+    assert_eq!(check_message(&from_the_future, me), Err(Refused::BadEntries));
     let mut elsewhere = message(MessageType::MsgHeartbeat, 3, 0);
     elsewhere.to = 3;
     assert_eq!(check_message(&elsewhere, me), Err(Refused::NotForMe));
