@@ -131,7 +131,9 @@ impl Link {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     // A peer that keeps up but never drains us whole must
                     // not make the buffer keep all it was ever sent.
-                    if self.written > SENT_KEEP_BYTES_MAX {
+                    // Only once the sent part is the larger: each byte is
+                    // then moved at most once, whatever the backlog.
+                    if self.written > SENT_KEEP_BYTES_MAX && 2 * self.written >= self.write.len() {
                         self.write.drain(..self.written);
                         self.written = 0;
                     }
