@@ -23,36 +23,11 @@ mod nodes;
 
 use std::time::{Duration, Instant};
 
-use harness::{create_index, Client, Rng, Server};
+use harness::{batch_body, create_index, vector_texts, Client, Rng, Server};
 use nodes::{try_call, Cluster};
 
 const DIMS: usize = 768;
 const BATCH: usize = 1000;
-
-fn vector_texts(rng: &mut Rng, count: usize) -> Vec<String> {
-    (0..count)
-        .map(|_| {
-            let values: Vec<String> = (0..DIMS).map(|_| rng.float().to_string()).collect();
-            format!("[{}]", values.join(","))
-        })
-        .collect()
-}
-
-/// `{"embeddings":[...]}` for ids `first..first+BATCH`, vectors taken in turn from `texts`.
-fn batch_body(first: usize, texts: &[String]) -> String {
-    let mut body = String::with_capacity(BATCH * (texts[0].len() + 24) + 20);
-    body.push_str(r#"{"embeddings":["#);
-    for i in 0..BATCH {
-        if i > 0 {
-            body.push(',');
-        }
-        body.push_str(&format!(r#"{{"id":{},"data":"#, first + i));
-        body.push_str(&texts[(first + i) % texts.len()]);
-        body.push('}');
-    }
-    body.push_str("]}");
-    body
-}
 
 /// MB/s of vector data, inserting `bodies` one after another through `client`.
 fn ingest(client: &mut Client, index: &str, bodies: &[String]) -> f64 {
@@ -104,7 +79,7 @@ fn median(mut samples: Vec<f64>) -> f64 {
 
 fn main() {
     let mut rng = Rng(34);
-    let texts = vector_texts(&mut rng, BATCH);
+    let texts = vector_texts(&mut rng, BATCH, DIMS);
     println!("cluster (release server, three nodes on loopback vs one node, same run)");
     let single = Server::start();
     let mut cluster = Cluster::start(3, false);
@@ -112,7 +87,7 @@ fn main() {
 
     // 1 and 2, in turns (single, cluster, single, ...), three rounds each:
     // a noisy machine weighs on both.
-    let bodies: Vec<String> = (0..10).map(|b| batch_body(b * BATCH, &texts)).collect();
+    let bodies: Vec<String> = (0..10).map(|b| batch_body(b * BATCH, BATCH, &texts)).collect();
     let (mut ingest_single, mut ingest_cluster, mut upsert_single, mut upsert_cluster) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..3 {
@@ -141,7 +116,7 @@ fn main() {
     );
 
     // 3. Search on 100,000 x 768, in turns.
-    let big: Vec<String> = (0..100).map(|b| batch_body(b * BATCH, &texts)).collect();
+    let big: Vec<String> = (0..100).map(|b| batch_body(b * BATCH, BATCH, &texts)).collect();
     for server in [&single, cluster.node(leader)] {
         create_index(server, "search", DIMS, "l2");
         ingest(&mut server.connect(), "search", &big);

@@ -16,32 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use harness::{create_index, Client, Rng, Server, KEY};
-
-fn vector_texts(rng: &mut Rng, count: usize, dims: usize) -> Vec<String> {
-    (0..count)
-        .map(|_| {
-            let values: Vec<String> = (0..dims).map(|_| rng.float().to_string()).collect();
-            format!("[{}]", values.join(","))
-        })
-        .collect()
-}
-
-/// `{"embeddings":[...]}` for ids `first..first+count`, vectors taken in turn from `texts`.
-fn batch_body(first: usize, count: usize, texts: &[String]) -> String {
-    let mut body = String::with_capacity(count * (texts[0].len() + 24) + 20);
-    body.push_str(r#"{"embeddings":["#);
-    for i in 0..count {
-        if i > 0 {
-            body.push(',');
-        }
-        body.push_str(&format!(r#"{{"id":{},"data":"#, first + i));
-        body.push_str(&texts[(first + i) % texts.len()]);
-        body.push('}');
-    }
-    body.push_str("]}");
-    body
-}
+use harness::{batch_body, create_index, vector_texts, Client, Rng, Server, KEY};
 
 fn insert_throughput(extra: &[&str], bodies: &[String]) -> f64 {
     let mut args = vec!["--api-key", KEY];
