@@ -283,8 +283,9 @@ pub enum Gate {
 
 /// A write of this node's clients, waiting to be applied.
 struct Waiting {
-    /// The connection that asked.
-    conn: usize,
+    /// The connection that asked; none once it closed (the write may
+    /// still be applied, its answer goes nowhere).
+    conn: Option<usize>,
     keep_alive: bool,
     since: Instant,
     /// The command, until a leader has taken it.
@@ -297,7 +298,6 @@ struct Waiting {
 
 /// A write's answer, ready for its connection.
 pub struct Answer {
-    pub seq: u64,
     pub status: u16,
     pub bytes: Vec<u8>,
 }
@@ -316,7 +316,7 @@ pub struct Replicated {
     /// Connections to service again: their write is answered, or their read may go.
     woken: Vec<usize>,
     peer_events: Vec<Token>,
-    /// Bodies are decoded in place: each applied command's is copied here.
+    /// Bodies are decoded in place: each applied command's body as sent is copied here.
     body: Vec<u8>,
     /// Where the answers to other nodes' writes are written, and dropped.
     discard: Vec<u8>,
@@ -400,7 +400,7 @@ impl Replicated {
         };
         let leader = self.replica.leader();
         let unproposed = if self.replica.propose(data.clone()) { None } else { Some(data) };
-        self.waiting.insert(seq, Waiting { conn, keep_alive, since: now, unproposed, leader });
+        self.waiting.insert(seq, Waiting { conn: Some(conn), keep_alive, since: now, unproposed, leader });
         Ok(seq)
     }
 
@@ -511,13 +511,11 @@ impl Replicated {
         for (seq, late) in expired {
             let error = if late { &timed_out } else { &lost };
             let waiting = self.waiting.remove(&seq).expect("listed above");
-            if waiting.conn == usize::MAX {
-                continue;
-            }
+            let Some(conn) = waiting.conn else { continue };
             let mut bytes = Vec::new();
             let status = error.write(&mut bytes, waiting.keep_alive);
-            self.answers.insert(seq, Answer { seq, status, bytes });
-            self.woken.push(waiting.conn);
+            self.answers.insert(seq, Answer { status, bytes });
+            self.woken.push(conn);
         }
     }
 
@@ -537,7 +535,7 @@ impl Replicated {
         self.answers.remove(&seq);
         if let Some(waiting) = self.waiting.get_mut(&seq) {
             // Kept, unproposed or not, only to be removed when applied or late.
-            waiting.conn = usize::MAX;
+            waiting.conn = None;
         }
     }
 
@@ -572,8 +570,6 @@ impl StateMachine for Applier<'_> {
             return;
         };
         let mine = if (command.origin, command.run) == self.me { self.waiting.remove(&command.seq) } else { None };
-        self.body.clear();
-        self.body.extend_from_slice(command.body);
         let mut out = match &mine {
             Some(_) => Vec::new(),
             None => std::mem::take(self.discard),
@@ -591,14 +587,20 @@ impl StateMachine for Applier<'_> {
                 oplog::error(format_args!("Raft entry {index} holds a batch that does not decode; refused"));
                 Err(ApiError::bad_body("the replicated batch did not decode"))
             }
-            (Body::AsSent, endpoint) => write(endpoint, db, scratch, command.limits, name, self.body, reply),
+            (Body::AsSent, endpoint) => {
+                // Decoded in place: the body is copied out of the entry. A
+                // batch is read straight from it.
+                self.body.clear();
+                self.body.extend_from_slice(command.body);
+                write(endpoint, db, scratch, command.limits, name, self.body, reply)
+            }
         };
         let status = written.unwrap_or_else(|error| error.write(&mut out, keep_alive));
-        match mine {
-            Some(waiting) if waiting.conn == usize::MAX => {}
-            Some(waiting) => {
-                self.answers.insert(command.seq, Answer { seq: command.seq, status, bytes: out });
-                self.woken.push(waiting.conn);
+        match mine.map(|waiting| waiting.conn) {
+            Some(None) => {}
+            Some(Some(conn)) => {
+                self.answers.insert(command.seq, Answer { status, bytes: out });
+                self.woken.push(conn);
             }
             None => {
                 out.clear();

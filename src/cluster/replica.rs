@@ -115,7 +115,6 @@ const MEMBERS_FILE: &str = "members";
 pub struct Replica {
     node: Node,
     peers: Peers,
-    dir: PathBuf,
     inbox: Vec<Message>,
     /// Peers a message could not be queued for this turn, and whether it
     /// was a snapshot: reported to Raft after `advance`.
@@ -191,7 +190,6 @@ impl Replica {
         Ok(Replica {
             node,
             peers,
-            dir,
             inbox: Vec::new(),
             undelivered: Vec::new(),
             next_tick: Instant::now() + TICK,
@@ -377,10 +375,6 @@ impl Replica {
             applied_index: self.node.applied_index(),
             members,
         }
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 }
 
