@@ -221,6 +221,7 @@ impl Config {
             initial_peers,
             secret,
             timeout: std::time::Duration::from_millis(self.cluster_timeout_ms),
+            snapshot_log_bytes: self.snapshot_log_bytes,
         }))
     }
 }

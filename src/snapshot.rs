@@ -12,7 +12,15 @@
 //!   magic "QUIVMAN1"  version:u32  zero:u32  generation:u64  log_start:u64  count:u32
 //!   { len:u8 name } * count
 //!   crc: u32                             (CRC32C of everything before it)
+//! STATE                                  (a cluster's node, in place of MANIFEST)
+//!   magic "QUIVSTA1"  version:u32  zero:u32  generation:u64  cluster_len:u32  cluster
+//!   count:u32  { len:u8 name } * count
+//!   crc: u32
 //! ```
+//!
+//! A cluster's node has no write-ahead log of its own: its STATE names the
+//! generation and, in `cluster` (bytes the cluster reads, opaque here), the
+//! Raft entry the generation stands at, written in the same rename.
 //! All little-endian. Every file is written to `<path>.tmp`, synced, renamed
 //! into place, and its directory synced. The manifest is written last: until
 //! it names a generation, that generation's files are not used.
@@ -25,6 +33,7 @@ use crate::files::{self, sync_dir};
 use crate::store::aligned::Aligned;
 use crate::store::index::Text;
 use crate::store::{Index, Metric, Store};
+use crate::wal::frame::Reader;
 
 const SNAPSHOT_MAGIC: &[u8; 8] = b"QUIVSNP1";
 const MANIFEST_MAGIC: &[u8; 8] = b"QUIVMAN1";
@@ -111,22 +120,36 @@ fn write_file(
 }
 
 pub fn write_index(path: &Path, index: &Index) -> io::Result<()> {
-    write_file(path, |out| {
-        let (ids, vectors, metadata) = index.parts();
-        out.write_all(SNAPSHOT_MAGIC)?;
-        out.write_all(&VERSION.to_le_bytes())?;
-        out.write_all(&(index.dims() as u32).to_le_bytes())?;
-        let p = index.metric().power().unwrap_or(0.0).to_le_bytes();
-        out.write_all(&[index.metric().code(), p[0], p[1], p[2], p[3], 0, 0, 0])?;
-        out.write_all(&(ids.len() as u64).to_le_bytes())?;
-        out.write_all(bytemuck::cast_slice(ids))?;
-        out.write_all(bytemuck::cast_slice(vectors))?;
-        for text in metadata {
-            out.write_all(&(text.len() as u32).to_le_bytes())?;
-            out.write_all(text)?;
-        }
-        Ok(())
-    })
+    write_file(path, |out| write_rows(out, index))
+}
+
+/// An index's snapshot file, in memory: what a cluster's leader sends a
+/// node too far behind.
+pub fn index_bytes(index: &Index) -> Vec<u8> {
+    let (ids, vectors, _) = index.parts();
+    let mut out = Checksummed { inner: Vec::with_capacity(64 + ids.len() * 12 + vectors.len() * 4), crc: 0 };
+    write_rows(&mut out, index).expect("writing to memory");
+    let crc = out.crc;
+    out.inner.extend_from_slice(&crc.to_le_bytes());
+    out.inner
+}
+
+/// An index's header and rows, as its snapshot file holds them before the CRC.
+fn write_rows(out: &mut impl Write, index: &Index) -> io::Result<()> {
+    let (ids, vectors, metadata) = index.parts();
+    out.write_all(SNAPSHOT_MAGIC)?;
+    out.write_all(&VERSION.to_le_bytes())?;
+    out.write_all(&(index.dims() as u32).to_le_bytes())?;
+    let p = index.metric().power().unwrap_or(0.0).to_le_bytes();
+    out.write_all(&[index.metric().code(), p[0], p[1], p[2], p[3], 0, 0, 0])?;
+    out.write_all(&(ids.len() as u64).to_le_bytes())?;
+    out.write_all(bytemuck::cast_slice(ids))?;
+    out.write_all(bytemuck::cast_slice(vectors))?;
+    for text in metadata {
+        out.write_all(&(text.len() as u32).to_le_bytes())?;
+        out.write_all(text)?;
+    }
+    Ok(())
 }
 
 /// A reader that keeps the CRC32C of everything read through it.
@@ -216,40 +239,96 @@ pub fn write_manifest(dir: &Path, manifest: &Manifest) -> io::Result<()> {
         out.write_all(&0u32.to_le_bytes())?;
         out.write_all(&manifest.generation.to_le_bytes())?;
         out.write_all(&manifest.log_start.to_le_bytes())?;
-        out.write_all(&(manifest.indexes.len() as u32).to_le_bytes())?;
-        for name in &manifest.indexes {
-            out.write_all(&[name.len() as u8])?;
-            out.write_all(name.as_bytes())?;
-        }
-        Ok(())
+        write_names(out, &manifest.indexes)
     })?;
     sync_dir(dir)
 }
 
-/// The manifest of `dir`, or `None` if there is none yet.
-pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>, LoadError> {
-    let path = dir.join(MANIFEST);
-    let bytes = match fs::read(&path) {
+fn write_names(out: &mut impl Write, names: &[String]) -> io::Result<()> {
+    out.write_all(&(names.len() as u32).to_le_bytes())?;
+    for name in names {
+        out.write_all(&[name.len() as u8])?;
+        out.write_all(name.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// A small file of `magic`, checked whole: its body after the magic and
+/// version (read by `read`), or `None` if there is no such file.
+fn read_checked<T>(
+    path: &Path,
+    magic: &[u8; 8],
+    read: impl FnOnce(&mut Reader<'_>) -> Option<T>,
+) -> Result<Option<T>, LoadError> {
+    let bytes = match fs::read(path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(LoadError::Io { path, source }),
+        Err(source) => return Err(LoadError::Io { path: path.to_owned(), source }),
     };
-    let damaged = || LoadError::Damaged { path: path.clone(), why: "its checksum or layout is wrong".to_owned() };
+    let damaged = || LoadError::Damaged { path: path.to_owned(), why: "its checksum or layout is wrong".to_owned() };
     let (body, crc) = bytes.split_at_checked(bytes.len().saturating_sub(4)).ok_or_else(damaged)?;
-    if bytes.len() < 36 || crc32c::crc32c(body).to_le_bytes() != crc || &body[..8] != MANIFEST_MAGIC {
+    if body.len() < 12 || crc32c::crc32c(body).to_le_bytes() != crc || &body[..8] != magic {
         return Err(damaged());
     }
-    let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap());
-    let count = u32::from_le_bytes(body[32..36].try_into().unwrap()) as usize;
-    let mut indexes = Vec::with_capacity(count.min(body.len()));
-    let mut at = 36;
-    for _ in 0..count {
-        let len = usize::from(*body.get(at).ok_or_else(damaged)?);
-        let name = body.get(at + 1..at + 1 + len).ok_or_else(damaged)?;
-        indexes.push(String::from_utf8(name.to_vec()).map_err(|_| damaged())?);
-        at += 1 + len;
+    let mut fields = Reader::new(&body[12..]);
+    let value = read(&mut fields).ok_or_else(damaged)?;
+    if fields.left() > 0 {
+        return Err(damaged());
     }
-    Ok(Some(Manifest { generation: u64_at(16), log_start: u64_at(24), indexes }))
+    Ok(Some(value))
+}
+
+/// The manifest of `dir`, or `None` if there is none yet.
+pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>, LoadError> {
+    read_checked(&dir.join(MANIFEST), MANIFEST_MAGIC, |fields| {
+        fields.u32()?;
+        let (generation, log_start) = (fields.u64()?, fields.u64()?);
+        Some(Manifest { generation, log_start, indexes: names(fields)? })
+    })
+}
+
+fn names(fields: &mut Reader<'_>) -> Option<Vec<String>> {
+    let count = fields.u32()?;
+    (0..count.min(fields.left()))
+        .map(|_| fields.name())
+        .collect::<Option<Vec<_>>>()
+        .filter(|names| names.len() == count)
+}
+
+/// A cluster's node's state: the snapshots of generation `generation`,
+/// and where in the Raft log they stand (`cluster`, the cluster's own bytes).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    pub generation: u64,
+    pub cluster: Vec<u8>,
+    pub indexes: Vec<String>,
+}
+
+pub const STATE: &str = "STATE";
+const STATE_MAGIC: &[u8; 8] = b"QUIVSTA1";
+
+pub fn write_state(dir: &Path, state: &State) -> io::Result<()> {
+    write_file(&dir.join(STATE), |out| {
+        out.write_all(STATE_MAGIC)?;
+        out.write_all(&VERSION.to_le_bytes())?;
+        out.write_all(&0u32.to_le_bytes())?;
+        out.write_all(&state.generation.to_le_bytes())?;
+        out.write_all(&(state.cluster.len() as u32).to_le_bytes())?;
+        out.write_all(&state.cluster)?;
+        write_names(out, &state.indexes)
+    })?;
+    sync_dir(dir)
+}
+
+/// The state of a cluster's node in `dir`, or `None` if it has none yet.
+pub fn read_state(dir: &Path) -> Result<Option<State>, LoadError> {
+    read_checked(&dir.join(STATE), STATE_MAGIC, |fields| {
+        fields.u32()?;
+        let generation = fields.u64()?;
+        let len = fields.u32()?;
+        let cluster = fields.take(len)?.to_vec();
+        Some(State { generation, cluster, indexes: names(fields)? })
+    })
 }
 
 /// Writes every index of `store` as generation `generation`, then the
@@ -261,14 +340,21 @@ pub fn write_all(
     log_start: u64,
     store: &Store,
 ) -> io::Result<Manifest> {
-    let mut manifest = Manifest { generation, log_start, indexes: Vec::new() };
-    for (name, index) in store.indexes() {
-        write_index(&snapshot_path(snapshots_dir, generation, name), index)?;
-        manifest.indexes.push(name.to_owned());
-    }
-    sync_dir(snapshots_dir)?;
+    let manifest = Manifest { generation, log_start, indexes: write_indexes(snapshots_dir, generation, store)? };
     write_manifest(data_dir, &manifest)?;
     Ok(manifest)
+}
+
+/// Writes every index of `store` as generation `generation`, durably;
+/// returns their names. Nothing uses them until a manifest or state names them.
+pub fn write_indexes(snapshots_dir: &Path, generation: u64, store: &Store) -> io::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for (name, index) in store.indexes() {
+        write_index(&snapshot_path(snapshots_dir, generation, name), index)?;
+        names.push(name.to_owned());
+    }
+    sync_dir(snapshots_dir)?;
+    Ok(names)
 }
 
 #[cfg(test)]
@@ -283,6 +369,8 @@ mod tests {
         index.upsert(-9, &[0.5, f32::MIN_POSITIVE, -7.0], b"");
         let path = snapshot_path(dir.path(), 7, "idx");
         write_index(&path, &index).unwrap();
+        // The in-memory copy of a snapshot is its file, byte for byte.
+        assert_eq!(index_bytes(&index), fs::read(&path).unwrap());
         let loaded = load_index(&path, &mut crate::log::Progress::new("test", 0)).unwrap();
         assert_eq!(loaded.parts(), index.parts());
         assert_eq!((loaded.dims(), loaded.metric()), (3, Metric::Cosine));
@@ -304,5 +392,24 @@ mod tests {
         bytes[20] ^= 1;
         fs::write(&manifest_path, &bytes).unwrap();
         assert!(matches!(read_manifest(dir.path()), Err(LoadError::Damaged { .. })));
+    }
+
+    #[test]
+    fn a_state_round_trips_and_a_damaged_or_cut_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read_state(dir.path()).unwrap(), None);
+        let state = State { generation: 9, cluster: vec![1, 2, 3, 250], indexes: vec!["docs".into(), "b".into()] };
+        write_state(dir.path(), &state).unwrap();
+        assert_eq!(read_state(dir.path()).unwrap(), Some(state));
+        let path = dir.path().join(STATE);
+        let bytes = fs::read(&path).unwrap();
+        for cut in 0..bytes.len() {
+            fs::write(&path, &bytes[..cut]).unwrap();
+            assert!(matches!(read_state(dir.path()), Err(LoadError::Damaged { .. })), "cut at {cut}");
+        }
+        let mut flipped = bytes.clone();
+        flipped[26] ^= 4;
+        fs::write(&path, &flipped).unwrap();
+        assert!(matches!(read_state(dir.path()), Err(LoadError::Damaged { .. })));
     }
 }

@@ -128,15 +128,18 @@ impl App {
     }
 
     /// Makes this node a member of a cluster (see `replicated`): its Raft
-    /// log opened, its peer port bound, with peer tokens from `token_base`.
+    /// log opened after `state` (`Database::open_replicated`'s), its peer
+    /// port bound, with peer tokens from `token_base`.
     pub fn join_cluster(
         &mut self,
         settings: &crate::cluster::replica::Settings,
+        state: Option<Vec<u8>>,
         registry: &mio::Registry,
         token_base: usize,
         frame_bytes_max: usize,
     ) -> Result<(), crate::cluster::replica::StartError> {
-        let cluster = replicated::Replicated::open(settings, &self.db, registry, token_base, frame_bytes_max)?;
+        let cluster =
+            replicated::Replicated::open(settings, state, &mut self.db, registry, token_base, frame_bytes_max)?;
         self.cluster = Some(cluster);
         Ok(())
     }

@@ -32,8 +32,7 @@ use mio::{Registry, Token};
 use super::embeddings::Write;
 use super::envelope::Envelope;
 use super::{embeddings, indexes, json, ApiError, ApiLimits, Reply, Scratch};
-use crate::cluster::node::StateMachine;
-use crate::cluster::replica::{Replica, Settings, StartError, Status};
+use crate::cluster::replica::{Checkpoint, Machine, Replica, Settings, StartError, Status};
 use crate::db::Database;
 use crate::endpoint::Endpoint;
 use crate::http::Head;
@@ -320,17 +319,40 @@ pub struct Replicated {
     body: Vec<u8>,
     /// Where the answers to other nodes' writes are written, and dropped.
     discard: Vec<u8>,
+    /// When a state snapshot may next be started.
+    next_snapshot_try: Instant,
 }
 
+/// How long after starting a state snapshot the next may start.
+const SNAPSHOT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Replicated {
+    /// Joins the cluster: `state` is the checkpoint kept with the
+    /// database's last state snapshot (`Database::open_replicated`); a
+    /// group's first member without one keeps the group's first.
     pub fn open(
         settings: &Settings,
-        db: &Database,
+        state: Option<Vec<u8>>,
+        db: &mut Database,
         registry: &Registry,
         token_base: usize,
         frame_bytes_max: usize,
     ) -> Result<Replicated, StartError> {
-        let replica = Replica::open(settings, db.data_dir(), registry, token_base, frame_bytes_max)?;
+        let state_path = db.data_dir().join(crate::snapshot::STATE);
+        let io_error = |action, source| StartError::Io { action, path: state_path.clone(), source };
+        let checkpoint = match state {
+            Some(bytes) => Some(Checkpoint::decode(&bytes).ok_or_else(|| {
+                io_error("read", io::Error::new(io::ErrorKind::InvalidData, "not a checkpoint this version knows"))
+            })?),
+            None => match Replica::first_checkpoint(settings) {
+                Some(checkpoint) => {
+                    db.begin_state(checkpoint.encode()).map_err(|source| io_error("write", source))?;
+                    Some(checkpoint)
+                }
+                None => None,
+            },
+        };
+        let replica = Replica::open(settings, checkpoint, db.data_dir(), registry, token_base, frame_bytes_max)?;
         let mut run = [0u8; 8];
         getrandom::fill(&mut run).map_err(|e| StartError::Io {
             action: "draw a run number from",
@@ -348,6 +370,7 @@ impl Replicated {
             peer_events: Vec::new(),
             body: Vec::new(),
             discard: Vec::new(),
+            next_snapshot_try: Instant::now(),
         })
     }
 
@@ -468,6 +491,7 @@ impl Replicated {
         let me = (replica.id(), *run);
         let mut machine = Applier { db, scratch, me, waiting, answers, woken, body, discard };
         replica.turn(&mut machine, now)?;
+        self.keep_state(db, now)?;
         self.expire(now);
         let replica = &self.replica;
         self.reads.retain(|&(conn, round, since)| {
@@ -477,6 +501,22 @@ impl Replicated {
             }
             !done
         });
+        Ok(())
+    }
+
+    /// Cuts the log after a state snapshot just written, and starts one
+    /// once the log has grown enough (at most one a second is tried: a
+    /// fork that fails is not retried at every turn).
+    fn keep_state(&mut self, db: &mut Database, now: Instant) -> io::Result<()> {
+        if let Some(bytes) = db.take_written_state() {
+            let checkpoint = Checkpoint::decode(&bytes).expect("a checkpoint this node encoded");
+            self.replica.compact(&checkpoint.point)?;
+            oplog::info(format_args!("the Raft log now starts after entry {}", checkpoint.point.index));
+        }
+        if self.replica.wants_state_snapshot() && now >= self.next_snapshot_try {
+            self.next_snapshot_try = now + SNAPSHOT_RETRY;
+            db.start_state_snapshot(self.replica.checkpoint().encode());
+        }
         Ok(())
     }
 
@@ -562,7 +602,7 @@ struct Applier<'a> {
     discard: &'a mut Vec<u8>,
 }
 
-impl StateMachine for Applier<'_> {
+impl Machine for Applier<'_> {
     fn apply(&mut self, index: u64, data: &[u8]) {
         let Some(command) = Command::decode(data) else {
             // Every node skips it alike; only a bug or another version writes one.
@@ -609,8 +649,12 @@ impl StateMachine for Applier<'_> {
         }
     }
 
-    fn restore(&mut self, _snapshot: &raft::eraftpb::Snapshot) -> io::Result<()> {
-        Err(io::Error::other("this node cannot take a state snapshot yet"))
+    fn restore(&mut self, checkpoint: Vec<u8>, image: &[u8]) -> io::Result<()> {
+        self.db.restore_state(checkpoint, image)
+    }
+
+    fn image(&mut self) -> Vec<u8> {
+        self.db.state_image()
     }
 }
 

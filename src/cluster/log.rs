@@ -23,10 +23,13 @@
 //!   segment, which is renamed into place only once whole and synced, and
 //!   the older segments are then removed.
 //! - The last hard state counts.
-//! - The configuration is the group's first (`bootstrap`), or the one at a
-//!   snapshot's point, written with it: the changes after it are entries,
-//!   applied again, in order, after a restart, as Raft replays every
-//!   entry after the state's point.
+//! - The configuration is the one at a snapshot's point, written with it:
+//!   the changes after it are entries, applied again, in order, after a
+//!   restart, as Raft replays every entry after the state's point. A group
+//!   starts from a snapshot too (`Point::first`): the empty state at entry
+//!   1 of term 1, with the first voters, the same on each of them. So no
+//!   log holds entry 1, and a node added later learns the members from the
+//!   snapshot it is sent, never from a log that lacks the first ones.
 //!
 //! A state snapshot and the log must agree on the point the snapshot
 //! stands for. `open` takes that point from the snapshot's manifest (where
@@ -34,6 +37,7 @@
 //! hold the snapshot's last entry with its term, its entries after it are
 //! from an older leadership and are dropped.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
@@ -74,6 +78,26 @@ pub struct Point {
     pub index: u64,
     pub term: u64,
     pub conf_state: ConfState,
+}
+
+impl Point {
+    /// Where a new group starts, on each of its first `voters`: the empty
+    /// state at entry 1 of term 1.
+    pub fn first(voters: &[u64]) -> Point {
+        Point { index: 1, term: 1, conf_state: ConfState { voters: voters.to_vec(), ..ConfState::default() } }
+    }
+
+    /// `index:u64 term:u64` and the configuration as a conf state record holds it.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        put_u64(out, self.index);
+        put_u64(out, self.term);
+        put_conf_state(&self.conf_state, out);
+    }
+
+    pub fn decode(fields: &mut Reader<'_>) -> Option<Point> {
+        let (index, term) = (fields.u64()?, fields.u64()?);
+        Some(Point { index, term, conf_state: read_conf_state(fields)? })
+    }
 }
 
 /// The log as it stands: what `raft` reads through `Storage`.
@@ -129,6 +153,7 @@ impl Kept {
         }
         self.base = (point.index, point.term);
         self.hard_state.commit = self.hard_state.commit.max(point.index);
+        self.hard_state.term = self.hard_state.term.max(point.term);
         if point.index >= self.conf_state.0 {
             self.conf_state = (point.index, point.conf_state.clone());
         }
@@ -158,6 +183,9 @@ pub struct LogStore {
     /// The snapshot to send a follower behind the entries kept, when one
     /// is ready.
     snapshot: Option<Snapshot>,
+    /// Whether Raft asked for a snapshot newer than the one offered (or
+    /// for one while none was): the caller makes one and offers it.
+    wanted: Cell<bool>,
     /// Whether `sync` calls fdatasync (off only where a test models the
     /// disk itself).
     sync: bool,
@@ -237,7 +265,15 @@ impl LogStore {
         kept.hard_state.commit = kept.hard_state.commit.max(kept.base.0).min(kept.last_index());
         let next = replayed.last.map_or(0, |last| last + 1);
         let log = wal::Log::create(dir, next).map_err(io_error("start", &wal::segment_path(dir, next)))?;
-        let mut store = LogStore { dir: dir.to_owned(), log, kept, snapshot: None, sync: true, broken: false };
+        let mut store = LogStore {
+            dir: dir.to_owned(),
+            log,
+            kept,
+            snapshot: None,
+            wanted: Cell::new(false),
+            sync: true,
+            broken: false,
+        };
         // A snapshot that covers more than the log knows (taken, or sent,
         // just before a crash): the log restarts after it on disk too, or
         // entries dropped here would come back on the next replay.
@@ -273,16 +309,6 @@ impl LogStore {
         }
     }
 
-    /// Starts a new group's log with `voters`, the same on every first
-    /// member, durably. Only a log that holds no configuration yet.
-    pub fn bootstrap(&mut self, voters: &[u64]) -> io::Result<()> {
-        assert_eq!(self.kept.conf_state.1, ConfState::default(), "a group bootstrapped once");
-        let conf_state = ConfState { voters: voters.to_vec(), ..ConfState::default() };
-        self.log.append_with(|out| encode_conf_state(0, &conf_state, out));
-        self.kept.conf_state = (0, conf_state);
-        self.sync()
-    }
-
     /// The hard state last noted.
     pub fn hard_state(&self) -> &HardState {
         &self.kept.hard_state
@@ -306,6 +332,27 @@ impl LogStore {
     /// Offers `snapshot` to followers too far behind for the entries kept.
     pub fn offer_snapshot(&mut self, snapshot: Snapshot) {
         self.snapshot = Some(snapshot);
+    }
+
+    /// Drops the snapshot offered (what it holds is the whole state): none
+    /// is being sent.
+    pub fn drop_snapshot(&mut self) {
+        self.snapshot = None;
+    }
+
+    pub fn has_snapshot(&self) -> bool {
+        self.snapshot.is_some()
+    }
+
+    /// Whether Raft asked for a snapshot the log could not give, since the last call.
+    pub fn take_snapshot_wanted(&mut self) -> bool {
+        self.wanted.take()
+    }
+
+    /// The bytes written since the log last restarted: what a state
+    /// snapshot would let it drop.
+    pub fn bytes(&self) -> u64 {
+        self.log.segment_bytes()
     }
 
     /// Restarts the log after `point`, which a state snapshot now covers
@@ -412,7 +459,10 @@ impl Storage for LogStore {
     fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
         match &self.snapshot {
             Some(snapshot) if snapshot.get_metadata().index >= request_index.max(1) => Ok(snapshot.clone()),
-            _ => Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable)),
+            _ => {
+                self.wanted.set(true);
+                Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable))
+            }
         }
     }
 }
@@ -454,12 +504,39 @@ fn encode_hard_state(hard_state: &HardState, out: &mut Vec<u8>) {
 fn encode_conf_state(at: u64, conf_state: &ConfState, out: &mut Vec<u8>) {
     let start = frame::begin(out);
     put_u64(out, at);
+    put_conf_state(conf_state, out);
+    frame::end(out, start, CONF_STATE);
+}
+
+fn put_conf_state(conf_state: &ConfState, out: &mut Vec<u8>) {
     put_ids(out, &conf_state.voters);
     put_ids(out, &conf_state.learners);
     put_ids(out, &conf_state.voters_outgoing);
     put_ids(out, &conf_state.learners_next);
     out.push(u8::from(conf_state.auto_leave));
-    frame::end(out, start, CONF_STATE);
+}
+
+fn read_conf_state(payload: &mut Reader<'_>) -> Option<ConfState> {
+    let mut ids = || {
+        let count = payload.u32()?;
+        if count > payload.left() / 8 {
+            return None;
+        }
+        (0..count).map(|_| payload.u64()).collect::<Option<Vec<u64>>>()
+    };
+    let mut conf_state = ConfState {
+        voters: ids()?,
+        learners: ids()?,
+        voters_outgoing: ids()?,
+        learners_next: ids()?,
+        ..ConfState::default()
+    };
+    conf_state.auto_leave = match payload.u8()? {
+        0 => false,
+        1 => true,
+        _ => return None,
+    };
+    Some(conf_state)
 }
 
 fn encode_base((index, term): (u64, u64), out: &mut Vec<u8>) {
@@ -495,26 +572,7 @@ fn read(kind: u8, payload: &mut Reader<'_>) -> Option<Item> {
         }
         CONF_STATE => {
             let at = payload.u64()?;
-            let mut ids = || {
-                let count = payload.u32()?;
-                if count > payload.left() / 8 {
-                    return None;
-                }
-                (0..count).map(|_| payload.u64()).collect::<Option<Vec<u64>>>()
-            };
-            let mut conf_state = ConfState {
-                voters: ids()?,
-                learners: ids()?,
-                voters_outgoing: ids()?,
-                learners_next: ids()?,
-                ..ConfState::default()
-            };
-            conf_state.auto_leave = match payload.u8()? {
-                0 => false,
-                1 => true,
-                _ => return None,
-            };
-            Item::ConfState(at, conf_state)
+            Item::ConfState(at, read_conf_state(payload)?)
         }
         BASE => Item::Base { index: payload.u64()?, term: payload.u64()? },
         _ => return None,

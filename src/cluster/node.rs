@@ -173,28 +173,20 @@ pub struct Node {
     raw: RawNode<LogStore>,
     /// Read states given by Raft, for the caller to take.
     read_states: Vec<ReadState>,
+    /// Changes of the members applied, for the caller to take.
+    changes: Vec<ConfChangeV2>,
 }
 
 impl Node {
     /// Opens the node `id` with its log in `dir`, the state machine at
-    /// `covered` (the point of the state snapshot it was loaded from). A
-    /// node whose log holds no configuration yet starts the group with
-    /// `voters` if given, or waits for a leader to add it.
-    pub fn open(
-        id: u64,
-        dir: &Path,
-        covered: Option<&Point>,
-        voters: Option<&[u64]>,
-        timing: Timing,
-    ) -> Result<Node, OpenError> {
-        let mut store = LogStore::open(dir, covered)?;
+    /// `covered` (the point of the state snapshot it was loaded from; a
+    /// group's first members start from `Point::first`). A node without
+    /// either waits for a leader to add it and send it a snapshot.
+    pub fn open(id: u64, dir: &Path, covered: Option<&Point>, timing: Timing) -> Result<Node, OpenError> {
+        let store = LogStore::open(dir, covered)?;
         let (state, log) = (covered.map_or(0, |point| point.index), store.first_index().unwrap_or(1) - 1);
         if state < log {
             return Err(OpenError::StateBehindLog { state, log });
-        }
-        let initialized = store.initial_state().is_ok_and(|state| state.initialized());
-        if let (false, Some(voters)) = (initialized, voters) {
-            store.bootstrap(voters).map_err(|source| OpenError::Io { action: "sync", path: dir.to_owned(), source })?;
         }
         let config = Config {
             id,
@@ -214,7 +206,7 @@ impl Node {
             path: dir.to_owned(),
             source: io::Error::other(error),
         })?;
-        Ok(Node { raw, read_states: Vec::new() })
+        Ok(Node { raw, read_states: Vec::new(), changes: Vec::new() })
     }
 
     pub fn id(&self) -> u64 {
@@ -292,6 +284,16 @@ impl Node {
         self.raw.read_index(context);
     }
 
+    /// The changes of the members applied since the last call, in order.
+    pub fn take_changes(&mut self) -> Vec<ConfChangeV2> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Whether this leader is sending a snapshot to a follower.
+    pub fn sending_snapshot(&self) -> bool {
+        self.raw.raft.prs().iter().any(|(_, progress)| progress.state == raft::ProgressState::Snapshot)
+    }
+
     /// The read indexes Raft has given since the last call.
     pub fn take_read_states(&mut self) -> Vec<ReadState> {
         std::mem::take(&mut self.read_states)
@@ -300,6 +302,10 @@ impl Node {
     /// Tells Raft that sending to `peer` failed.
     pub fn unreachable(&mut self, peer: u64) {
         self.raw.report_unreachable(peer);
+    }
+
+    pub fn log(&self) -> &LogStore {
+        self.raw.store()
     }
 
     /// The log, to offer a snapshot or restart after one.
@@ -369,7 +375,9 @@ impl Node {
                 }
                 EntryType::EntryConfChangeV2 => {
                     if let Ok(change) = ConfChangeV2::parse_from_bytes(&entry.data) {
-                        let _ = self.raw.apply_conf_change(&change);
+                        if self.raw.apply_conf_change(&change).is_ok() {
+                            self.changes.push(change);
+                        }
                     }
                 }
             }

@@ -14,8 +14,11 @@
 //! acceptor  -> "QVRC" version:u8 challenge:[u8; 32]          (fresh random bytes)
 //! connector -> "QVRH" version:u8 from:u64 to:u64 mac:[u8; 32]
 //!              mac = HMAC-SHA256(secret, "quiver peer" challenge from to)
-//! connector -> { length:u32 message:[u8; length] }*           (protobuf `eraftpb.Message`)
+//! connector -> { kind:u8 length:u64 message:[u8; length] }*  (protobuf `eraftpb.Message`)
 //! ```
+//!
+//! A frame's kind is 1 for a message, 2 for a message carrying a snapshot
+//! (the whole state, for a node too far behind), each with its own limit.
 //!
 //! Integers are little-endian. The challenge is new for every connection,
 //! so a recorded hello opens nothing; a hello for another node, or with a
@@ -23,7 +26,8 @@
 //! a connector only ever sends, so a false acceptor learns no secret and
 //! can feed it nothing.
 //!
-//! Limits as on the client side: a frame's length (`frame_bytes_max`), the
+//! Limits as on the client side: a frame's length (`frame_bytes_max`; a
+//! snapshot's, the machine's memory: it must fit there whole), the
 //! bytes waiting to go to one peer (`OUTGOING_BYTES_MAX`: past it, messages
 //! are dropped and Raft is told the peer is unreachable, and it sends again
 //! later), the time a handshake may take, how often a lost peer is dialled.
@@ -37,7 +41,7 @@ use hmac::{Hmac, Mac};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
 use protobuf::Message as _;
-use raft::eraftpb::Message;
+use raft::eraftpb::{Message, MessageType};
 use sha2::Sha256;
 use slab::Slab;
 
@@ -50,6 +54,9 @@ const VERSION: u8 = 1;
 const CHALLENGE_BYTES: usize = 4 + 1 + 32;
 const HELLO_BYTES: usize = 4 + 1 + 8 + 8 + 32;
 const MAC_CONTEXT: &[u8] = b"quiver peer";
+const FRAME_HEADER_BYTES: usize = 1 + 8;
+const MESSAGE_FRAME: u8 = 1;
+const SNAPSHOT_FRAME: u8 = 2;
 
 /// Most bytes waiting to be sent to one peer: enough for Raft's window of
 /// appends to a follower that keeps up; one that does not is sent again.
@@ -205,6 +212,7 @@ pub struct Peers {
     /// When each peer may next be dialled.
     redial_at: BTreeMap<u64, Instant>,
     frame_bytes_max: usize,
+    snapshot_bytes_max: usize,
 }
 
 impl Peers {
@@ -233,6 +241,7 @@ impl Peers {
             outgoing: BTreeMap::new(),
             redial_at: BTreeMap::new(),
             frame_bytes_max,
+            snapshot_bytes_max: memory_bytes(),
         })
     }
 
@@ -262,6 +271,11 @@ impl Peers {
         }
     }
 
+    /// The peers whose address is known.
+    pub fn known(&self) -> impl Iterator<Item = u64> + '_ {
+        self.addresses.keys().copied()
+    }
+
     pub fn address(&self, peer: u64) -> Option<SocketAddr> {
         self.addresses.get(&peer).copied()
     }
@@ -286,13 +300,15 @@ impl Peers {
             return Err(Undelivered::Backlog);
         }
         let start = link.write.len();
-        link.write.extend_from_slice(&[0; 4]);
+        let kind = if message.get_msg_type() == MessageType::MsgSnapshot { SNAPSHOT_FRAME } else { MESSAGE_FRAME };
+        link.write.push(kind);
+        link.write.extend_from_slice(&[0; 8]);
         if message.write_to_vec(&mut link.write).is_err() {
             link.write.truncate(start);
             return Err(Undelivered::NoLink);
         }
-        let length = (link.write.len() - start - 4) as u32;
-        link.write[start..start + 4].copy_from_slice(&length.to_le_bytes());
+        let length = (link.write.len() - start - FRAME_HEADER_BYTES) as u64;
+        link.write[start + 1..start + FRAME_HEADER_BYTES].copy_from_slice(&length.to_le_bytes());
         Ok(())
     }
 
@@ -425,7 +441,7 @@ impl Peers {
     /// Reads and writes what link `key` can; false if it must close.
     /// A link proven in this call names its peer in `proven`.
     fn service(&mut self, key: usize, inbox: &mut Vec<Message>, proven: &mut Option<u64>) -> bool {
-        let (me, frame_bytes_max) = (self.me, self.frame_bytes_max);
+        let (me, frame_bytes_max, snapshot_bytes_max) = (self.me, self.frame_bytes_max, self.snapshot_bytes_max);
         let link = &mut self.links[key];
         if !link.flush() {
             return false;
@@ -489,19 +505,39 @@ impl Peers {
                     open &= link.fill();
                 }
                 State::Receiving { peer } => {
-                    if pending.len() < 4 {
+                    if pending.len() < FRAME_HEADER_BYTES {
                         break;
                     }
-                    let length = u32::from_le_bytes(pending[..4].try_into().expect("4 bytes")) as usize;
-                    if length > frame_bytes_max {
+                    let kind = pending[0];
+                    let length = u64::from_le_bytes(pending[1..FRAME_HEADER_BYTES].try_into().expect("8 bytes"));
+                    let limit = match kind {
+                        MESSAGE_FRAME => frame_bytes_max,
+                        SNAPSHOT_FRAME => snapshot_bytes_max,
+                        _ => {
+                            oplog::warn(format_args!("peer {peer}: a frame of unknown kind {kind}; closing"));
+                            return false;
+                        }
+                    };
+                    let Some(length) = usize::try_from(length).ok().filter(|&length| length <= limit) else {
                         oplog::warn(format_args!("peer {peer}: a frame of {length} bytes, over the limit; closing"));
                         return false;
-                    }
-                    if pending.len() < 4 + length {
-                        link.read.reserve_pending(4 + length);
+                    };
+                    let end = FRAME_HEADER_BYTES + length;
+                    if pending.len() < end {
+                        link.read.reserve_pending(end);
                         break;
                     }
-                    match Message::parse_from_bytes(&pending[4..4 + length]) {
+                    match Message::parse_from_bytes(&pending[FRAME_HEADER_BYTES..end]) {
+                        // A snapshot only in its own kind of frame, with its own limit.
+                        Ok(message)
+                            if (message.get_msg_type() == MessageType::MsgSnapshot) != (kind == SNAPSHOT_FRAME) =>
+                        {
+                            oplog::warn(format_args!(
+                                "peer {peer}: a {:?} in a frame of kind {kind}; closing",
+                                message.get_msg_type()
+                            ));
+                            return false;
+                        }
                         // A peer speaks for itself only.
                         Ok(message) if message.from == peer => inbox.push(message),
                         Ok(message) => oplog::warn(format_args!(
@@ -513,7 +549,7 @@ impl Peers {
                             return false;
                         }
                     }
-                    link.read.consume(4 + length);
+                    link.read.consume(end);
                 }
                 // Nothing is read from a link we send on.
                 State::Sending { .. } => {
@@ -543,6 +579,16 @@ impl Peers {
             self.close(key);
         }
     }
+}
+
+/// The machine's memory: no snapshot larger can be held to be restored
+/// (unknown: no limit but the address space's).
+fn memory_bytes() -> usize {
+    let total = sysinfo::System::new().map_or(0, |mut system| {
+        system.refresh_memory();
+        system.total_memory()
+    });
+    usize::try_from(total).ok().filter(|&total| total > 0).unwrap_or(usize::MAX)
 }
 
 /// A non-blocking connection to `address`, leaving from `own_ip` if given.

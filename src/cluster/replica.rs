@@ -13,6 +13,11 @@
 //!    Raft has nothing ready. A peer that cannot take a message is
 //!    reported unreachable (Raft probes it again later).
 //! 5. Rounds whose read index is applied pass: their reads may go.
+//!
+//! Where the state stands and who the members are (`Checkpoint`) is kept
+//! with every state snapshot, and sent with the state to a node too far
+//! behind; changes of the members after it are log entries, each carrying
+//! the addresses of the nodes it adds.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -21,14 +26,15 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use mio::{Registry, Token};
-use raft::eraftpb::{Message, MessageType};
+use raft::eraftpb::{ConfChangeType, ConfChangeV2, Message, MessageType, Snapshot};
 use raft::StateRole;
 
-use super::log::OpenError;
-use super::node::{Node, Outbox, StateMachine, Timing};
+use super::log::{OpenError, Point};
+use super::node::{self, Node, Outbox, Timing};
 use super::peers::Peers;
 use crate::files;
 use crate::log as oplog;
+use crate::wal::frame::Reader;
 
 /// How often Raft's clock ticks.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -50,6 +56,96 @@ pub struct Settings {
     pub initial_peers: Vec<(u64, SocketAddr)>,
     pub secret: String,
     pub timeout: Duration,
+    /// A state snapshot is taken once the Raft log has grown this much
+    /// since the last (and the log restarts after it).
+    pub snapshot_log_bytes: u64,
+}
+
+/// What a cluster's node applies its entries to: the database.
+pub trait Machine {
+    /// Applies the data of the committed entry at `index`.
+    fn apply(&mut self, index: u64, data: &[u8]);
+    /// Replaces the state with `image` (`image`, a leader's), durably,
+    /// with `checkpoint` kept beside it.
+    fn restore(&mut self, checkpoint: Vec<u8>, image: &[u8]) -> io::Result<()>;
+    /// The whole state, for a node too far behind.
+    fn image(&mut self) -> Vec<u8>;
+}
+
+/// Where a state stands in the Raft log, and the members' addresses then:
+/// what a state snapshot keeps beside its data, and what a snapshot sent
+/// to a node carries before it.
+///
+/// ```text
+/// version:u8 (1) index:u64 term:u64 voters learners voters_outgoing learners_next auto_leave:u8
+///                (each list: count:u32 id:u64*count) count:u32 { id:u64 len:u8 address }*count
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Checkpoint {
+    pub point: Point,
+    pub addresses: BTreeMap<u64, SocketAddr>,
+}
+
+const CHECKPOINT_VERSION: u8 = 1;
+
+impl Checkpoint {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![CHECKPOINT_VERSION];
+        self.point.encode(&mut out);
+        encode_addresses(self.addresses.iter().map(|(&id, &address)| (id, address)), &mut out);
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Checkpoint> {
+        let mut fields = Reader::new(bytes);
+        if fields.u8()? != CHECKPOINT_VERSION {
+            return None;
+        }
+        let point = Point::decode(&mut fields)?;
+        let addresses = decode_addresses(&mut fields)?.into_iter().collect();
+        (fields.left() == 0).then_some(Checkpoint { point, addresses })
+    }
+}
+
+/// `count:u32 { id:u64 len:u8 address }*count`: the addresses of a
+/// checkpoint, or of the nodes a change of members adds (its context).
+fn encode_addresses(addresses: impl ExactSizeIterator<Item = (u64, SocketAddr)>, out: &mut Vec<u8>) {
+    out.extend_from_slice(&(addresses.len() as u32).to_le_bytes());
+    for (id, address) in addresses {
+        let text = address.to_string();
+        out.extend_from_slice(&id.to_le_bytes());
+        out.push(text.len() as u8);
+        out.extend_from_slice(text.as_bytes());
+    }
+}
+
+fn decode_addresses(fields: &mut Reader<'_>) -> Option<Vec<(u64, SocketAddr)>> {
+    let count = fields.u32()?;
+    (0..count.min(fields.left()))
+        .map(|_| Some((fields.u64()?, fields.name()?.parse().ok()?)))
+        .collect::<Option<Vec<_>>>()
+        .filter(|addresses| addresses.len() == count)
+}
+
+/// A change's context: the addresses of the nodes it adds.
+pub fn change_context(added: &[(u64, SocketAddr)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_addresses(added.iter().copied(), &mut out);
+    out
+}
+
+/// A snapshot's data: `checkpoint_len:u32 checkpoint image`.
+fn snapshot_data(checkpoint: &[u8], image: &[u8]) -> Vec<u8> {
+    let mut data = Vec::with_capacity(4 + checkpoint.len() + image.len());
+    data.extend_from_slice(&(checkpoint.len() as u32).to_le_bytes());
+    data.extend_from_slice(checkpoint);
+    data.extend_from_slice(image);
+    data
+}
+
+fn split_snapshot_data(data: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = data.split_at_checked(4)?;
+    rest.split_at_checked(u32::from_le_bytes(len.try_into().ok()?) as usize)
 }
 
 /// Why the replica could not start.
@@ -115,12 +211,17 @@ const MEMBERS_FILE: &str = "members";
 pub struct Replica {
     node: Node,
     peers: Peers,
+    /// Every member's peer address, this node's too, as of the last entry applied.
+    addresses: BTreeMap<u64, SocketAddr>,
     inbox: Vec<Message>,
     /// Peers a message could not be queued for this turn, and whether it
     /// was a snapshot: reported to Raft after `advance`.
     undelivered: Vec<(u64, bool)>,
     next_tick: Instant,
     timeout: Duration,
+    snapshot_log_bytes: u64,
+    /// When the snapshot offered was last made or being sent.
+    snapshot_used: Instant,
     /// Read rounds: `wanted` if a read of this turn waits for the next
     /// round; each round asked (its number is its read's context) waits in
     /// `asked` for its read index, then in `confirmed` for that index to be
@@ -140,14 +241,21 @@ pub struct Replica {
     last_asked: Instant,
 }
 
+/// How long a snapshot made for a follower is kept once nobody is sent it.
+const SNAPSHOT_KEEP: Duration = Duration::from_secs(5);
+
 /// How long a round may go unanswered before another is asked: two
 /// heartbeats, long past a quorum's answer on a working cluster.
 const REASK_AFTER: Duration = Duration::from_millis(400);
 
 impl Replica {
-    /// Opens this node's Raft log in `data_dir/raft` and listens for peers.
+    /// Opens this node's Raft log in `data_dir/raft`, its state at
+    /// `checkpoint` (its last state snapshot's), and listens for peers.
+    /// Without a checkpoint, a node given `initial_peers` starts the group
+    /// (`first_checkpoint`, kept by the caller first); one without waits to be added.
     pub fn open(
         settings: &Settings,
+        checkpoint: Option<Checkpoint>,
         data_dir: &Path,
         registry: &Registry,
         token_base: usize,
@@ -160,40 +268,29 @@ impl Replica {
             source,
         })?;
         let members_path = dir.join(MEMBERS_FILE);
-        let known = read_members(&members_path)?;
-        let (members, voters) = match &known {
-            Some(members) => {
-                if members.first().map(|&(id, _)| id) != Some(settings.node_id) {
-                    let id = members.first().map_or(0, |&(id, _)| id);
-                    return Err(StartError::OtherNode { path: members_path, id });
-                }
-                (members.clone(), None)
+        match read_members(&members_path)? {
+            Some(members) if members.first().map(|&(id, _)| id) != Some(settings.node_id) => {
+                let id = members.first().map_or(0, |&(id, _)| id);
+                return Err(StartError::OtherNode { path: members_path, id });
             }
-            None => {
-                let mut members = vec![(settings.node_id, settings.peer_addr)];
-                members.extend(settings.initial_peers.iter().filter(|&&(id, _)| id != settings.node_id));
-                let voters: Vec<u64> = settings.initial_peers.iter().map(|&(id, _)| id).collect();
-                (members, Some(voters).filter(|voters| !voters.is_empty()))
-            }
-        };
-        let node = Node::open(settings.node_id, &dir, None, voters.as_deref(), TIMING).map_err(StartError::Log)?;
-        if known.is_none() {
-            write_members(&members_path, &members)?;
+            Some(_) => {}
+            None => write_members(&members_path, &[(settings.node_id, settings.peer_addr)])?,
         }
+        let point = checkpoint.as_ref().map(|checkpoint| &checkpoint.point);
+        let node = Node::open(settings.node_id, &dir, point, TIMING).map_err(StartError::Log)?;
         let secret = settings.secret.as_bytes();
-        let mut peers =
-            Peers::bind(settings.node_id, settings.peer_addr, secret, registry, token_base, frame_bytes_max)
-                .map_err(|source| StartError::Io { action: "listen on", path: PathBuf::from("--peer-addr"), source })?;
-        for &(id, address) in members.iter().filter(|&&(id, _)| id != settings.node_id) {
-            peers.set_address(id, address);
-        }
-        Ok(Replica {
+        let peers = Peers::bind(settings.node_id, settings.peer_addr, secret, registry, token_base, frame_bytes_max)
+            .map_err(|source| StartError::Io { action: "listen on", path: PathBuf::from("--peer-addr"), source })?;
+        let mut replica = Replica {
             node,
             peers,
+            addresses: checkpoint.map(|checkpoint| checkpoint.addresses).unwrap_or_default(),
             inbox: Vec::new(),
             undelivered: Vec::new(),
             next_tick: Instant::now() + TICK,
             timeout: settings.timeout,
+            snapshot_log_bytes: settings.snapshot_log_bytes,
+            snapshot_used: Instant::now(),
             next_round: 1,
             wanted: false,
             asked: BTreeMap::new(),
@@ -201,7 +298,53 @@ impl Replica {
             passed: 0,
             asked_under: (0, None),
             last_asked: Instant::now(),
-        })
+        };
+        replica.addresses.insert(settings.node_id, settings.peer_addr);
+        replica.sync_peers();
+        Ok(replica)
+    }
+
+    /// The checkpoint a group's first member starts from, when it has none:
+    /// the first point with `initial_peers` as voters. None for a node that
+    /// waits to be added.
+    pub fn first_checkpoint(settings: &Settings) -> Option<Checkpoint> {
+        if settings.initial_peers.is_empty() {
+            return None;
+        }
+        let voters: Vec<u64> = settings.initial_peers.iter().map(|&(id, _)| id).collect();
+        Some(Checkpoint { point: Point::first(&voters), addresses: settings.initial_peers.iter().copied().collect() })
+    }
+
+    /// Points the links at the members' addresses, and forgets the others.
+    fn sync_peers(&mut self) {
+        let me = self.node.id();
+        for (&id, &address) in self.addresses.iter().filter(|&(&id, _)| id != me) {
+            self.peers.set_address(id, address);
+        }
+        let gone: Vec<u64> = self.peers.known().filter(|id| !self.addresses.contains_key(id)).collect();
+        for id in gone {
+            self.peers.forget(id);
+        }
+    }
+
+    /// Where the state stands now: the applied entry, and the members then.
+    pub fn checkpoint(&self) -> Checkpoint {
+        let index = self.node.applied_index();
+        let term = self.node.term_of(index).expect("the last applied entry is in the log, or its base");
+        Checkpoint {
+            point: Point { index, term, conf_state: self.node.conf_state() },
+            addresses: self.addresses.clone(),
+        }
+    }
+
+    /// Whether the log has grown enough since its last restart for a state snapshot.
+    pub fn wants_state_snapshot(&self) -> bool {
+        self.node.log().bytes() >= self.snapshot_log_bytes
+    }
+
+    /// Restarts the log after `point`, which a state snapshot now covers.
+    pub fn compact(&mut self, point: &Point) -> io::Result<()> {
+        self.node.log_mut().restart_after(point)
     }
 
     pub fn id(&self) -> u64 {
@@ -250,15 +393,9 @@ impl Replica {
 
     /// One turn, in the order of the module doc. An error is a failed sync
     /// of the log: the node must stop (`Node::advance`).
-    pub fn turn(&mut self, machine: &mut impl StateMachine, now: Instant) -> io::Result<()> {
+    pub fn turn(&mut self, machine: &mut impl Machine, now: Instant) -> io::Result<()> {
         for message in self.inbox.drain(..) {
             let (from, kind) = (message.from, message.get_msg_type());
-            if kind == MessageType::MsgSnapshot {
-                // No node sends one (none compacts its log yet), and this
-                // one could not take it.
-                oplog::warn(format_args!("a snapshot from node {from} was refused: state snapshots are not supported"));
-                continue;
-            }
             if let Err(refused) = self.node.step(message) {
                 oplog::debug(format_args!("a {kind:?} from node {from} was refused: {refused}"));
             }
@@ -293,7 +430,16 @@ impl Replica {
         self.asked.retain(|_, &mut at| now.duration_since(at) < timeout);
         loop {
             let mut out = Sender { peers: &mut self.peers, undelivered: &mut self.undelivered, now };
-            self.node.advance(machine, &mut out)?;
+            let mut applier = Applier { machine: &mut *machine, addresses: &mut self.addresses, restored: false };
+            self.node.advance(&mut applier, &mut out)?;
+            let mut members_changed = applier.restored;
+            for change in self.node.take_changes() {
+                members_changed = true;
+                note_change(&change, &mut self.addresses);
+            }
+            if members_changed {
+                self.sync_peers();
+            }
             for (to, snapshot) in self.undelivered.drain(..) {
                 self.node.unreachable(to);
                 if snapshot {
@@ -315,6 +461,7 @@ impl Replica {
                 break;
             }
         }
+        self.offer_snapshot(machine, now);
         let applied = self.node.applied_index();
         let passed = &mut self.passed;
         self.confirmed.retain(|&(round, index)| {
@@ -325,6 +472,35 @@ impl Replica {
         });
         self.peers.flush();
         Ok(())
+    }
+
+    /// Makes the snapshot Raft asked for (a follower is behind the log),
+    /// from the state as it stands (Raft asks again at the follower's next
+    /// heartbeat); drops the one offered once it has not been sent for
+    /// `SNAPSHOT_KEEP` (it holds the whole state).
+    fn offer_snapshot(&mut self, machine: &mut impl Machine, now: Instant) {
+        if self.node.sending_snapshot() {
+            self.snapshot_used = now;
+        }
+        if self.node.log_mut().take_snapshot_wanted() {
+            self.snapshot_used = now;
+            let started = Instant::now();
+            let checkpoint = self.checkpoint();
+            let data = snapshot_data(&checkpoint.encode(), &machine.image());
+            let mut snapshot = Snapshot { data: data.into(), ..Snapshot::default() };
+            let metadata = snapshot.mut_metadata();
+            (metadata.index, metadata.term) = (checkpoint.point.index, checkpoint.point.term);
+            metadata.set_conf_state(checkpoint.point.conf_state);
+            oplog::info(format_args!(
+                "a snapshot of entry {} ({} bytes) made in {} ms for a node behind the log",
+                checkpoint.point.index,
+                snapshot.data.len(),
+                started.elapsed().as_millis()
+            ));
+            self.node.log_mut().offer_snapshot(snapshot);
+        } else if self.node.log().has_snapshot() && now.duration_since(self.snapshot_used) >= SNAPSHOT_KEEP {
+            self.node.log_mut().drop_snapshot();
+        }
     }
 
     /// Closes peer links stuck in their handshake.
@@ -374,6 +550,59 @@ impl Replica {
             commit_index: self.node.commit_index(),
             applied_index: self.node.applied_index(),
             members,
+        }
+    }
+}
+
+/// The state machine Raft's node applies to: the caller's, with the
+/// members' addresses kept beside it.
+struct Applier<'a, M> {
+    machine: &'a mut M,
+    addresses: &'a mut BTreeMap<u64, SocketAddr>,
+    restored: bool,
+}
+
+impl<M: Machine> node::StateMachine for Applier<'_, M> {
+    fn apply(&mut self, index: u64, data: &[u8]) {
+        self.machine.apply(index, data);
+    }
+
+    fn restore(&mut self, snapshot: &Snapshot) -> io::Result<()> {
+        let metadata = snapshot.get_metadata();
+        let damaged = |why: &str| io::Error::other(format!("the snapshot of entry {} sent: {why}", metadata.index));
+        let (checkpoint_bytes, image) =
+            split_snapshot_data(&snapshot.data).ok_or_else(|| damaged("its data is not whole"))?;
+        let checkpoint = Checkpoint::decode(checkpoint_bytes).ok_or_else(|| damaged("its checkpoint is not whole"))?;
+        if (checkpoint.point.index, checkpoint.point.term) != (metadata.index, metadata.term) {
+            return Err(damaged("its checkpoint names another entry"));
+        }
+        let started = Instant::now();
+        self.machine.restore(checkpoint_bytes.to_vec(), image)?;
+        oplog::info(format_args!(
+            "the state at entry {} ({} bytes) sent by the leader is in place in {} ms",
+            metadata.index,
+            image.len(),
+            started.elapsed().as_millis()
+        ));
+        *self.addresses = checkpoint.addresses;
+        self.restored = true;
+        Ok(())
+    }
+}
+
+/// Notes the addresses of the nodes `change` adds, and forgets those it removes.
+fn note_change(change: &ConfChangeV2, addresses: &mut BTreeMap<u64, SocketAddr>) {
+    let added = decode_addresses(&mut Reader::new(&change.context)).unwrap_or_default();
+    for single in &change.changes {
+        match single.get_change_type() {
+            ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
+                if let Some(&(_, address)) = added.iter().find(|&&(id, _)| id == single.node_id) {
+                    addresses.insert(single.node_id, address);
+                }
+            }
+            ConfChangeType::RemoveNode => {
+                addresses.remove(&single.node_id);
+            }
         }
     }
 }

@@ -172,6 +172,9 @@ pub struct Database {
     /// The thread removing unused files, if one runs (`remove_unused_files`).
     remover: Option<std::thread::JoinHandle<()>>,
     snapshot_log_bytes: u64,
+    /// A cluster's state snapshot finished since the last look: its
+    /// cluster bytes (`take_written_state`).
+    written_state: Option<Vec<u8>>,
     /// Held for the life of the process: one process per data directory.
     _lock: File,
 }
@@ -263,17 +266,20 @@ impl Database {
             child: None,
             remover: None,
             snapshot_log_bytes: options.snapshot_log_bytes,
+            written_state: None,
             _lock: lock,
         };
         database.remove_unused_files(false);
         Ok(database)
     }
 
-    /// Opens the data directory of a cluster's node: its lock, and an empty
-    /// store, which the node rebuilds from its Raft log (entries come to
-    /// `apply` committed, so none is logged or undone here). A directory
-    /// holding a single node's data is refused: it would be silently left out.
-    pub fn open_replicated(data_dir: &Path) -> Result<Database, OpenError> {
+    /// Opens the data directory of a cluster's node: its lock, and the
+    /// indexes of its last state snapshot (`STATE`), whose cluster bytes
+    /// (where in the Raft log it stands) are returned with it; the node
+    /// replays its Raft log from there (entries come to `apply` committed,
+    /// so none is logged or undone here). A directory holding a single
+    /// node's data is refused: it would be silently left out.
+    pub fn open_replicated(data_dir: &Path) -> Result<(Database, Option<Vec<u8>>), OpenError> {
         fs::create_dir_all(data_dir).map_err(io_error("create", data_dir))?;
         let lock = lock(data_dir)?;
         let wal_dir = data_dir.join("wal");
@@ -282,20 +288,48 @@ impl Database {
         if single {
             return Err(OpenError::SingleNodeData { data_dir: data_dir.to_owned() });
         }
-        Ok(Database {
-            store: Store::new(),
+        let snapshots_dir = data_dir.join("snapshots");
+        fs::create_dir_all(&snapshots_dir).map_err(io_error("create", &snapshots_dir))?;
+        let state = snapshot::read_state(data_dir)?;
+        let mut store = Store::new();
+        let mut manifest = Manifest::default();
+        if let Some(state) = &state {
+            let started = Instant::now();
+            let paths: Vec<PathBuf> = state
+                .indexes
+                .iter()
+                .map(|name| snapshot::snapshot_path(&snapshots_dir, state.generation, name))
+                .collect();
+            let total_bytes = paths.iter().filter_map(|path| fs::metadata(path).ok()).map(|m| m.len()).sum();
+            let mut progress = log::Progress::new("loading snapshots", total_bytes);
+            for (name, path) in state.indexes.iter().zip(&paths) {
+                store.put_index(name, snapshot::load_index(path, &mut progress)?);
+            }
+            log::info(format_args!(
+                "loaded {} indexes from state snapshot generation {} in {} ms",
+                state.indexes.len(),
+                state.generation,
+                started.elapsed().as_millis()
+            ));
+            manifest = Manifest { generation: state.generation, log_start: 0, indexes: state.indexes.clone() };
+        }
+        let mut database = Database {
+            store,
             log: None,
             data_dir: data_dir.to_owned(),
             wal_dir,
-            snapshots_dir: data_dir.join("snapshots"),
-            manifest: Manifest::default(),
+            snapshots_dir,
+            manifest,
             undo: Vec::new(),
             broken: None,
             child: None,
             remover: None,
             snapshot_log_bytes: u64::MAX,
+            written_state: None,
             _lock: lock,
-        })
+        };
+        database.remove_unused_files(false);
+        Ok((database, state.map(|state| state.cluster)))
     }
 
     pub fn data_dir(&self) -> &Path {

@@ -18,6 +18,8 @@ pub(super) struct SnapshotChild {
     pid: libc::pid_t,
     manifest: Manifest,
     started: Instant,
+    /// A cluster's state snapshot: the cluster bytes its STATE holds.
+    cluster: Option<Vec<u8>>,
 }
 
 impl Database {
@@ -51,6 +53,46 @@ impl Database {
         };
         let generation = self.manifest.generation + 1;
         let rotated_ms = rotating.elapsed().as_millis();
+        let indexes = self.store.names().map(str::to_owned).collect();
+        self.fork_snapshot(
+            Manifest { generation, log_start, indexes },
+            None,
+            format_args!("log rotated in {rotated_ms} ms"),
+        );
+    }
+
+    /// Starts a cluster's state snapshot, unless one is being written:
+    /// every index as a new generation, and a STATE naming it with
+    /// `cluster` (where in the Raft log the store stands now). Once written,
+    /// `take_written_state` gives `cluster` back, for the log to be cut.
+    pub fn start_state_snapshot(&mut self, cluster: Vec<u8>) -> bool {
+        if self.child.is_some() || self.log.is_some() {
+            return false;
+        }
+        let generation = self.manifest.generation + 1;
+        let indexes = self.store.names().map(str::to_owned).collect();
+        self.fork_snapshot(Manifest { generation, log_start: 0, indexes }, Some(cluster), format_args!("state"));
+        self.child.is_some()
+    }
+
+    /// Keeps `cluster` as the state of a cluster's node that has none yet
+    /// (a group's first member: the empty state, where the group starts).
+    pub fn begin_state(&mut self, cluster: Vec<u8>) -> io::Result<()> {
+        assert!(self.store.names().next().is_none() && self.log.is_none(), "a state begun once, empty");
+        let generation = self.manifest.generation;
+        snapshot::write_state(&self.data_dir, &snapshot::State { generation, cluster, indexes: Vec::new() })
+    }
+
+    /// The cluster bytes of the state snapshot written since the last call.
+    pub fn take_written_state(&mut self) -> Option<Vec<u8>> {
+        self.written_state.take()
+    }
+
+    /// Forks a child that writes `manifest`'s generation from its
+    /// copy-on-write image of the store while this process goes on serving:
+    /// with a MANIFEST, or a cluster's STATE holding `cluster`.
+    fn fork_snapshot(&mut self, manifest: Manifest, cluster: Option<Vec<u8>>, note: std::fmt::Arguments<'_>) {
+        let generation = manifest.generation;
         // A fork copies only the calling thread: another thread holding a
         // lock (the allocator's, say) at that moment would leave the child
         // stuck on it. The loop's only other threads are a search's scan
@@ -75,8 +117,16 @@ impl Database {
                         libc::_exit(1);
                     }
                 }
-                let result =
-                    snapshot::write_all(&self.data_dir, &self.snapshots_dir, generation, log_start, &self.store);
+                let result = match &cluster {
+                    None => snapshot::write_all(
+                        &self.data_dir,
+                        &self.snapshots_dir,
+                        generation,
+                        manifest.log_start,
+                        &self.store,
+                    ),
+                    Some(cluster) => write_state_snapshot(self, generation, cluster.clone()),
+                };
                 let code = match result {
                     Ok(manifest) => {
                         // The new manifest is durable: what it supersedes can go,
@@ -97,17 +147,72 @@ impl Database {
             }
             pid => {
                 log::info(format_args!(
-                    "snapshot generation {generation} started (log rotated in {rotated_ms} ms, child forked in {} ms)",
+                    "snapshot generation {generation} started ({note}, child forked in {} ms)",
                     forking.elapsed().as_millis()
                 ));
-                let indexes = self.store.names().map(str::to_owned).collect();
-                self.child = Some(SnapshotChild {
-                    pid,
-                    manifest: Manifest { generation, log_start, indexes },
-                    started: Instant::now(),
-                });
+                self.child = Some(SnapshotChild { pid, manifest, started: Instant::now(), cluster });
             }
         }
+    }
+
+    /// Stops a snapshot child, if one runs, and forgets what it wrote.
+    fn stop_snapshot(&mut self) {
+        let Some(child) = self.child.take() else { return };
+        // SAFETY: signals and waits for our own child.
+        unsafe {
+            libc::kill(child.pid, libc::SIGKILL);
+            libc::waitpid(child.pid, std::ptr::null_mut(), 0);
+        }
+        log::info(format_args!("snapshot generation {} stopped", child.manifest.generation));
+    }
+
+    /// A cluster's state image: every index's snapshot file, in memory,
+    /// as the leader sends it to a node too far behind.
+    ///
+    /// ```text
+    /// count:u32 { name_len:u16 name file_len:u64 file }*count
+    /// ```
+    pub fn state_image(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let names: Vec<&str> = self.store.names().collect();
+        out.extend_from_slice(&(names.len() as u32).to_le_bytes());
+        for name in names {
+            let file = snapshot::index_bytes(self.store.index(name).expect("listed above"));
+            out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(&(file.len() as u64).to_le_bytes());
+            out.extend_from_slice(&file);
+        }
+        out
+    }
+
+    /// Replaces the state with `image` (`state_image`, from the leader),
+    /// durably, with `cluster` in its STATE: the files are written and
+    /// checked (each its CRC), then the STATE names them.
+    pub fn restore_state(&mut self, cluster: Vec<u8>, image: &[u8]) -> io::Result<()> {
+        self.stop_snapshot();
+        self.join_remover();
+        // Past any generation a stopped child may have begun.
+        let generation = self.manifest.generation + 2;
+        let files = split_image(image).ok_or_else(|| io::Error::other("the state image sent is not whole"))?;
+        for &(name, file) in &files {
+            let path = snapshot::snapshot_path(&self.snapshots_dir, generation, name);
+            files::write_atomically(&path, |out| out.write_all(file))?;
+        }
+        files::sync_dir(&self.snapshots_dir)?;
+        // The old store goes first: two whole copies need not fit at once.
+        self.store = crate::store::Store::new();
+        let mut progress = log::Progress::new("loading the state sent", image.len() as u64);
+        for &(name, _) in &files {
+            let path = snapshot::snapshot_path(&self.snapshots_dir, generation, name);
+            let index = snapshot::load_index(&path, &mut progress).map_err(io::Error::other)?;
+            self.store.put_index(name, index);
+        }
+        let indexes: Vec<String> = files.iter().map(|&(name, _)| name.to_owned()).collect();
+        snapshot::write_state(&self.data_dir, &snapshot::State { generation, cluster, indexes: indexes.clone() })?;
+        self.manifest = Manifest { generation, log_start: 0, indexes };
+        self.remove_unused_files(true);
+        Ok(())
     }
 
     /// Collects the snapshot child if it is done (or waits for it when `block`).
@@ -130,6 +235,7 @@ impl Database {
                 child.manifest.log_start
             ));
             self.manifest = child.manifest;
+            self.written_state = child.cluster;
             self.remove_unused_files(true);
         } else {
             log::error(format_args!(
@@ -217,6 +323,32 @@ impl Database {
             Err(error) => log::error(format_args!("final snapshot failed ({error}); the log keeps every write")),
         }
     }
+}
+
+/// Writes every index as `generation` and the STATE that names it (in a
+/// snapshot child).
+fn write_state_snapshot(db: &Database, generation: u64, cluster: Vec<u8>) -> io::Result<Manifest> {
+    let indexes = snapshot::write_indexes(&db.snapshots_dir, generation, &db.store)?;
+    snapshot::write_state(&db.data_dir, &snapshot::State { generation, cluster, indexes: indexes.clone() })?;
+    Ok(Manifest { generation, log_start: 0, indexes })
+}
+
+/// `state_image`'s files, by name; none if the bytes are not whole.
+fn split_image(mut bytes: &[u8]) -> Option<Vec<(&str, &[u8])>> {
+    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = bytes.split_at_checked(n)?;
+        *bytes = rest;
+        Some(head)
+    }
+    let count = u32::from_le_bytes(take(&mut bytes, 4)?.try_into().ok()?);
+    let mut files = Vec::with_capacity((count as usize).min(bytes.len()));
+    for _ in 0..count {
+        let name_len = u16::from_le_bytes(take(&mut bytes, 2)?.try_into().ok()?);
+        let name = std::str::from_utf8(take(&mut bytes, usize::from(name_len))?).ok()?;
+        let file_len = u64::from_le_bytes(take(&mut bytes, 8)?.try_into().ok()?);
+        files.push((name, take(&mut bytes, usize::try_from(file_len).ok()?)?));
+    }
+    bytes.is_empty().then_some(files)
 }
 
 /// The log segments and snapshot files that `manifest` does not need, sparing

@@ -76,9 +76,9 @@ fn serve(config: Config) -> io::Result<()> {
     let threads = rayon::current_num_threads();
     log::info(format_args!("scanning with {}, {threads} threads", paths.describe()));
     let cluster = config.cluster().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let database = match cluster {
+    let (database, state) = match cluster {
         Some(_) => Database::open_replicated(&config.data_dir),
-        None => Database::open(&options),
+        None => Database::open(&options).map(|database| (database, None)),
     }
     .map_err(io::Error::other)?;
     if cluster.is_some() && !auth::has_key(&config.data_dir, config.api_key.as_deref()) {
@@ -141,7 +141,7 @@ fn serve(config: Config) -> io::Result<()> {
         server
             .clients
             .app()
-            .join_cluster(settings, &registry, PEER_TOKENS, frame_bytes_max)
+            .join_cluster(settings, state, &registry, PEER_TOKENS, frame_bytes_max)
             .map_err(io::Error::other)?;
         let peer_addr = server.clients.app().cluster().map(|c| c.replica().peer_addr());
         if let Some(Ok(peer_addr)) = peer_addr {

@@ -90,6 +90,10 @@ pub struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    pub fn new(bytes: &'a [u8]) -> Reader<'a> {
+        Reader { bytes }
+    }
+
     /// The payload's bytes not read yet.
     pub fn left(&self) -> usize {
         self.bytes.len()

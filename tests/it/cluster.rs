@@ -421,7 +421,9 @@ fn check_outcome(cluster: &Cluster, outcome: &Outcome) -> usize {
 #[test]
 fn acknowledged_writes_survive_kill_nine_of_any_node() {
     const KILLS: usize = 20;
-    let mut cluster = Cluster::start(3, true);
+    // Snapshots every 256 KiB of log: kills land while they are written,
+    // restarts load them, and a node back from a kill may be sent one.
+    let mut cluster = Cluster::start_with(3, true, &["--snapshot-log-bytes", "262144"]);
     let workload = Workload::start(&cluster);
     let mut rng = Rng(34);
     let started = Instant::now();
@@ -453,6 +455,78 @@ fn acknowledged_writes_survive_kill_nine_of_any_node() {
         outcome.acked.len(),
         outcome.maybe_batches.len() * 5
     );
+}
+
+/// Every node takes state snapshots and cuts its log after them; a node
+/// that was down while the others cut theirs past what it has is sent the
+/// leader's state, and every node restarts from its own snapshot.
+#[test]
+fn a_node_behind_the_cut_log_is_sent_the_state() {
+    let mut cluster = Cluster::start_with(3, false, &["--snapshot-log-bytes", "65536"]);
+    let leader = cluster.wait_for_leader(Duration::from_secs(20));
+    crate::harness::create_index(cluster.node(leader), "kvs", DIMS, "l2");
+    crate::harness::create_index(cluster.node(leader), "other", 2, "cosine");
+    let behind = (leader + 1) % 3;
+    let upsert = |cluster: &Cluster, ids: std::ops::Range<u64>| {
+        let alive: Vec<usize> = (0..3).filter(|&i| cluster.is_running(i)).collect();
+        for (n, chunk) in ids.collect::<Vec<u64>>().chunks(50).enumerate() {
+            let node = cluster.node(alive[n % alive.len()]);
+            let r = node.call("PUT", "/api/v1/embeddings/kvs/upsert", Some(&upsert_body(chunk, DIMS)));
+            assert_eq!(r.status, 200, "{r:?}");
+        }
+    };
+    upsert(&cluster, 0..500);
+    cluster.wait_until_converged(Duration::from_secs(30));
+    cluster.kill(behind);
+    // Past several snapshots' worth of log, deletes and an index's end among it.
+    upsert(&cluster, 500..3000);
+    let survivor = (behind + 1) % 3;
+    let r = cluster.node(survivor).call("DELETE", "/api/v1/embeddings/kvs/delete", Some(r#"{"ids":[3,4,600]}"#));
+    assert_eq!(r.status, 200, "{r:?}");
+    let r = cluster.node(survivor).call("DELETE", "/api/v1/indexes/other/delete", None);
+    assert_eq!(r.status, 200, "{r:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    upsert(&cluster, 3000..3100);
+    while cluster.count_in_logs("the Raft log now starts after entry") < 4 {
+        assert!(Instant::now() < deadline, "the nodes up did not cut their logs after a snapshot");
+        upsert(&cluster, 3000..3100);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    cluster.start_node(behind);
+    cluster.wait_for_leader(Duration::from_secs(20));
+    crate::harness::create_index(cluster.node(survivor), "after", 2, "l2");
+    cluster.wait_until_converged(Duration::from_secs(60));
+    assert!(cluster.count_in_logs("sent by the leader is in place") >= 1, "the node was not sent the state");
+    let expected: BTreeMap<i64, Vec<f32>> =
+        (0..3100).filter(|id| ![3, 4, 600].contains(id)).map(|id| (id as i64, vector_of(id, DIMS))).collect();
+    for i in 0..3 {
+        assert!(all_rows(cluster.node(i), "kvs") == expected, "node {} holds other rows", i + 1);
+        let r = cluster.node(i).call("GET", "/api/v1/indexes/list?consistency=local", None);
+        assert_eq!(r.body["data"]["indexes"], serde_json::json!(["after", "kvs"]), "node {}: {r:?}", i + 1);
+    }
+    // Each node's log is cut: far less than what went through it.
+    let raft_bytes = |i: usize| -> u64 {
+        std::fs::read_dir(cluster.data_dir(i).join("raft"))
+            .unwrap()
+            .map(|entry| entry.unwrap().metadata().unwrap().len())
+            .sum()
+    };
+    for i in 0..3 {
+        assert!(raft_bytes(i) < 4 << 20, "node {}: its Raft log holds {} bytes", i + 1, raft_bytes(i));
+    }
+    // Every node starts again from its own state snapshot and log.
+    for i in 0..3 {
+        cluster.kill(i);
+    }
+    for i in 0..3 {
+        cluster.start_node(i);
+    }
+    cluster.wait_for_leader(Duration::from_secs(20));
+    cluster.wait_until_converged(Duration::from_secs(30));
+    for i in 0..3 {
+        assert!(all_rows(cluster.node(i), "kvs") == expected, "node {} after a restart", i + 1);
+    }
+    assert!(cluster.count_in_logs("from state snapshot generation") >= 3);
 }
 
 /// A leader paused past an election comes back a follower: it answers no

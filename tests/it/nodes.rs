@@ -28,24 +28,32 @@ pub struct Cluster {
     past_logs: String,
     /// Whether a kill loses what a power loss would (the log's seam).
     power_loss: bool,
+    /// Flags every node is started with besides the cluster's.
+    args: Vec<String>,
 }
 
 impl Cluster {
     /// Starts `n` nodes (n <= 3, each on its own loopback address); with
     /// `power_loss`, a kill loses what a power loss would (the log's seam).
     pub fn start(n: usize, power_loss: bool) -> Cluster {
+        Cluster::start_with(n, power_loss, &[])
+    }
+
+    /// `start`, every node also given `args`.
+    pub fn start_with(n: usize, power_loss: bool, args: &[&str]) -> Cluster {
         let peers =
             (1..=n).map(|i| format!("127.0.0.{i}:{}", free_port(&format!("127.0.0.{i}"))).parse().unwrap()).collect();
         let nodes = (0..n).map(|_| None).collect();
+        let args = args.iter().map(|arg| arg.to_string()).collect();
         let mut cluster =
-            Cluster { dir: tempfile::tempdir().unwrap(), peers, nodes, past_logs: String::new(), power_loss };
+            Cluster { dir: tempfile::tempdir().unwrap(), peers, nodes, past_logs: String::new(), power_loss, args };
         for i in 0..n {
             cluster.start_node(i);
         }
         cluster
     }
 
-    fn data_dir(&self, i: usize) -> PathBuf {
+    pub fn data_dir(&self, i: usize) -> PathBuf {
         self.dir.path().join(format!("node{}", i + 1))
     }
 
@@ -55,7 +63,8 @@ impl Cluster {
 
     pub fn start_node(&mut self, i: usize) {
         let (id, peer, initial) = ((i + 1).to_string(), self.peers[i].to_string(), self.initial_peers());
-        let args = ["--api-key", KEY, "--node-id", &id, "--peer-addr", &peer, "--initial-peers", &initial];
+        let mut args = vec!["--api-key", KEY, "--node-id", &id, "--peer-addr", &peer, "--initial-peers", &initial];
+        args.extend(self.args.iter().map(String::as_str));
         let mut env = vec![("QUIVER_CLUSTER_SECRET", SECRET)];
         if self.power_loss {
             env.push(("QUIVER_FAULT_POWER_LOSS", "1"));
@@ -66,6 +75,10 @@ impl Cluster {
 
     pub fn node(&self, i: usize) -> &Server {
         self.nodes[i].as_ref().expect("a running node")
+    }
+
+    pub fn is_running(&self, i: usize) -> bool {
+        self.nodes[i].is_some()
     }
 
     pub fn kill(&mut self, i: usize) {

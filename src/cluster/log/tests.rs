@@ -47,7 +47,7 @@ fn what_was_synced_reads_back_the_same() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = LogStore::open(dir.path(), None).unwrap();
     assert_eq!((store.first_index().unwrap(), Storage::last_index(&store).unwrap()), (1, 0));
-    store.bootstrap(&[1, 2, 3]).unwrap();
+    store.restart_after(&Point { index: 0, term: 0, conf_state: voters(&[1, 2, 3]) }).unwrap();
     store.append(&entries(1..=5, 1));
     store.set_hard_state(&hard_state(1, 2, 3));
     store.sync().unwrap();

@@ -105,6 +105,15 @@ fn snapshot_path(dir: &Path) -> PathBuf {
 
 impl Member {
     fn start(&mut self, rng: &mut StdRng) {
+        if !snapshot_path(&self.dir).exists() {
+            // A first member: its state starts at the group's first point.
+            let point = Point::first(&MEMBERS);
+            let mut snapshot = Snapshot::default();
+            let metadata = snapshot.mut_metadata();
+            (metadata.index, metadata.term) = (point.index, point.term);
+            metadata.set_conf_state(point.conf_state);
+            save(&self.dir, &snapshot).unwrap();
+        }
         let (covered, machine, snapshot) = match fs::read(snapshot_path(&self.dir)) {
             Ok(bytes) => {
                 let snapshot = Snapshot::parse_from_bytes(&bytes).unwrap();
@@ -117,7 +126,7 @@ impl Member {
             }
             Err(_) => (None, Applied { dir: self.dir.clone(), ..Applied::default() }, None),
         };
-        let mut node = Node::open(self.id, &self.dir.join("raft"), covered.as_ref(), Some(&MEMBERS), TIMING).unwrap();
+        let mut node = Node::open(self.id, &self.dir.join("raft"), covered.as_ref(), TIMING).unwrap();
         self.last_snapshot = node.applied_index();
         node.log_mut().set_sync(false);
         rejitter(&mut node, rng);
