@@ -26,11 +26,15 @@ pub enum Endpoint {
     DeleteEmbeddings,
     /// `GET /api/v1/cluster`: this node's view of the cluster.
     Cluster,
+    /// `POST /api/v1/cluster/members`: a node joins, as a learner, then a voter.
+    AddMember,
+    /// `DELETE /api/v1/cluster/members/{id}`: a node leaves.
+    RemoveMember,
 }
 
 impl Endpoint {
     /// Every endpoint, in declaration order (`endpoint as usize` is its position).
-    pub const ALL: [Endpoint; 16] = [
+    pub const ALL: [Endpoint; 18] = [
         Endpoint::Health,
         Endpoint::TestAuth,
         Endpoint::Metrics,
@@ -47,6 +51,8 @@ impl Endpoint {
         Endpoint::Retrieve,
         Endpoint::DeleteEmbeddings,
         Endpoint::Cluster,
+        Endpoint::AddMember,
+        Endpoint::RemoveMember,
     ];
 
     /// Its `route` label in metrics.
@@ -68,6 +74,8 @@ impl Endpoint {
             Endpoint::Retrieve => "retrieve",
             Endpoint::DeleteEmbeddings => "delete_embeddings",
             Endpoint::Cluster => "cluster",
+            Endpoint::AddMember => "add_member",
+            Endpoint::RemoveMember => "remove_member",
         }
     }
 
@@ -81,6 +89,11 @@ impl Endpoint {
                 | Endpoint::Insert
                 | Endpoint::DeleteEmbeddings
         )
+    }
+
+    /// Whether it changes the cluster's members.
+    pub fn changes_members(self) -> bool {
+        matches!(self, Endpoint::AddMember | Endpoint::RemoveMember)
     }
 
     /// Whether answering reads indexes or embeddings (and so must not see

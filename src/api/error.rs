@@ -79,6 +79,20 @@ pub enum ApiError {
     BadConsistency {
         value: String,
     },
+    /// A change of members asked of a single node.
+    NotACluster,
+    /// A node added under an id a member has, with another address.
+    MemberExists {
+        id: u64,
+        address: String,
+    },
+    MemberNotFound {
+        id: String,
+    },
+    /// The removal of the only voter.
+    LastVoter {
+        id: u64,
+    },
 }
 
 impl ApiError {
@@ -91,7 +105,10 @@ impl ApiError {
             ApiError::BadBody { .. }
             | ApiError::SearchFailed { .. }
             | ApiError::ReplyTooLarge { .. }
-            | ApiError::BadConsistency { .. } => 400,
+            | ApiError::BadConsistency { .. }
+            | ApiError::NotACluster => 400,
+            ApiError::MemberNotFound { .. } => 404,
+            ApiError::MemberExists { .. } | ApiError::LastVoter { .. } => 409,
             ApiError::NoApiKey { .. } | ApiError::InvalidApiKey { .. } => 401,
             ApiError::NotFound { .. } => 404,
             ApiError::MethodNotAllowed { .. } => 405,
@@ -141,6 +158,10 @@ impl ApiError {
             ApiError::Storage(StorageError::ReadOnly(_)) => "READ_ONLY",
             ApiError::ClusterUnavailable { .. } => "CLUSTER_UNAVAILABLE",
             ApiError::BadConsistency { .. } => "INVALID_CONSISTENCY",
+            ApiError::NotACluster => "NOT_A_CLUSTER",
+            ApiError::MemberExists { .. } => "MEMBER_EXISTS",
+            ApiError::MemberNotFound { .. } => "MEMBER_NOT_FOUND",
+            ApiError::LastVoter { .. } => "LAST_VOTER",
         }
     }
 
@@ -171,7 +192,9 @@ impl ApiError {
             ApiError::Storage(StorageError::Failed(_)) => "An error occurred while writing to disk.",
             ApiError::Storage(StorageError::ReadOnly(_)) => "Writes are refused until the server is restarted.",
             ApiError::ClusterUnavailable { .. } => "The cluster is unavailable.",
-            ApiError::BadConsistency { .. } => "Bad request",
+            ApiError::BadConsistency { .. } | ApiError::NotACluster => "Bad request",
+            ApiError::MemberExists { .. } | ApiError::LastVoter { .. } => "Conflict",
+            ApiError::MemberNotFound { .. } => "Not found",
         }
     }
 
@@ -240,6 +263,18 @@ impl fmt::Display for ApiError {
             ApiError::ClusterUnavailable { reason } => f.write_str(reason),
             ApiError::BadConsistency { value } => {
                 write!(f, "consistency '{value}' is not supported; allowed values: linearizable, local")
+            }
+            ApiError::NotACluster => f.write_str(
+                "this server is a single node: it has no members to add or remove (a cluster's nodes are started \
+                 with --node-id, --peer-addr and --initial-peers)",
+            ),
+            ApiError::MemberExists { id, address } => write!(
+                f,
+                "node {id} is already a member, at {address}; a node that lost its data directory rejoins under a new id"
+            ),
+            ApiError::MemberNotFound { id } => write!(f, "node '{id}' is not a member of this cluster"),
+            ApiError::LastVoter { id } => {
+                write!(f, "node {id} is the only voting member: removing it would leave nobody to decide")
             }
         }
     }

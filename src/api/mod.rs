@@ -350,6 +350,12 @@ impl App {
             if gate == Gate::Expired {
                 return Handled::Answered(cluster.read_unavailable().write(out, keep_alive));
             }
+            if target.endpoint.changes_members() {
+                return match cluster.change_members(target.endpoint, name, body, (conn, keep_alive), now) {
+                    Ok(seq) => Handled::Replicating(seq),
+                    Err(error) => Handled::Answered(error.write(out, keep_alive)),
+                };
+            }
             if target.endpoint.writes() {
                 let asked = (target.endpoint, self.limits, name);
                 return match cluster.propose(asked, (body, &mut self.scratch), (conn, keep_alive), now) {
@@ -389,6 +395,7 @@ impl App {
                 let status = self.cluster.as_ref().map(|cluster| cluster.replica().status());
                 Ok(replicated::write_status(status.as_ref(), Reply { out, keep_alive }))
             }
+            Endpoint::AddMember | Endpoint::RemoveMember => Err(ApiError::NotACluster),
             Endpoint::ListIndexes => Ok(indexes::list(db.store(), Reply { out, keep_alive })),
             Endpoint::IndexStats => indexes::stats(db.store(), name, Reply { out, keep_alive }),
             Endpoint::Search => unreachable!("searches are parked above"),

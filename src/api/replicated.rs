@@ -17,6 +17,13 @@
 //! decoding errors and limits are those of the asking node (carried in the
 //! command), the same on every node.
 //!
+//! **Members.** Adding a node proposes it as a learner, with its address;
+//! the leader makes it a voter once it has caught up (`Replica`), and the
+//! node asked answers once it sees it vote. Removing one proposes its
+//! removal (a leader hands its place over first), answered once applied.
+//! Both are asked again every second until seen applied: a leader takes
+//! one change at a time, and drops another proposed meanwhile.
+//!
 //! **Reads.** A read (search, retrieve, scroll, stats, list) waits on its
 //! connection, unread, for a read index asked after it arrived (one for all
 //! the reads of a turn: their round) to be applied here; then it is
@@ -24,7 +31,8 @@
 //! skips the wait.
 
 use std::io;
-use std::time::Instant;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use ahash::AHashMap;
 use mio::{Registry, Token};
@@ -295,6 +303,30 @@ struct Waiting {
     leader: Option<u64>,
 }
 
+/// A change of members a client of this node asked for.
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    Add { id: u64, address: SocketAddr },
+    Remove { id: u64 },
+}
+
+/// A change of members waiting to be seen applied.
+struct MemberWait {
+    conn: Option<usize>,
+    keep_alive: bool,
+    since: Instant,
+    change: Change,
+    /// When it was last proposed.
+    proposed: Option<Instant>,
+}
+
+/// How long a change of members may take: a node added catches up first,
+/// which for a large database takes longer than a write may.
+const MEMBER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a change of members goes unseen before it is proposed again.
+const MEMBER_REPROPOSE: Duration = Duration::from_secs(1);
+
 /// A write's answer, ready for its connection.
 pub struct Answer {
     pub status: u16,
@@ -307,6 +339,8 @@ pub struct Replicated {
     run: u64,
     next_seq: u64,
     waiting: AHashMap<u64, Waiting>,
+    /// Changes of members waiting, by sequence number (the writes').
+    members: AHashMap<u64, MemberWait>,
     /// Answers ready, by sequence number (a connection's key may be taken
     /// by another once it closes; a number is never reused in a run).
     answers: AHashMap<u64, Answer>,
@@ -324,7 +358,7 @@ pub struct Replicated {
 }
 
 /// How long after starting a state snapshot the next may start.
-const SNAPSHOT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+const SNAPSHOT_RETRY: Duration = Duration::from_secs(1);
 
 impl Replicated {
     /// Joins the cluster: `state` is the checkpoint kept with the
@@ -364,6 +398,7 @@ impl Replicated {
             run: u64::from_le_bytes(run),
             next_seq: 1,
             waiting: AHashMap::new(),
+            members: AHashMap::new(),
             answers: AHashMap::new(),
             reads: Vec::new(),
             woken: Vec::new(),
@@ -425,6 +460,132 @@ impl Replicated {
         let unproposed = if self.replica.propose(data.clone()) { None } else { Some(data) };
         self.waiting.insert(seq, Waiting { conn: Some(conn), keep_alive, since: now, unproposed, leader });
         Ok(seq)
+    }
+
+    /// Starts a change of members asked by connection `conn`: `body` for an
+    /// addition, `id` (from the path) for a removal. Its answer comes back
+    /// from `take_answer` once the change is seen applied, or timed out.
+    pub fn change_members(
+        &mut self,
+        endpoint: Endpoint,
+        id: &str,
+        body: &mut [u8],
+        (conn, keep_alive): (usize, bool),
+        now: Instant,
+    ) -> Result<u64, ApiError> {
+        let change = match endpoint {
+            Endpoint::AddMember => {
+                let (id, address) = decode_member(body)?;
+                if let Some(known) = self.replica.address(id).filter(|&known| known != address) {
+                    if self.replica.member(id).is_some() {
+                        return Err(ApiError::MemberExists { id, address: known.to_string() });
+                    }
+                }
+                Change::Add { id, address }
+            }
+            _ => {
+                let not_found = || ApiError::MemberNotFound { id: id.chars().take(32).collect() };
+                let id: u64 = id.parse().map_err(|_| not_found())?;
+                match self.replica.member(id) {
+                    None => return Err(not_found()),
+                    Some(true) if self.replica.voters() == [id] => return Err(ApiError::LastVoter { id }),
+                    Some(_) => Change::Remove { id },
+                }
+            }
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.members.insert(seq, MemberWait { conn: Some(conn), keep_alive, since: now, change, proposed: None });
+        Ok(seq)
+    }
+
+    /// Proposes the changes of members not seen applied yet, and answers
+    /// those that are, or are late.
+    fn serve_member_changes(&mut self, now: Instant) {
+        let mut done = Vec::new();
+        for (&seq, wait) in &mut self.members {
+            let applied = match wait.change {
+                Change::Add { id, .. } => self.replica.member(id) == Some(true),
+                Change::Remove { id } => self.replica.member(id).is_none(),
+            };
+            if applied || now.duration_since(wait.since) >= MEMBER_TIMEOUT {
+                done.push((seq, applied));
+                continue;
+            }
+            let due = wait.proposed.is_none_or(|at| now.duration_since(at) >= MEMBER_REPROPOSE);
+            if !due {
+                continue;
+            }
+            wait.proposed = Some(now);
+            match wait.change {
+                // A learner already: the leader makes it a voter.
+                Change::Add { id, .. } if self.replica.member(id).is_some() => {}
+                Change::Add { id, address } => {
+                    self.replica.propose_add(id, address);
+                }
+                Change::Remove { id } => {
+                    self.replica.propose_remove(id);
+                }
+            }
+        }
+        for (seq, applied) in done {
+            let wait = self.members.remove(&seq).expect("listed above");
+            let Some(conn) = wait.conn else { continue };
+            let mut bytes = Vec::new();
+            let status = if applied {
+                self.write_member(wait.change, &mut bytes, wait.keep_alive)
+            } else {
+                self.member_unavailable(wait.change).write(&mut bytes, wait.keep_alive)
+            };
+            self.answers.insert(seq, Answer { status, bytes });
+            self.woken.push(conn);
+        }
+    }
+
+    /// The answer to a change of members seen applied.
+    fn write_member(&self, change: Change, out: &mut Vec<u8>, keep_alive: bool) -> u16 {
+        let (id, message) = match change {
+            Change::Add { id, .. } => (id, "Member added."),
+            Change::Remove { id } => (id, "Member removed."),
+        };
+        let mut envelope = Envelope::start(out, 200, keep_alive, format_args!("{message}"));
+        let out = envelope.data();
+        out.extend_from_slice(b"{\"id\":");
+        json::write_u64(out, id);
+        if let Change::Add { address, .. } = change {
+            out.extend_from_slice(b",\"address\":");
+            json::write_fmt_str(out, format_args!("{address}"));
+            out.extend_from_slice(b",\"voter\":true");
+        }
+        out.push(b'}');
+        envelope.finish()
+    }
+
+    /// Why a change of members was not seen applied in time.
+    fn member_unavailable(&self, change: Change) -> ApiError {
+        let seconds = MEMBER_TIMEOUT.as_secs();
+        let reason = match change {
+            Change::Add { id, .. } if self.replica.member(id).is_some() => {
+                let (matched, commit) = self.replica.progress(id);
+                let at = matched
+                    .map_or(String::new(), |matched| format!(" (its log matches to entry {matched} of {commit})"));
+                format!(
+                    "node {id} was added as a learner and has not caught up within {seconds} s{at}; the leader makes \
+                     it a voter once it has, and GET /api/v1/cluster shows when"
+                )
+            }
+            Change::Add { id, .. } => format!(
+                "node {id} could not be added within {seconds} s ({}); it may or may not be added: the same request \
+                 can be sent again",
+                self.why()
+            ),
+            Change::Remove { id } => format!(
+                "node {id} could not be removed within {seconds} s ({}); it may or may not be removed: the same \
+                 request can be sent again",
+                self.why()
+            ),
+        };
+        ApiError::ClusterUnavailable { reason }
     }
 
     /// Decides whether the read `head` asks for waits for a read index.
@@ -491,7 +652,18 @@ impl Replicated {
         let me = (replica.id(), *run);
         let mut machine = Applier { db, scratch, me, waiting, answers, woken, body, discard };
         replica.turn(&mut machine, now)?;
+        for data in self.replica.take_dropped() {
+            // Never received by the leader: proposed again next turn.
+            let Some(command) = Command::decode(&data) else { continue };
+            if (command.origin, command.run) != (self.replica.id(), self.run) {
+                continue;
+            }
+            if let Some(waiting) = self.waiting.get_mut(&command.seq) {
+                waiting.unproposed = Some(data);
+            }
+        }
         self.keep_state(db, now)?;
+        self.serve_member_changes(now);
         self.expire(now);
         let replica = &self.replica;
         self.reads.retain(|&(conn, round, since)| {
@@ -573,6 +745,9 @@ impl Replicated {
     /// to go to (the write itself may still be applied).
     pub fn forget(&mut self, seq: u64) {
         self.answers.remove(&seq);
+        if let Some(wait) = self.members.get_mut(&seq) {
+            wait.conn = None;
+        }
         if let Some(waiting) = self.waiting.get_mut(&seq) {
             // Kept, unproposed or not, only to be removed when applied or late.
             waiting.conn = None;
@@ -656,6 +831,38 @@ impl Machine for Applier<'_> {
     fn image(&mut self) -> Vec<u8> {
         self.db.state_image()
     }
+}
+
+/// An addition's body: `{"id": N, "address": "HOST:PORT"}`, nothing else.
+fn decode_member(body: &mut [u8]) -> Result<(u64, SocketAddr), ApiError> {
+    use simd_json::prelude::*;
+    let shape = "the body must be {\"id\": N, \"address\": \"HOST:PORT\"}";
+    let value = simd_json::to_borrowed_value(body).map_err(|_| ApiError::bad_body(format!("not JSON; {shape}")))?;
+    let object = value.as_object().ok_or_else(|| ApiError::bad_body(shape))?;
+    if let Some(key) = object.keys().find(|key| !matches!(key.as_ref(), "id" | "address")) {
+        return Err(ApiError::bad_body(format!(
+            "unknown field '{}'; {shape}",
+            key.chars().take(64).collect::<String>()
+        )));
+    }
+    let id = object.get("id").ok_or_else(|| ApiError::bad_body(format!("'id' is missing; {shape}")))?;
+    let id = id
+        .as_u64()
+        .filter(|id| (1..=1u64 << 31).contains(id))
+        .ok_or_else(|| ApiError::bad_body("'id' must be an integer from 1 to 2147483648"))?;
+    let address = object.get("address").ok_or_else(|| ApiError::bad_body(format!("'address' is missing; {shape}")))?;
+    let address = address.as_str().ok_or_else(|| ApiError::bad_body("'address' must be a string, HOST:PORT"))?;
+    let resolved = {
+        use std::net::ToSocketAddrs;
+        address.to_socket_addrs().ok().and_then(|mut addresses| addresses.next())
+    };
+    let address = resolved.filter(|address| address.port() != 0).ok_or_else(|| {
+        ApiError::bad_body(format!(
+            "'address' {:?} is not HOST:PORT naming where the node listens for peers",
+            address.chars().take(64).collect::<String>()
+        ))
+    })?;
+    Ok((id, address))
 }
 
 /// What `?consistency=` asks for.

@@ -37,6 +37,8 @@ pub fn route(method: Method, path: &str) -> Result<Target, ApiError> {
         (Some("test-auth"), None, None, None) => (Endpoint::TestAuth, Method::Get, 0..0),
         (Some("openapi.json"), None, None, None) => (Endpoint::OpenApi, Method::Get, 0..0),
         (Some("cluster"), None, None, None) => (Endpoint::Cluster, Method::Get, 0..0),
+        (Some("cluster"), Some("members"), None, None) => (Endpoint::AddMember, Method::Post, 0..0),
+        (Some("cluster"), Some("members"), Some(id), None) => (Endpoint::RemoveMember, Method::Delete, name_at(id)),
         (Some("indexes"), Some("list"), None, None) => (Endpoint::ListIndexes, Method::Get, 0..0),
         (Some("indexes"), Some(name), Some(action), None) => {
             let (endpoint, allowed) = match action {

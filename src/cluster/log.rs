@@ -140,18 +140,24 @@ impl Kept {
     }
 
     /// Drops what the state snapshot at `point` covers: the entries up to
-    /// it, and the entries after it unless the log holds its last entry
+    /// it (but those after `keep_after`, for a follower still reading
+    /// them), and the entries after it unless the log holds its last entry
     /// with its term (then they follow it, by Raft's log matching).
-    fn cover(&mut self, point: &Point) {
+    fn cover(&mut self, point: &Point, keep_after: u64) {
         if point.index < self.base.0 {
             return;
         }
-        if self.term_of(point.index) == Some(point.term) {
-            self.entries.drain(..(point.index - self.base.0) as usize);
-        } else {
-            self.entries.clear();
+        let keep_after = keep_after.clamp(self.base.0, point.index);
+        match (self.term_of(point.index), self.term_of(keep_after)) {
+            (Some(term), Some(base_term)) if term == point.term => {
+                self.entries.drain(..(keep_after - self.base.0) as usize);
+                self.base = (keep_after, base_term);
+            }
+            _ => {
+                self.entries.clear();
+                self.base = (point.index, point.term);
+            }
         }
-        self.base = (point.index, point.term);
         self.hard_state.commit = self.hard_state.commit.max(point.index);
         self.hard_state.term = self.hard_state.term.max(point.term);
         if point.index >= self.conf_state.0 {
@@ -361,15 +367,29 @@ impl LogStore {
     /// and writes what remains into a new segment, made whole and synced
     /// before it replaces every older one.
     pub fn restart_after(&mut self, point: &Point) -> io::Result<()> {
-        self.sync()?;
-        self.broken = true;
-        self.write_after(point)
+        self.restart_keeping(point, point.index)
     }
 
-    /// `restart_after` once what was appended is synced; mends `broken`
+    /// `restart_after`, keeping the entries after `keep_after` (before the
+    /// point) that a follower still reads: it gets them, not the state.
+    pub fn restart_keeping(&mut self, point: &Point, keep_after: u64) -> io::Result<()> {
+        self.sync()?;
+        self.broken = true;
+        self.write_after(point, keep_after)
+    }
+
+    /// The bytes of the entries after `after` up to `to`, as messages carry them.
+    pub fn bytes_between(&self, after: u64, to: u64) -> u64 {
+        let from = after.saturating_sub(self.kept.base.0) as usize;
+        let to = (to.saturating_sub(self.kept.base.0) as usize).min(self.kept.entries.len());
+        let entries = self.kept.entries.range(from.min(to)..to);
+        entries.map(|entry| ENTRY_OVERHEAD_BYTES + (entry.data.len() + entry.context.len()) as u64).sum()
+    }
+
+    /// `restart_keeping` once what was appended is synced; mends `broken`
     /// once appends go to the new segment.
-    fn write_after(&mut self, point: &Point) -> io::Result<()> {
-        self.kept.cover(point);
+    fn write_after(&mut self, point: &Point, keep_after: u64) -> io::Result<()> {
+        self.kept.cover(point, keep_after);
         let next = self.log.segment() + 1;
         let mut bytes = wal::segment_header().to_vec();
         encode_base(self.kept.base, &mut bytes);
@@ -458,7 +478,11 @@ impl Storage for LogStore {
 
     fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
         match &self.snapshot {
-            Some(snapshot) if snapshot.get_metadata().index >= request_index.max(1) => Ok(snapshot.clone()),
+            // One older than the log's base is of no use: the entries
+            // just after it are gone too.
+            Some(snapshot) if snapshot.get_metadata().index >= request_index.max(self.kept.base.0).max(1) => {
+                Ok(snapshot.clone())
+            }
             _ => {
                 self.wanted.set(true);
                 Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable))

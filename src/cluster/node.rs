@@ -272,9 +272,21 @@ impl Node {
         self.raw.propose(Vec::new(), data).is_ok()
     }
 
-    /// Proposes a change of the members.
+    /// Proposes a change of the members; false if no leader can take it
+    /// now. A leader takes one at a time: it drops another while one is
+    /// not yet applied, so the caller asks again until it sees it applied.
     pub fn propose_change(&mut self, change: ConfChangeV2) -> bool {
         self.raw.propose_conf_change(Vec::new(), change).is_ok()
+    }
+
+    /// Whether a change of members this leader took is not applied yet.
+    pub fn has_pending_change(&self) -> bool {
+        self.raw.raft.pending_conf_index > self.raw.raft.raft_log.applied
+    }
+
+    /// Hands this leader's place to `to`, a voter.
+    pub fn transfer_leader(&mut self, to: u64) {
+        self.raw.transfer_leader(to);
     }
 
     /// Asks for a read index tagged `context` (unique among the reads
@@ -287,6 +299,14 @@ impl Node {
     /// The changes of the members applied since the last call, in order.
     pub fn take_changes(&mut self) -> Vec<ConfChangeV2> {
         std::mem::take(&mut self.changes)
+    }
+
+    /// The lowest match index among the other members heard from lately
+    /// (on a leader): the entries after it are still read.
+    pub fn lowest_active_match(&self) -> Option<u64> {
+        let me = self.id();
+        let progress = self.raw.raft.prs().iter();
+        progress.filter(|&(&id, pr)| id != me && pr.recent_active).map(|(_, pr)| pr.matched).min()
     }
 
     /// Whether this leader is sending a snapshot to a follower.

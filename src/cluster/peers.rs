@@ -12,15 +12,18 @@
 //!
 //! ```text
 //! acceptor  -> "QVRC" version:u8 challenge:[u8; 32]          (fresh random bytes)
-//! connector -> "QVRH" version:u8 from:u64 to:u64 mac:[u8; 32]
-//!              mac = HMAC-SHA256(secret, "quiver peer" challenge from to)
+//! connector -> "QVRH" version:u8 from:u64 to:u64 port:u16 mac:[u8; 32]
+//!              mac = HMAC-SHA256(secret, "quiver peer" challenge from to port)
 //! connector -> { kind:u8 length:u64 message:[u8; length] }*  (protobuf `eraftpb.Message`)
 //! ```
 //!
 //! A frame's kind is 1 for a message, 2 for a message carrying a snapshot
 //! (the whole state, for a node too far behind), each with its own limit.
 //!
-//! Integers are little-endian. The challenge is new for every connection,
+//! Integers are little-endian. `port` is where the connector listens for
+//! peers: with the connection's source address (a node's own, see above),
+//! where a node that does not know it yet (one just added, not yet sent the
+//! members) answers it. The challenge is new for every connection,
 //! so a recorded hello opens nothing; a hello for another node, or with a
 //! wrong mac, closes the connection and is logged. Only the acceptor checks:
 //! a connector only ever sends, so a false acceptor learns no secret and
@@ -50,9 +53,9 @@ use crate::log as oplog;
 
 const CHALLENGE_MAGIC: &[u8; 4] = b"QVRC";
 const HELLO_MAGIC: &[u8; 4] = b"QVRH";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const CHALLENGE_BYTES: usize = 4 + 1 + 32;
-const HELLO_BYTES: usize = 4 + 1 + 8 + 8 + 32;
+const HELLO_BYTES: usize = 4 + 1 + 8 + 8 + 2 + 32;
 const MAC_CONTEXT: &[u8] = b"quiver peer";
 const FRAME_HEADER_BYTES: usize = 1 + 8;
 const MESSAGE_FRAME: u8 = 1;
@@ -89,12 +92,13 @@ const SENT_KEEP_BYTES_MAX: usize = 1 << 20;
 type HmacSha256 = Hmac<Sha256>;
 
 /// What proves a hello: the mac of the challenge and both ids.
-fn mac(secret: &[u8], challenge: &[u8; 32], from: u64, to: u64) -> HmacSha256 {
+fn mac(secret: &[u8], challenge: &[u8; 32], from: u64, to: u64, port: u16) -> HmacSha256 {
     let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes a key of any length");
     mac.update(MAC_CONTEXT);
     mac.update(challenge);
     mac.update(&from.to_le_bytes());
     mac.update(&to.to_le_bytes());
+    mac.update(&port.to_le_bytes());
     mac
 }
 
@@ -208,6 +212,10 @@ pub struct Peers {
     links: Slab<Link>,
     /// Each peer's address, and its outgoing link once one is dialled.
     addresses: BTreeMap<u64, SocketAddr>,
+    /// Where peers not in `addresses` said they listen, when they dialled us.
+    announced: BTreeMap<u64, SocketAddr>,
+    /// The port this node listens on, told to every peer it dials.
+    port: u16,
     outgoing: BTreeMap<u64, usize>,
     /// When each peer may next be dialled.
     redial_at: BTreeMap<u64, Instant>,
@@ -229,6 +237,7 @@ impl Peers {
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen for peers on {address}: {e}")))?;
         registry.register(&mut listener, Token(token_base), Interest::READABLE)?;
         let own_ip = Some(address.ip()).filter(|ip| !ip.is_unspecified());
+        let port = listener.local_addr()?.port();
         Ok(Peers {
             me,
             secret: secret.to_vec(),
@@ -238,6 +247,8 @@ impl Peers {
             token_base,
             links: Slab::new(),
             addresses: BTreeMap::new(),
+            announced: BTreeMap::new(),
+            port,
             outgoing: BTreeMap::new(),
             redial_at: BTreeMap::new(),
             frame_bytes_max,
@@ -266,6 +277,7 @@ impl Peers {
     /// Forgets a peer that is no longer a member.
     pub fn forget(&mut self, peer: u64) {
         self.addresses.remove(&peer);
+        self.announced.remove(&peer);
         if let Some(key) = self.outgoing.remove(&peer) {
             self.close(key);
         }
@@ -327,7 +339,7 @@ impl Peers {
     /// Starts a connection to `peer` from our own address, unless one is
     /// open or a failed one was too recent.
     fn dial(&mut self, peer: u64, now: Instant) {
-        let Some(&address) = self.addresses.get(&peer) else { return };
+        let Some(&address) = self.addresses.get(&peer).or_else(|| self.announced.get(&peer)) else { return };
         if self.outgoing.contains_key(&peer) || self.redial_at.get(&peer).is_some_and(|&at| now < at) {
             return;
         }
@@ -380,7 +392,10 @@ impl Peers {
         if self.links.contains(key) && !self.service(key, inbox, &mut proven) {
             self.close(key);
         }
-        if let Some(from) = proven {
+        if let Some((from, listens)) = proven {
+            if !self.addresses.contains_key(&from) {
+                self.announced.insert(from, listens);
+            }
             // A peer dials again when its link broke, maybe without our
             // side seeing it: its older links go.
             let older: Vec<usize> = self
@@ -439,8 +454,8 @@ impl Peers {
     }
 
     /// Reads and writes what link `key` can; false if it must close.
-    /// A link proven in this call names its peer in `proven`.
-    fn service(&mut self, key: usize, inbox: &mut Vec<Message>, proven: &mut Option<u64>) -> bool {
+    /// A link proven in this call names its peer, and where it listens, in `proven`.
+    fn service(&mut self, key: usize, inbox: &mut Vec<Message>, proven: &mut Option<(u64, SocketAddr)>) -> bool {
         let (me, frame_bytes_max, snapshot_bytes_max) = (self.me, self.frame_bytes_max, self.snapshot_bytes_max);
         let link = &mut self.links[key];
         if !link.flush() {
@@ -463,11 +478,12 @@ impl Peers {
                     }
                     let challenge: [u8; 32] = pending[5..CHALLENGE_BYTES].try_into().expect("32 bytes");
                     link.read.consume(CHALLENGE_BYTES);
-                    let proof = mac(&self.secret, &challenge, me, peer).finalize().into_bytes();
+                    let proof = mac(&self.secret, &challenge, me, peer, self.port).finalize().into_bytes();
                     link.write.extend_from_slice(HELLO_MAGIC);
                     link.write.push(VERSION);
                     link.write.extend_from_slice(&me.to_le_bytes());
                     link.write.extend_from_slice(&peer.to_le_bytes());
+                    link.write.extend_from_slice(&self.port.to_le_bytes());
                     link.write.extend_from_slice(&proof);
                     link.state = State::Sending { peer };
                     if !link.flush() {
@@ -480,12 +496,15 @@ impl Peers {
                     }
                     let from = u64::from_le_bytes(pending[5..13].try_into().expect("8 bytes"));
                     let to = u64::from_le_bytes(pending[13..21].try_into().expect("8 bytes"));
+                    let port = u16::from_le_bytes(pending[21..23].try_into().expect("2 bytes"));
                     let good = &pending[..4] == HELLO_MAGIC
                         && pending[4] == VERSION
                         && to == me
                         && from != me
                         && from != 0
-                        && mac(&self.secret, &challenge, from, to).verify_slice(&pending[21..HELLO_BYTES]).is_ok();
+                        && mac(&self.secret, &challenge, from, to, port)
+                            .verify_slice(&pending[23..HELLO_BYTES])
+                            .is_ok();
                     if !good {
                         oplog::client_warning(
                             Instant::now(),
@@ -499,7 +518,7 @@ impl Peers {
                     }
                     link.read.consume(HELLO_BYTES);
                     link.state = State::Receiving { peer: from };
-                    *proven = Some(from);
+                    *proven = Some((from, SocketAddr::new(link.address.ip(), port)));
                     // Proven: what it sent after its hello is read now (no
                     // new readiness comes for bytes already there).
                     open &= link.fill();

@@ -26,7 +26,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use mio::{Registry, Token};
-use raft::eraftpb::{ConfChangeType, ConfChangeV2, Message, MessageType, Snapshot};
+use protobuf::Message as _;
+use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2, EntryType, Message, MessageType, Snapshot};
 use raft::StateRole;
 
 use super::log::{OpenError, Point};
@@ -217,6 +218,10 @@ pub struct Replica {
     /// Peers a message could not be queued for this turn, and whether it
     /// was a snapshot: reported to Raft after `advance`.
     undelivered: Vec<(u64, bool)>,
+    /// The data of proposals that could not be passed to the leader (no
+    /// link to it yet, or too much waiting for it): certainly not
+    /// received, so the caller may propose them again.
+    dropped: Vec<Vec<u8>>,
     next_tick: Instant,
     timeout: Duration,
     snapshot_log_bytes: u64,
@@ -240,6 +245,10 @@ pub struct Replica {
     asked_under: (u64, Option<u64>),
     last_asked: Instant,
 }
+
+/// How far behind the commit index a learner's log may be when it is made
+/// a voter: a learner under a steady stream of writes is never exactly there.
+const PROMOTE_LAG: u64 = 1000;
 
 /// How long a snapshot made for a follower is kept once nobody is sent it.
 const SNAPSHOT_KEEP: Duration = Duration::from_secs(5);
@@ -287,6 +296,7 @@ impl Replica {
             addresses: checkpoint.map(|checkpoint| checkpoint.addresses).unwrap_or_default(),
             inbox: Vec::new(),
             undelivered: Vec::new(),
+            dropped: Vec::new(),
             next_tick: Instant::now() + TICK,
             timeout: settings.timeout,
             snapshot_log_bytes: settings.snapshot_log_bytes,
@@ -343,8 +353,18 @@ impl Replica {
     }
 
     /// Restarts the log after `point`, which a state snapshot now covers.
+    /// A leader keeps the entries a follower it hears from still reads
+    /// (so that it is sent them, not the whole state), up to a snapshot's
+    /// worth of log bytes.
     pub fn compact(&mut self, point: &Point) -> io::Result<()> {
-        self.node.log_mut().restart_after(point)
+        let log = self.node.log();
+        let keep_after = match self.node.lowest_active_match() {
+            Some(lowest) if self.is_leader() && log.bytes_between(lowest, point.index) <= self.snapshot_log_bytes => {
+                lowest.min(point.index)
+            }
+            _ => point.index,
+        };
+        self.node.log_mut().restart_keeping(point, keep_after)
     }
 
     pub fn id(&self) -> u64 {
@@ -380,6 +400,12 @@ impl Replica {
         self.node.propose(data)
     }
 
+    /// The data of this node's proposals dropped on the way to the leader
+    /// since the last call (never received: they may be proposed again).
+    pub fn take_dropped(&mut self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut self.dropped)
+    }
+
     /// The round of read index the read asking now waits for.
     pub fn ask_read(&mut self) -> u64 {
         self.wanted = true;
@@ -394,8 +420,14 @@ impl Replica {
     /// One turn, in the order of the module doc. An error is a failed sync
     /// of the log: the node must stop (`Node::advance`).
     pub fn turn(&mut self, machine: &mut impl Machine, now: Instant) -> io::Result<()> {
-        for message in self.inbox.drain(..) {
+        for message in std::mem::take(&mut self.inbox) {
             let (from, kind) = (message.from, message.get_msg_type());
+            if kind == MessageType::MsgPropose && self.is_leader() && removes(&message, self.node.id()) {
+                // A leader hands its place over before it is removed: the
+                // node that asked proposes again, to the next leader.
+                self.hand_over();
+                continue;
+            }
             if let Err(refused) = self.node.step(message) {
                 oplog::debug(format_args!("a {kind:?} from node {from} was refused: {refused}"));
             }
@@ -429,7 +461,8 @@ impl Replica {
         let timeout = self.timeout;
         self.asked.retain(|_, &mut at| now.duration_since(at) < timeout);
         loop {
-            let mut out = Sender { peers: &mut self.peers, undelivered: &mut self.undelivered, now };
+            let mut out =
+                Sender { peers: &mut self.peers, undelivered: &mut self.undelivered, dropped: &mut self.dropped, now };
             let mut applier = Applier { machine: &mut *machine, addresses: &mut self.addresses, restored: false };
             self.node.advance(&mut applier, &mut out)?;
             let mut members_changed = applier.restored;
@@ -462,6 +495,7 @@ impl Replica {
             }
         }
         self.offer_snapshot(machine, now);
+        self.promote_learners();
         let applied = self.node.applied_index();
         let passed = &mut self.passed;
         self.confirmed.retain(|&(round, index)| {
@@ -500,6 +534,91 @@ impl Replica {
             self.node.log_mut().offer_snapshot(snapshot);
         } else if self.node.log().has_snapshot() && now.duration_since(self.snapshot_used) >= SNAPSHOT_KEEP {
             self.node.log_mut().drop_snapshot();
+        }
+    }
+
+    /// Whether `id` is a member as of the last entry applied here: a voter
+    /// (true) or a learner (false).
+    pub fn member(&self, id: u64) -> Option<bool> {
+        let conf = self.node.conf_state();
+        if conf.voters.contains(&id) {
+            Some(true)
+        } else if conf.learners.contains(&id) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// The peer address of member `id`, as this node knows it.
+    pub fn address(&self, id: u64) -> Option<SocketAddr> {
+        self.addresses.get(&id).copied()
+    }
+
+    /// The voters as of the last entry applied.
+    pub fn voters(&self) -> Vec<u64> {
+        self.node.conf_state().voters
+    }
+
+    /// How far a member's log matches the leader's, and the commit index,
+    /// as this node knows them (the first on the leader only).
+    pub fn progress(&self, id: u64) -> (Option<u64>, u64) {
+        let matched = if self.is_leader() { self.node.match_index(id) } else { None };
+        (matched, self.node.commit_index())
+    }
+
+    /// Proposes adding node `id`, listening at `address`, as a learner (the
+    /// leader makes it a voter once it has caught up); false if no leader
+    /// can take it now.
+    pub fn propose_add(&mut self, id: u64, address: SocketAddr) -> bool {
+        self.propose_change(ConfChangeType::AddLearnerNode, id, &[(id, address)])
+    }
+
+    /// Proposes removing node `id`. A leader asked to remove itself hands
+    /// its place over instead (and the caller asks again).
+    pub fn propose_remove(&mut self, id: u64) -> bool {
+        if id == self.node.id() && self.is_leader() {
+            self.hand_over();
+            return false;
+        }
+        self.propose_change(ConfChangeType::RemoveNode, id, &[])
+    }
+
+    fn propose_change(&mut self, kind: ConfChangeType, id: u64, added: &[(u64, SocketAddr)]) -> bool {
+        let mut single = ConfChangeSingle::default();
+        single.set_change_type(kind);
+        single.node_id = id;
+        let change =
+            ConfChangeV2 { changes: vec![single].into(), context: change_context(added).into(), ..Default::default() };
+        self.node.propose_change(change)
+    }
+
+    /// Hands this leader's place to the voter whose log matches most.
+    fn hand_over(&mut self) {
+        let me = self.node.id();
+        let to = self.voters().into_iter().filter(|&id| id != me).max_by_key(|&id| self.node.match_index(id));
+        if let Some(to) = to {
+            oplog::info(format_args!("node {me} hands its leadership to node {to} before it is removed"));
+            self.node.transfer_leader(to);
+        }
+    }
+
+    /// A leader makes a learner a voter once its log is within
+    /// `PROMOTE_LAG` entries of the commit index (one change at a time).
+    fn promote_learners(&mut self) {
+        if !self.is_leader() || self.node.has_pending_change() {
+            return;
+        }
+        let commit = self.node.commit_index();
+        let caught_up = self.node.conf_state().learners.into_iter().find(|&id| {
+            self.node.match_index(id).is_some_and(|matched| matched > 0 && matched + PROMOTE_LAG >= commit)
+        });
+        if let Some(id) = caught_up {
+            let address = self.addresses.get(&id).copied();
+            let added: Vec<(u64, SocketAddr)> = address.map(|address| (id, address)).into_iter().collect();
+            if self.propose_change(ConfChangeType::AddNode, id, &added) {
+                oplog::info(format_args!("node {id} has caught up: proposed as a voter"));
+            }
         }
     }
 
@@ -590,6 +709,18 @@ impl<M: Machine> node::StateMachine for Applier<'_, M> {
     }
 }
 
+/// Whether proposal `message` removes node `id`.
+fn removes(message: &Message, id: u64) -> bool {
+    message.entries.iter().filter(|entry| entry.get_entry_type() == EntryType::EntryConfChangeV2).any(|entry| {
+        ConfChangeV2::parse_from_bytes(&entry.data).is_ok_and(|change| {
+            change
+                .changes
+                .iter()
+                .any(|single| single.get_change_type() == ConfChangeType::RemoveNode && single.node_id == id)
+        })
+    })
+}
+
 /// Notes the addresses of the nodes `change` adds, and forgets those it removes.
 fn note_change(change: &ConfChangeV2, addresses: &mut BTreeMap<u64, SocketAddr>) {
     let added = decode_addresses(&mut Reader::new(&change.context)).unwrap_or_default();
@@ -612,6 +743,7 @@ fn note_change(change: &ConfChangeV2, addresses: &mut BTreeMap<u64, SocketAddr>)
 struct Sender<'a> {
     peers: &'a mut Peers,
     undelivered: &'a mut Vec<(u64, bool)>,
+    dropped: &'a mut Vec<Vec<u8>>,
     now: Instant,
 }
 
@@ -623,6 +755,11 @@ impl Outbox for Sender<'_> {
         for message in messages {
             if self.peers.send(&message, self.now).is_err() {
                 self.undelivered.push((message.to, message.get_msg_type() == MessageType::MsgSnapshot));
+                if message.get_msg_type() == MessageType::MsgPropose {
+                    let normal =
+                        message.entries.iter().filter(|entry| entry.get_entry_type() == EntryType::EntryNormal);
+                    self.dropped.extend(normal.map(|entry| entry.data.to_vec()));
+                }
             }
         }
         self.peers.flush();

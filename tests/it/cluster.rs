@@ -529,6 +529,109 @@ fn a_node_behind_the_cut_log_is_sent_the_state() {
     assert!(cluster.count_in_logs("from state snapshot generation") >= 3);
 }
 
+/// A node waiting on an empty data directory is added (a learner sent the
+/// state, then a voter), the leader is removed (it hands over first), a
+/// node that lost its disk rejoins under a new id, and the changes' bad
+/// requests are refused with their codes.
+#[test]
+fn members_are_added_and_removed_while_serving() {
+    let mut cluster = Cluster::start_with(3, false, &["--snapshot-log-bytes", "65536"]);
+    let leader = cluster.wait_for_leader(Duration::from_secs(20));
+    crate::harness::create_index(cluster.node(leader), "kvs", DIMS, "l2");
+    let mut written = 0u64;
+    let mut upsert = |cluster: &Cluster, n: u64| {
+        let alive: Vec<usize> = (0..cluster.peers.len()).filter(|&i| cluster.is_running(i)).collect();
+        for (k, chunk) in (written..written + n).collect::<Vec<u64>>().chunks(50).enumerate() {
+            let r = cluster.node(alive[k % alive.len()]).call(
+                "PUT",
+                "/api/v1/embeddings/kvs/upsert",
+                Some(&upsert_body(chunk, DIMS)),
+            );
+            assert_eq!(r.status, 200, "{r:?}");
+        }
+        written += n;
+    };
+    upsert(&cluster, 1500);
+    let members = |cluster: &Cluster, i: usize| -> Vec<(u64, bool)> {
+        let status = cluster.status(i).unwrap();
+        status["members"].as_array().unwrap().iter().map(|m| (m["id"].as_u64().unwrap(), m["voter"] == true)).collect()
+    };
+
+    // Node 4 waits, alone; then it is added through a follower.
+    let fourth = cluster.start_joining();
+    let status = cluster.status(fourth).unwrap();
+    assert_eq!((status["leader_id"].clone(), status["members"].clone()), (Value::Null, serde_json::json!([])));
+    let follower = (leader + 1) % 3;
+    let add = |cluster: &Cluster, at: usize, id: usize| {
+        let body = format!(r#"{{"id":{},"address":"{}"}}"#, id + 1, cluster.peers[id]);
+        cluster.node(at).call("POST", "/api/v1/cluster/members", Some(&body))
+    };
+    let r = add(&cluster, follower, fourth);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["message"], "Member added.");
+    assert_eq!(
+        r.body["data"],
+        serde_json::json!({"id": 4, "address": cluster.peers[fourth].to_string(), "voter": true})
+    );
+    assert_eq!(add(&cluster, leader, fourth).status, 200, "adding a voter again answers as done");
+    upsert(&cluster, 200);
+    cluster.wait_until_converged(Duration::from_secs(30));
+    assert!(members(&cluster, fourth).contains(&(4, true)), "{:?}", members(&cluster, fourth));
+    assert!(cluster.count_in_logs("sent by the leader is in place") >= 1, "node 4 was not sent the state");
+
+    // Bad requests, each with its code; a single node has no members.
+    let bad: &[(&str, &str, Option<&str>, u16, &str)] = &[
+        ("POST", "/api/v1/cluster/members", Some(r#"{"id":5}"#), 400, "INVALID_REQUEST_BODY"),
+        ("POST", "/api/v1/cluster/members", Some(r#"{"id":0,"address":"127.0.0.9:1"}"#), 400, "INVALID_REQUEST_BODY"),
+        ("POST", "/api/v1/cluster/members", Some(r#"{"id":5,"adress":"127.0.0.9:1"}"#), 400, "INVALID_REQUEST_BODY"),
+        ("POST", "/api/v1/cluster/members", Some(r#"{"id":5,"address":"nowhere"}"#), 400, "INVALID_REQUEST_BODY"),
+        ("POST", "/api/v1/cluster/members", Some(r#"{"id":2,"address":"127.0.0.9:1"}"#), 409, "MEMBER_EXISTS"),
+        ("DELETE", "/api/v1/cluster/members/9", None, 404, "MEMBER_NOT_FOUND"),
+        ("DELETE", "/api/v1/cluster/members/x", None, 404, "MEMBER_NOT_FOUND"),
+        ("GET", "/api/v1/cluster/members", None, 405, "METHOD_NOT_ALLOWED"),
+    ];
+    for &(method, path, body, status, code) in bad {
+        let r = cluster.node(fourth).call(method, path, body);
+        assert_eq!((r.status, r.code()), (status, code), "{method} {path} {body:?}: {r:?}");
+    }
+    let single = Server::start();
+    let r = single.call("POST", "/api/v1/cluster/members", Some(r#"{"id":2,"address":"127.0.0.9:1"}"#));
+    assert_eq!((r.status, r.code()), (400, "NOT_A_CLUSTER"), "{r:?}");
+
+    // The leader is removed, asked of another node: it hands over first.
+    let leader = cluster.wait_for_leader(Duration::from_secs(20));
+    let asked = (leader + 1) % 3;
+    let r = cluster.node(asked).call("DELETE", &format!("/api/v1/cluster/members/{}", leader + 1), None);
+    assert_eq!((r.status, &r.body["message"]), (200, &Value::from("Member removed.")), "{r:?}");
+    cluster.kill(leader);
+    let next = cluster.wait_for_leader(Duration::from_secs(20));
+    assert_ne!(next, leader);
+    upsert(&cluster, 300);
+
+    // Node 3 loses its disk: removed, it comes back empty as node 5.
+    let lost = (0..3).find(|&i| i != leader && cluster.is_running(i) && i != next).unwrap_or(fourth);
+    let r = cluster.node(next).call("DELETE", &format!("/api/v1/cluster/members/{}", lost + 1), None);
+    assert_eq!(r.status, 200, "{r:?}");
+    cluster.kill(lost);
+    let fifth = cluster.start_joining();
+    let r = add(&cluster, next, fifth);
+    assert_eq!(r.status, 200, "{r:?}");
+    upsert(&cluster, 300);
+    cluster.wait_until_converged(Duration::from_secs(30));
+    let running: Vec<usize> = (0..cluster.peers.len()).filter(|&i| cluster.is_running(i)).collect();
+    assert_eq!(running.len(), 3);
+    let expected: BTreeMap<i64, Vec<f32>> = (0..written).map(|id| (id as i64, vector_of(id, DIMS))).collect();
+    for &i in &running {
+        let mut ids: Vec<u64> =
+            members(&cluster, i).into_iter().filter(|&(_, voter)| voter).map(|(id, _)| id).collect();
+        ids.sort();
+        let mut want: Vec<u64> = running.iter().map(|&i| i as u64 + 1).collect();
+        want.sort();
+        assert_eq!(ids, want, "node {}'s voters", i + 1);
+        assert!(all_rows(cluster.node(i), "kvs") == expected, "node {} holds other rows", i + 1);
+    }
+}
+
 /// A leader paused past an election comes back a follower: it answers no
 /// write and no read from the leadership it lost, and catches up.
 #[test]

@@ -30,6 +30,8 @@ pub struct Cluster {
     power_loss: bool,
     /// Flags every node is started with besides the cluster's.
     args: Vec<String>,
+    /// How many nodes started the group (the others were added later).
+    first: usize,
 }
 
 impl Cluster {
@@ -45,8 +47,15 @@ impl Cluster {
             (1..=n).map(|i| format!("127.0.0.{i}:{}", free_port(&format!("127.0.0.{i}"))).parse().unwrap()).collect();
         let nodes = (0..n).map(|_| None).collect();
         let args = args.iter().map(|arg| arg.to_string()).collect();
-        let mut cluster =
-            Cluster { dir: tempfile::tempdir().unwrap(), peers, nodes, past_logs: String::new(), power_loss, args };
+        let mut cluster = Cluster {
+            dir: tempfile::tempdir().unwrap(),
+            peers,
+            nodes,
+            past_logs: String::new(),
+            power_loss,
+            args,
+            first: n,
+        };
         for i in 0..n {
             cluster.start_node(i);
         }
@@ -58,7 +67,29 @@ impl Cluster {
     }
 
     fn initial_peers(&self) -> String {
-        self.peers.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect::<Vec<_>>().join(",")
+        self.peers
+            .iter()
+            .take(self.first)
+            .enumerate()
+            .map(|(i, a)| format!("{}={a}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Starts one more node (its peer port on 127.0.0.<n>), with an empty
+    /// data directory and no `--initial-peers`: it waits to be added.
+    /// Returns its number (its id is one more).
+    pub fn start_joining(&mut self) -> usize {
+        let i = self.nodes.len();
+        let ip = format!("127.0.0.{}", i + 1);
+        self.peers.push(format!("{ip}:{}", free_port(&ip)).parse().unwrap());
+        self.nodes.push(None);
+        let (id, peer) = ((i + 1).to_string(), self.peers[i].to_string());
+        let mut args = vec!["--api-key", KEY, "--node-id", &id, "--peer-addr", &peer];
+        args.extend(self.args.iter().map(String::as_str));
+        let server = Server::start_in(None, self.data_dir(i), &args, &[("QUIVER_CLUSTER_SECRET", SECRET)]);
+        self.nodes[i] = Some(server);
+        i
     }
 
     pub fn start_node(&mut self, i: usize) {
@@ -129,10 +160,11 @@ impl Cluster {
     pub fn wait_until_converged(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
+            let running = (0..self.nodes.len()).filter(|&i| self.is_running(i)).count();
             let statuses: Vec<Value> = (0..self.nodes.len()).filter_map(|i| self.status(i)).collect();
             let applied: BTreeSet<u64> = statuses.iter().map(|s| s["applied_index"].as_u64().unwrap()).collect();
             let committed: BTreeSet<u64> = statuses.iter().map(|s| s["commit_index"].as_u64().unwrap()).collect();
-            if statuses.len() == self.nodes.len() && applied.len() == 1 && applied == committed {
+            if statuses.len() == running && applied.len() == 1 && applied == committed {
                 return;
             }
             assert!(Instant::now() < deadline, "the nodes did not converge: {statuses:?}");

@@ -145,10 +145,12 @@ fn the_openapi_document_is_served_without_a_key_and_covers_every_route() {
         ("/api/v1/embeddings/{indexName}/retrieve", "post"),
         ("/api/v1/embeddings/{indexName}/delete", "delete"),
         ("/api/v1/cluster", "get"),
+        ("/api/v1/cluster/members", "post"),
+        ("/api/v1/cluster/members/{id}", "delete"),
     ] {
         assert!(paths.get(path).and_then(|p| p.get(method)).is_some(), "{method} {path} is not documented");
     }
-    assert_eq!(paths.len(), 16, "a documented path the server does not serve");
+    assert_eq!(paths.len(), 18, "a documented path the server does not serve");
     // The served JSON is exactly the repository's openapi.yaml.
     let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml")).unwrap();
     let source: serde_json::Value = yaml_serde::from_str(&yaml).unwrap();
