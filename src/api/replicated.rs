@@ -828,15 +828,15 @@ impl Machine for Applier<'_> {
         self.db.restore_state(checkpoint, image)
     }
 
-    fn image(&mut self) -> Vec<u8> {
-        self.db.state_image()
+    fn image(&mut self, out: &mut Vec<u8>) {
+        self.db.state_image(out);
     }
 }
 
-/// An addition's body: `{"id": N, "address": "HOST:PORT"}`, nothing else.
+/// An addition's body: `{"id": N, "address": "IP:PORT"}`, nothing else.
 fn decode_member(body: &mut [u8]) -> Result<(u64, SocketAddr), ApiError> {
     use simd_json::prelude::*;
-    let shape = "the body must be {\"id\": N, \"address\": \"HOST:PORT\"}";
+    let shape = "the body must be {\"id\": N, \"address\": \"IP:PORT\"}";
     let value = simd_json::to_borrowed_value(body).map_err(|_| ApiError::bad_body(format!("not JSON; {shape}")))?;
     let object = value.as_object().ok_or_else(|| ApiError::bad_body(shape))?;
     if let Some(key) = object.keys().find(|key| !matches!(key.as_ref(), "id" | "address")) {
@@ -851,14 +851,13 @@ fn decode_member(body: &mut [u8]) -> Result<(u64, SocketAddr), ApiError> {
         .filter(|id| (1..=1u64 << 31).contains(id))
         .ok_or_else(|| ApiError::bad_body("'id' must be an integer from 1 to 2147483648"))?;
     let address = object.get("address").ok_or_else(|| ApiError::bad_body(format!("'address' is missing; {shape}")))?;
-    let address = address.as_str().ok_or_else(|| ApiError::bad_body("'address' must be a string, HOST:PORT"))?;
-    let resolved = {
-        use std::net::ToSocketAddrs;
-        address.to_socket_addrs().ok().and_then(|mut addresses| addresses.next())
-    };
-    let address = resolved.filter(|address| address.port() != 0).ok_or_else(|| {
+    let address = address.as_str().ok_or_else(|| ApiError::bad_body("'address' must be a string, IP:PORT"))?;
+    // An address, not a name: resolving one would hold the loop up.
+    let parsed = address.parse::<SocketAddr>().ok();
+    let address = parsed.filter(|address| address.port() != 0 && !address.ip().is_unspecified()).ok_or_else(|| {
         ApiError::bad_body(format!(
-            "'address' {:?} is not HOST:PORT naming where the node listens for peers",
+            "'address' {:?} is not IP:PORT, the address and port the node listens on for peers (a name is not \
+             resolved; 0.0.0.0 and port 0 name no node)",
             address.chars().take(64).collect::<String>()
         ))
     })?;

@@ -195,6 +195,9 @@ pub struct LogStore {
     /// Whether `sync` calls fdatasync (off only where a test models the
     /// disk itself).
     sync: bool,
+    /// The bytes the segment began with at the last restart (the entries
+    /// kept): not growth since the last snapshot.
+    carried_bytes: u64,
     /// A restart that failed half-way: what is appended after it might
     /// land before its base, and be dropped on replay, so nothing more is
     /// synced.
@@ -278,6 +281,7 @@ impl LogStore {
             snapshot: None,
             wanted: Cell::new(false),
             sync: true,
+            carried_bytes: 0,
             broken: false,
         };
         // A snapshot that covers more than the log knows (taken, or sent,
@@ -358,7 +362,7 @@ impl LogStore {
     /// The bytes written since the log last restarted: what a state
     /// snapshot would let it drop.
     pub fn bytes(&self) -> u64 {
-        self.log.segment_bytes()
+        self.log.segment_bytes() - self.carried_bytes
     }
 
     /// Restarts the log after `point`, which a state snapshot now covers
@@ -406,6 +410,7 @@ impl LogStore {
         fs::rename(&partial, wal::segment_path(&self.dir, next))?;
         sync_dir(&self.dir)?;
         self.log = wal::Log::resume(&self.dir, next, bytes.len() as u64)?;
+        self.carried_bytes = bytes.len() as u64;
         self.log.set_sync(self.sync);
         self.broken = false;
         for segment in wal::segments(&self.dir)?.into_iter().filter(|&segment| segment < next) {
@@ -476,13 +481,20 @@ impl Storage for LogStore {
         Ok(self.kept.last_index())
     }
 
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        let fits = |snapshot: &Snapshot| {
+            let metadata = snapshot.get_metadata();
+            let conf = metadata.get_conf_state();
+            // One older than the log's base is of no use (the entries just
+            // after it are gone too), and a node it does not name as a
+            // member refuses it.
+            metadata.index >= request_index.max(self.kept.base.0).max(1)
+                && [&conf.voters, &conf.learners, &conf.voters_outgoing, &conf.learners_next]
+                    .iter()
+                    .any(|ids| ids.contains(&to))
+        };
         match &self.snapshot {
-            // One older than the log's base is of no use: the entries
-            // just after it are gone too.
-            Some(snapshot) if snapshot.get_metadata().index >= request_index.max(self.kept.base.0).max(1) => {
-                Ok(snapshot.clone())
-            }
+            Some(snapshot) if fits(snapshot) => Ok(snapshot.clone()),
             _ => {
                 self.wanted.set(true);
                 Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable))

@@ -26,7 +26,9 @@ use std::io;
 use std::path::Path;
 
 use protobuf::Message as _;
-use raft::eraftpb::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot};
+use raft::eraftpb::{
+    ConfChange, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot,
+};
 use raft::{Config, RawNode, ReadOnlyOption, ReadState, StateRole, Storage};
 
 use super::log::{LogStore, OpenError, Point};
@@ -88,7 +90,8 @@ pub enum Refused {
     /// An index past this node's log where Raft takes it as within it (a
     /// commit, an acknowledgement, an append without its previous term).
     PastTheLog,
-    /// A snapshot without its index or term.
+    /// A snapshot without its index or term, or with a configuration Raft
+    /// cannot restore.
     BadSnapshot,
 }
 
@@ -101,7 +104,7 @@ impl std::fmt::Display for Refused {
             Refused::NoTerm => "without a term",
             Refused::BadEntries => "entries out of order or missing",
             Refused::PastTheLog => "an index past this node's log",
-            Refused::BadSnapshot => "a snapshot without its index or term",
+            Refused::BadSnapshot => "a snapshot without its index or term, or with an unsound configuration",
         })
     }
 }
@@ -141,11 +144,28 @@ pub fn check_message(message: &Message, me: u64) -> Result<(), Refused> {
     }
     if kind == MsgSnapshot {
         let metadata = message.get_snapshot().get_metadata();
-        if metadata.index == 0 || metadata.term == 0 {
+        if metadata.index == 0 || metadata.term == 0 || !sound(metadata.get_conf_state()) {
             return Err(Refused::BadSnapshot);
         }
     }
     Ok(())
+}
+
+/// Whether a configuration is one Raft can restore (it panics on others):
+/// some voter, no node 0, none twice, and no voter also a learner.
+fn sound(conf: &ConfState) -> bool {
+    let voters: Vec<u64> = conf.voters.iter().chain(&conf.voters_outgoing).copied().collect();
+    let learners: Vec<u64> = conf.learners.iter().chain(&conf.learners_next).copied().collect();
+    let unique = |ids: &[u64]| ids.iter().enumerate().all(|(i, id)| !ids[..i].contains(id));
+    !conf.voters.is_empty()
+        && !voters.contains(&0)
+        && !learners.contains(&0)
+        && unique(&conf.voters)
+        && unique(&conf.voters_outgoing)
+        && unique(&conf.learners)
+        && unique(&conf.learners_next)
+        && !conf.learners.iter().any(|id| conf.voters.contains(id) || conf.voters_outgoing.contains(id))
+        && conf.learners_next.iter().all(|id| conf.voters_outgoing.contains(id))
 }
 
 /// Checks what `raft` would take as within this node's log, ending at
@@ -301,12 +321,26 @@ impl Node {
         std::mem::take(&mut self.changes)
     }
 
-    /// The lowest match index among the other members heard from lately
-    /// (on a leader): the entries after it are still read.
+    /// The lowest index the other members heard from lately still read
+    /// on from (on a leader): their match index, or the snapshot on its
+    /// way to one (which reads on from there once it has it).
     pub fn lowest_active_match(&self) -> Option<u64> {
         let me = self.id();
+        let progress = self.raw.raft.prs().iter().filter(|&(&id, pr)| id != me && pr.recent_active);
+        progress
+            .map(|(_, pr)| if pr.state == raft::ProgressState::Snapshot { pr.pending_snapshot } else { pr.matched })
+            .min()
+    }
+
+    /// Whether `peer` was heard from lately (on a leader).
+    pub fn is_active(&self, peer: u64) -> bool {
+        self.raw.raft.prs().get(peer).is_some_and(|pr| pr.recent_active)
+    }
+
+    /// The members sent a snapshot, still in flight.
+    pub fn snapshot_targets(&self) -> Vec<u64> {
         let progress = self.raw.raft.prs().iter();
-        progress.filter(|&(&id, pr)| id != me && pr.recent_active).map(|(_, pr)| pr.matched).min()
+        progress.filter(|(_, pr)| pr.state == raft::ProgressState::Snapshot).map(|(&id, _)| id).collect()
     }
 
     /// Whether this leader is sending a snapshot to a follower.
@@ -395,7 +429,15 @@ impl Node {
                 }
                 EntryType::EntryConfChangeV2 => {
                     if let Ok(change) = ConfChangeV2::parse_from_bytes(&entry.data) {
-                        if self.raw.apply_conf_change(&change).is_ok() {
+                        // Adding a voter again as a learner (a request
+                        // proposed again after it was done) would demote it:
+                        // every node skips it alike.
+                        let voters = self.raw.raft.prs().conf().voters().ids();
+                        let demotes = change.changes.iter().any(|single| {
+                            single.get_change_type() == ConfChangeType::AddLearnerNode
+                                && voters.contains(single.node_id)
+                        });
+                        if !demotes && self.raw.apply_conf_change(&change).is_ok() {
                             self.changes.push(change);
                         }
                     }

@@ -17,8 +17,11 @@
 //! connector -> { kind:u8 length:u64 message:[u8; length] }*  (protobuf `eraftpb.Message`)
 //! ```
 //!
-//! A frame's kind is 1 for a message, 2 for a message carrying a snapshot
-//! (the whole state, for a node too far behind), each with its own limit.
+//! A frame's kind is 1 for a message; a snapshot (the whole state, for a
+//! node too far behind) goes as two frames: its data (kind 3, raw bytes,
+//! up to the machine's memory), then its message without the data (kind
+//! 2, within the message limit). Protobuf cannot carry 4 GiB in one field;
+//! a frame's u64 length can.
 //!
 //! Integers are little-endian. `port` is where the connector listens for
 //! peers: with the connection's source address (a node's own, see above),
@@ -60,6 +63,7 @@ const MAC_CONTEXT: &[u8] = b"quiver peer";
 const FRAME_HEADER_BYTES: usize = 1 + 8;
 const MESSAGE_FRAME: u8 = 1;
 const SNAPSHOT_FRAME: u8 = 2;
+const SNAPSHOT_DATA_FRAME: u8 = 3;
 
 /// Most bytes waiting to be sent to one peer: enough for Raft's window of
 /// appends to a follower that keeps up; one that does not is sent again.
@@ -122,11 +126,21 @@ struct Link {
     /// Bytes to send; invariant `written <= write.len()`.
     write: Vec<u8>,
     written: usize,
+    /// A snapshot's data received, waiting for its message.
+    snapshot_data: Option<Vec<u8>>,
 }
 
 impl Link {
     fn new(socket: TcpStream, state: State, address: SocketAddr) -> Link {
-        Link { socket, state, address, read: ReadBuf::with_capacity(0), write: Vec::new(), written: 0 }
+        Link {
+            socket,
+            state,
+            address,
+            read: ReadBuf::with_capacity(0),
+            write: Vec::new(),
+            written: 0,
+            snapshot_data: None,
+        }
     }
 
     fn pending_bytes(&self) -> usize {
@@ -312,15 +326,21 @@ impl Peers {
             return Err(Undelivered::Backlog);
         }
         let start = link.write.len();
-        let kind = if message.get_msg_type() == MessageType::MsgSnapshot { SNAPSHOT_FRAME } else { MESSAGE_FRAME };
-        link.write.push(kind);
-        link.write.extend_from_slice(&[0; 8]);
-        if message.write_to_vec(&mut link.write).is_err() {
+        let written = if message.get_msg_type() == MessageType::MsgSnapshot {
+            let data = &message.get_snapshot().data;
+            link.write.push(SNAPSHOT_DATA_FRAME);
+            link.write.extend_from_slice(&(data.len() as u64).to_le_bytes());
+            link.write.extend_from_slice(data);
+            let mut light = message.clone();
+            light.mut_snapshot().data = Default::default();
+            write_frame(&mut link.write, SNAPSHOT_FRAME, &light)
+        } else {
+            write_frame(&mut link.write, MESSAGE_FRAME, message)
+        };
+        if !written {
             link.write.truncate(start);
             return Err(Undelivered::NoLink);
         }
-        let length = (link.write.len() - start - FRAME_HEADER_BYTES) as u64;
-        link.write[start + 1..start + FRAME_HEADER_BYTES].copy_from_slice(&length.to_le_bytes());
         Ok(())
     }
 
@@ -530,8 +550,8 @@ impl Peers {
                     let kind = pending[0];
                     let length = u64::from_le_bytes(pending[1..FRAME_HEADER_BYTES].try_into().expect("8 bytes"));
                     let limit = match kind {
-                        MESSAGE_FRAME => frame_bytes_max,
-                        SNAPSHOT_FRAME => snapshot_bytes_max,
+                        MESSAGE_FRAME | SNAPSHOT_FRAME => frame_bytes_max,
+                        SNAPSHOT_DATA_FRAME => snapshot_bytes_max,
                         _ => {
                             oplog::warn(format_args!("peer {peer}: a frame of unknown kind {kind}; closing"));
                             return false;
@@ -546,10 +566,20 @@ impl Peers {
                         link.read.reserve_pending(end);
                         break;
                     }
-                    match Message::parse_from_bytes(&pending[FRAME_HEADER_BYTES..end]) {
-                        // A snapshot only in its own kind of frame, with its own limit.
+                    let body = &pending[FRAME_HEADER_BYTES..end];
+                    if kind == SNAPSHOT_DATA_FRAME {
+                        if link.snapshot_data.replace(body.to_vec()).is_some() {
+                            oplog::warn(format_args!("peer {peer}: a snapshot's data without its message; closing"));
+                            return false;
+                        }
+                        link.read.consume(end);
+                        continue;
+                    }
+                    match Message::parse_from_bytes(body) {
+                        // A snapshot only in its own kind of frame, after its data.
                         Ok(message)
-                            if (message.get_msg_type() == MessageType::MsgSnapshot) != (kind == SNAPSHOT_FRAME) =>
+                            if (message.get_msg_type() == MessageType::MsgSnapshot) != (kind == SNAPSHOT_FRAME)
+                                || (kind == SNAPSHOT_FRAME) != link.snapshot_data.is_some() =>
                         {
                             oplog::warn(format_args!(
                                 "peer {peer}: a {:?} in a frame of kind {kind}; closing",
@@ -558,11 +588,19 @@ impl Peers {
                             return false;
                         }
                         // A peer speaks for itself only.
-                        Ok(message) if message.from == peer => inbox.push(message),
-                        Ok(message) => oplog::warn(format_args!(
-                            "peer {peer}: dropped a message claiming to be from node {}",
-                            message.from
-                        )),
+                        Ok(mut message) if message.from == peer => {
+                            if let Some(data) = link.snapshot_data.take() {
+                                message.mut_snapshot().data = data.into();
+                            }
+                            inbox.push(message);
+                        }
+                        Ok(message) => {
+                            link.snapshot_data = None;
+                            oplog::warn(format_args!(
+                                "peer {peer}: dropped a message claiming to be from node {}",
+                                message.from
+                            ));
+                        }
                         Err(e) => {
                             oplog::warn(format_args!("peer {peer}: a frame that is not a Raft message ({e}); closing"));
                             return false;
@@ -598,6 +636,19 @@ impl Peers {
             self.close(key);
         }
     }
+}
+
+/// Appends `message` as a frame of `kind`; false if it does not encode.
+fn write_frame(out: &mut Vec<u8>, kind: u8, message: &Message) -> bool {
+    let start = out.len();
+    out.push(kind);
+    out.extend_from_slice(&[0; 8]);
+    if message.write_to_vec(out).is_err() {
+        return false;
+    }
+    let length = (out.len() - start - FRAME_HEADER_BYTES) as u64;
+    out[start + 1..start + FRAME_HEADER_BYTES].copy_from_slice(&length.to_le_bytes());
+    true
 }
 
 /// The machine's memory: no snapshot larger can be held to be restored

@@ -69,8 +69,8 @@ pub trait Machine {
     /// Replaces the state with `image` (`image`, a leader's), durably,
     /// with `checkpoint` kept beside it.
     fn restore(&mut self, checkpoint: Vec<u8>, image: &[u8]) -> io::Result<()>;
-    /// The whole state, for a node too far behind.
-    fn image(&mut self) -> Vec<u8>;
+    /// The whole state, for a node too far behind, appended to `out`.
+    fn image(&mut self, out: &mut Vec<u8>);
 }
 
 /// Where a state stands in the Raft log, and the members' addresses then:
@@ -135,15 +135,7 @@ pub fn change_context(added: &[(u64, SocketAddr)]) -> Vec<u8> {
     out
 }
 
-/// A snapshot's data: `checkpoint_len:u32 checkpoint image`.
-fn snapshot_data(checkpoint: &[u8], image: &[u8]) -> Vec<u8> {
-    let mut data = Vec::with_capacity(4 + checkpoint.len() + image.len());
-    data.extend_from_slice(&(checkpoint.len() as u32).to_le_bytes());
-    data.extend_from_slice(checkpoint);
-    data.extend_from_slice(image);
-    data
-}
-
+/// A snapshot's data is `checkpoint_len:u32 checkpoint image`.
 fn split_snapshot_data(data: &[u8]) -> Option<(&[u8], &[u8])> {
     let (len, rest) = data.split_at_checked(4)?;
     rest.split_at_checked(u32::from_le_bytes(len.try_into().ok()?) as usize)
@@ -227,6 +219,12 @@ pub struct Replica {
     snapshot_log_bytes: u64,
     /// When the snapshot offered was last made or being sent.
     snapshot_used: Instant,
+    /// The members a snapshot is on its way to, since when.
+    snapshot_sends: BTreeMap<u64, Instant>,
+    /// When a leader removed may next try to hand over.
+    next_hand_over: Instant,
+    /// When a leader may next propose a learner as a voter.
+    next_promotion: Instant,
     /// Read rounds: `wanted` if a read of this turn waits for the next
     /// round; each round asked (its number is its read's context) waits in
     /// `asked` for its read index, then in `confirmed` for that index to be
@@ -249,6 +247,9 @@ pub struct Replica {
 /// How far behind the commit index a learner's log may be when it is made
 /// a voter: a learner under a steady stream of writes is never exactly there.
 const PROMOTE_LAG: u64 = 1000;
+
+/// How long a snapshot sent may go unanswered before it is taken as lost.
+const SNAPSHOT_SEND_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How long a snapshot made for a follower is kept once nobody is sent it.
 const SNAPSHOT_KEEP: Duration = Duration::from_secs(5);
@@ -301,6 +302,9 @@ impl Replica {
             timeout: settings.timeout,
             snapshot_log_bytes: settings.snapshot_log_bytes,
             snapshot_used: Instant::now(),
+            snapshot_sends: BTreeMap::new(),
+            next_hand_over: Instant::now(),
+            next_promotion: Instant::now(),
             next_round: 1,
             wanted: false,
             asked: BTreeMap::new(),
@@ -309,7 +313,9 @@ impl Replica {
             asked_under: (0, None),
             last_asked: Instant::now(),
         };
-        replica.addresses.insert(settings.node_id, settings.peer_addr);
+        // The address the group knows this node by stays (its
+        // --peer-addr may be one it binds, 0.0.0.0, that others cannot dial).
+        replica.addresses.entry(settings.node_id).or_insert(settings.peer_addr);
         replica.sync_peers();
         Ok(replica)
     }
@@ -495,7 +501,9 @@ impl Replica {
             }
         }
         self.offer_snapshot(machine, now);
-        self.promote_learners();
+        self.settle_snapshots(now);
+        self.promote_learners(now);
+        self.leave_if_removed(now);
         let applied = self.node.applied_index();
         let passed = &mut self.passed;
         self.confirmed.retain(|&(round, index)| {
@@ -520,7 +528,11 @@ impl Replica {
             self.snapshot_used = now;
             let started = Instant::now();
             let checkpoint = self.checkpoint();
-            let data = snapshot_data(&checkpoint.encode(), &machine.image());
+            let encoded = checkpoint.encode();
+            let mut data = Vec::new();
+            data.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
+            data.extend_from_slice(&encoded);
+            machine.image(&mut data);
             let mut snapshot = Snapshot { data: data.into(), ..Snapshot::default() };
             let metadata = snapshot.mut_metadata();
             (metadata.index, metadata.term) = (checkpoint.point.index, checkpoint.point.term);
@@ -534,6 +546,33 @@ impl Replica {
             self.node.log_mut().offer_snapshot(snapshot);
         } else if self.node.log().has_snapshot() && now.duration_since(self.snapshot_used) >= SNAPSHOT_KEEP {
             self.node.log_mut().drop_snapshot();
+        }
+    }
+
+    /// Tells Raft a snapshot sent is lost when its link broke before the
+    /// node behind answered (it crashed, or refused the frame), or when
+    /// it went unanswered for `SNAPSHOT_SEND_TIMEOUT`: Raft sends another
+    /// later. (A node that takes it answers, and that ends it too.)
+    fn settle_snapshots(&mut self, now: Instant) {
+        let targets = self.node.snapshot_targets();
+        self.snapshot_sends.retain(|peer, _| targets.contains(peer));
+        for peer in targets {
+            let sent = *self.snapshot_sends.entry(peer).or_insert(now);
+            if !self.peers.reachable(peer) || now.duration_since(sent) >= SNAPSHOT_SEND_TIMEOUT {
+                oplog::info(format_args!("the snapshot sent to node {peer} was lost; another follows"));
+                self.node.snapshot_sent(peer, false);
+                self.snapshot_sends.remove(&peer);
+            }
+        }
+    }
+
+    /// A leader its own removal reached (one taken before it led) hands
+    /// its place over, once a second until another leads.
+    fn leave_if_removed(&mut self, now: Instant) {
+        let me = self.node.id();
+        if self.is_leader() && self.member(me) != Some(true) && now >= self.next_hand_over {
+            self.next_hand_over = now + Duration::from_secs(1);
+            self.hand_over();
         }
     }
 
@@ -596,7 +635,11 @@ impl Replica {
     /// Hands this leader's place to the voter whose log matches most.
     fn hand_over(&mut self) {
         let me = self.node.id();
-        let to = self.voters().into_iter().filter(|&id| id != me).max_by_key(|&id| self.node.match_index(id));
+        let to = self
+            .voters()
+            .into_iter()
+            .filter(|&id| id != me && self.node.is_active(id))
+            .max_by_key(|&id| self.node.match_index(id));
         if let Some(to) = to {
             oplog::info(format_args!("node {me} hands its leadership to node {to} before it is removed"));
             self.node.transfer_leader(to);
@@ -605,17 +648,22 @@ impl Replica {
 
     /// A leader makes a learner a voter once its log is within
     /// `PROMOTE_LAG` entries of the commit index (one change at a time).
-    fn promote_learners(&mut self) {
-        if !self.is_leader() || self.node.has_pending_change() {
+    fn promote_learners(&mut self, now: Instant) {
+        if !self.is_leader() || self.node.has_pending_change() || now < self.next_promotion {
             return;
         }
         let commit = self.node.commit_index();
+        // Heard from lately too: a learner that caught up and then died
+        // would add a voter that never votes.
         let caught_up = self.node.conf_state().learners.into_iter().find(|&id| {
-            self.node.match_index(id).is_some_and(|matched| matched > 0 && matched + PROMOTE_LAG >= commit)
+            self.node.is_active(id)
+                && self.node.match_index(id).is_some_and(|matched| matched > 0 && matched + PROMOTE_LAG >= commit)
         });
         if let Some(id) = caught_up {
             let address = self.addresses.get(&id).copied();
             let added: Vec<(u64, SocketAddr)> = address.map(|address| (id, address)).into_iter().collect();
+            // A proposal a leader drops (it handed over meanwhile) is made again later.
+            self.next_promotion = now + Duration::from_millis(500);
             if self.propose_change(ConfChangeType::AddNode, id, &added) {
                 oplog::info(format_args!("node {id} has caught up: proposed as a voter"));
             }
@@ -692,8 +740,9 @@ impl<M: Machine> node::StateMachine for Applier<'_, M> {
         let (checkpoint_bytes, image) =
             split_snapshot_data(&snapshot.data).ok_or_else(|| damaged("its data is not whole"))?;
         let checkpoint = Checkpoint::decode(checkpoint_bytes).ok_or_else(|| damaged("its checkpoint is not whole"))?;
-        if (checkpoint.point.index, checkpoint.point.term) != (metadata.index, metadata.term) {
-            return Err(damaged("its checkpoint names another entry"));
+        let point = &checkpoint.point;
+        if (point.index, point.term, &point.conf_state) != (metadata.index, metadata.term, metadata.get_conf_state()) {
+            return Err(damaged("its checkpoint names another entry or other members"));
         }
         let started = Instant::now();
         self.machine.restore(checkpoint_bytes.to_vec(), image)?;

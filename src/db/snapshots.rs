@@ -172,8 +172,7 @@ impl Database {
     /// ```text
     /// count:u32 { name_len:u16 name file_len:u64 file }*count
     /// ```
-    pub fn state_image(&self) -> Vec<u8> {
-        let mut out = Vec::new();
+    pub fn state_image(&self, out: &mut Vec<u8>) {
         let names: Vec<&str> = self.store.names().collect();
         out.extend_from_slice(&(names.len() as u32).to_le_bytes());
         for name in names {
@@ -183,7 +182,6 @@ impl Database {
             out.extend_from_slice(&(file.len() as u64).to_le_bytes());
             out.extend_from_slice(&file);
         }
-        out
     }
 
     /// Replaces the state with `image` (`state_image`, from the leader),
@@ -226,7 +224,15 @@ impl Database {
             return;
         }
         let child = self.child.take().expect("checked above");
-        if reaped == child.pid && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        let exited = reaped == child.pid && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+        // A child that died after its rename (killed, or a failed sync of
+        // the directory after it) wrote the generation the data directory
+        // now names: it is the one in use, whatever its exit said.
+        let named = match &child.cluster {
+            None => snapshot::read_manifest(&self.data_dir).ok().flatten().map(|manifest| manifest.generation),
+            Some(_) => snapshot::read_state(&self.data_dir).ok().flatten().map(|state| state.generation),
+        };
+        if exited || named == Some(child.manifest.generation) {
             log::info(format_args!(
                 "snapshot generation {} written in {} ms ({} indexes); log now starts at segment {}",
                 child.manifest.generation,
@@ -345,6 +351,11 @@ fn split_image(mut bytes: &[u8]) -> Option<Vec<(&str, &[u8])>> {
     for _ in 0..count {
         let name_len = u16::from_le_bytes(take(&mut bytes, 2)?.try_into().ok()?);
         let name = std::str::from_utf8(take(&mut bytes, usize::from(name_len))?).ok()?;
+        // A name becomes a file name: only what an index's name may be.
+        let plain = name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if name.is_empty() || name.len() > 255 || !plain {
+            return None;
+        }
         let file_len = u64::from_le_bytes(take(&mut bytes, 8)?.try_into().ok()?);
         files.push((name, take(&mut bytes, usize::try_from(file_len).ok()?)?));
     }

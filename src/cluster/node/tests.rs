@@ -522,8 +522,18 @@ fn checks_refuse_what_raft_would_panic_on() {
     let mut overflow = message(MessageType::MsgAppend, 3, 1);
     overflow.index = u64::MAX;
     assert_eq!(check_message(&overflow, me), Err(Refused::BadEntries));
-    let snapshot = message(MessageType::MsgSnapshot, 3, 0);
+    let mut snapshot = message(MessageType::MsgSnapshot, 3, 0);
     assert_eq!(check_message(&snapshot, me), Err(Refused::BadSnapshot));
+    let metadata = snapshot.mut_snapshot().mut_metadata();
+    (metadata.index, metadata.term) = (5, 2);
+    metadata.mut_conf_state().voters = vec![1, 2, 3];
+    assert_eq!(check_message(&snapshot, me), Ok(()));
+    // Configurations Raft would panic restoring: refused.
+    for (voters, learners) in [(vec![], vec![4]), (vec![1, 2], vec![2]), (vec![1, 1], vec![]), (vec![0, 1], vec![])] {
+        let conf = snapshot.mut_snapshot().mut_metadata().mut_conf_state();
+        (conf.voters, conf.learners) = (voters.clone(), learners.clone());
+        assert_eq!(check_message(&snapshot, me), Err(Refused::BadSnapshot), "{voters:?} {learners:?}");
+    }
     // Against a log ending at entry 10.
     let mut heartbeat = message(MessageType::MsgHeartbeat, 3, 0);
     heartbeat.commit = 10;
