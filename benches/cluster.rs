@@ -10,7 +10,10 @@
 //!    200 through a survivor (a client retrying at once), 20 kills: p50, max.
 //! 5. Catch-up: a follower down while 100,000 x 768 rows are written, then
 //!    restarted: MB/s of vector data from its start to its applying the
-//!    leader's commit index.
+//!    leader's commit index (its log is not cut meanwhile: the entries).
+//!    Then a fifth figure's other half: a node added to the cluster, which
+//!    is sent the whole state: MB/s of the state's vector data from the
+//!    request to the answer that it votes.
 //!
 //! Run with `make bench` (or `cargo bench --bench cluster`).
 
@@ -82,7 +85,9 @@ fn main() {
     let texts = vector_texts(&mut rng, BATCH, DIMS);
     println!("cluster (release server, three nodes on loopback vs one node, same run)");
     let single = Server::start();
-    let mut cluster = Cluster::start(3, false);
+    // No state snapshot in this run but the one a node added is sent: the
+    // catch-up of 5 goes through the log.
+    let mut cluster = Cluster::start_with(3, false, &["--snapshot-log-bytes", "17179869184"]);
     let leader = cluster.wait_for_leader(Duration::from_secs(30));
 
     // 1 and 2, in turns (single, cluster, single, ...), three rounds each:
@@ -137,7 +142,7 @@ fn main() {
     drop(single);
 
     // 5. Catch-up: a follower misses 100,000 x 768 rows. Its restart first
-    // applies its own log again (no state snapshots yet), timed apart.
+    // applies its own log again (no state snapshot taken), timed apart.
     let leader = cluster.wait_for_leader(Duration::from_secs(30));
     let behind = (leader + 1) % 3;
     cluster.wait_until_converged(Duration::from_secs(60));
@@ -168,6 +173,33 @@ fn main() {
          own log of {had} entries again",
         replayed.as_secs_f64()
     );
+    // 5, by the state: a node added is sent all of it (every index of this
+    // run, the 100,000 rows missed above among them).
+    let leader = cluster.wait_for_leader(Duration::from_secs(30));
+    cluster.wait_until_converged(Duration::from_secs(60));
+    let rows: u64 = ["ingest-0", "ingest-1", "ingest-2", "search", "missed"]
+        .iter()
+        .map(|name| {
+            let r = cluster.node(leader).call("GET", &format!("/api/v1/indexes/{name}/stats"), None);
+            r.body["data"]["count"].as_u64().expect("a count")
+        })
+        .sum();
+    let added = cluster.start_joining();
+    let body = format!(r#"{{"id":{},"address":"{}"}}"#, added + 1, cluster.peers[added]);
+    let started = Instant::now();
+    let r = cluster.node(leader).call("POST", "/api/v1/cluster/members", Some(&body));
+    assert_eq!(r.status, 200, "{r:?}");
+    let joined = started.elapsed();
+    let state_mb = (rows as usize * DIMS * 4) as f64 / 1e6;
+    println!(
+        "  5. a node added, sent the whole state ({rows} rows, {state_mb:.0} MB of vectors): voting after {:.1} s, \
+         {:.0} MB/s (target >= 100)",
+        joined.as_secs_f64(),
+        state_mb / joined.as_secs_f64()
+    );
+    cluster.kill(added);
+    let r = cluster.node(leader).call("DELETE", &format!("/api/v1/cluster/members/{}", added + 1), None);
+    assert_eq!(r.status, 200, "{r:?}");
     // 4. Failover, 20 kills of the leader.
     let mut failovers = Vec::new();
     let body = r#"{"embeddings":[{"id":1,"data":[1.0]}]}"#;

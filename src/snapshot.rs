@@ -180,7 +180,24 @@ pub fn load_index(path: &Path, progress: &mut crate::log::Progress) -> Result<In
     let unreadable = |source| LoadError::Io { path: path.to_owned(), source };
     let file = File::open(path).map_err(unreadable)?;
     let length = file.metadata().map_err(unreadable)?.len();
-    let mut input = Verified { inner: io::BufReader::with_capacity(1 << 20, file), crc: 0 };
+    read_index(io::BufReader::with_capacity(1 << 20, file), length, path, progress)
+}
+
+/// Loads a snapshot file's bytes held in memory (a state a leader sent);
+/// `path` names it in errors.
+pub fn load_index_bytes(bytes: &[u8], path: &Path, progress: &mut crate::log::Progress) -> Result<Index, LoadError> {
+    read_index(bytes, bytes.len() as u64, path, progress)
+}
+
+/// Reads a snapshot file of `length` bytes from `source`, checking its CRC.
+fn read_index(
+    source: impl Read,
+    length: u64,
+    path: &Path,
+    progress: &mut crate::log::Progress,
+) -> Result<Index, LoadError> {
+    let unreadable = |source| LoadError::Io { path: path.to_owned(), source };
+    let mut input = Verified { inner: source, crc: 0 };
     let mut read = |input: &mut Verified<_>| -> io::Result<Index> {
         let magic: [u8; 8] = input.array()?;
         let version = u32::from_le_bytes(input.array()?);

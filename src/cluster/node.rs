@@ -66,8 +66,10 @@ pub struct Timing {
     pub heartbeat_ticks: usize,
 }
 
-/// Most bytes of entries in one append message.
-const MESSAGE_BYTES_MAX: u64 = 1 << 20;
+/// Most bytes of entries in one append message: several batches of a
+/// bulk ingest (3 MB each at 1,000 x 768), so that a follower catching up
+/// syncs and applies them in few turns.
+pub const MESSAGE_BYTES_MAX: u64 = 16 << 20;
 
 /// Most append messages on their way to one follower.
 const INFLIGHT_MESSAGES_MAX: usize = 256;

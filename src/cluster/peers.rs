@@ -89,6 +89,9 @@ const READ_CHUNK_BYTES: usize = 64 << 10;
 /// the process's descriptors or memory.
 const HANDSHAKES_MAX: usize = 64;
 
+/// Most bytes a link's buffers keep once drained (a snapshot grows them).
+const BUFFER_KEEP_BYTES_MAX: usize = 32 << 20;
+
 /// Sent bytes a link's buffer keeps before it drops them (it drops them
 /// anyway whenever it is drained whole).
 const SENT_KEEP_BYTES_MAX: usize = 1 << 20;
@@ -170,6 +173,10 @@ impl Link {
         }
         self.write.clear();
         self.written = 0;
+        // A snapshot sent must not keep its size in this buffer for good.
+        if self.write.capacity() > BUFFER_KEEP_BYTES_MAX {
+            self.write = Vec::new();
+        }
         true
     }
 
@@ -545,6 +552,8 @@ impl Peers {
                 }
                 State::Receiving { peer } => {
                     if pending.len() < FRAME_HEADER_BYTES {
+                        // A snapshot received must not keep its size here for good.
+                        link.read.shrink_when_idle(BUFFER_KEEP_BYTES_MAX, 0);
                         break;
                     }
                     let kind = pending[0];

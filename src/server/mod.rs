@@ -135,8 +135,10 @@ fn serve(config: Config) -> io::Result<()> {
     let mut server = Server::new(config, listener, app)?;
     if let Some(settings) = &cluster {
         // A command carries an upsert's items decoded: up to twice its body
-        // (a value written `0,` in two bytes takes four).
-        let frame_bytes_max = 2 * server.config.body_bytes_max + crate::limits::PEER_FRAME_OVERHEAD_BYTES;
+        // (a value written `0,` in two bytes takes four). A message holds
+        // one such command, or several up to Raft's message size.
+        let entries_max = (2 * server.config.body_bytes_max).max(crate::cluster::node::MESSAGE_BYTES_MAX as usize);
+        let frame_bytes_max = entries_max + crate::limits::PEER_FRAME_OVERHEAD_BYTES;
         let registry = server.poll.registry().try_clone()?;
         server
             .clients
