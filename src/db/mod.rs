@@ -200,20 +200,7 @@ impl Database {
 
         let started = Instant::now();
         let manifest = snapshot::read_manifest(&data_dir)?.unwrap_or_default();
-        let mut store = Store::new();
-        let mut vectors = 0usize;
-        let paths: Vec<PathBuf> = manifest
-            .indexes
-            .iter()
-            .map(|name| snapshot::snapshot_path(&snapshots_dir, manifest.generation, name))
-            .collect();
-        let total_bytes = paths.iter().filter_map(|path| fs::metadata(path).ok()).map(|m| m.len()).sum();
-        let mut progress = log::Progress::new("loading snapshots", total_bytes);
-        for (name, path) in manifest.indexes.iter().zip(&paths) {
-            let index = snapshot::load_index(path, &mut progress)?;
-            vectors += index.len();
-            store.put_index(name, index);
-        }
+        let (mut store, vectors) = load_generation(&snapshots_dir, manifest.generation, &manifest.indexes)?;
         log::info(format_args!(
             "loaded {} indexes ({vectors} embeddings) from snapshot generation {} in {} ms",
             manifest.indexes.len(),
@@ -295,16 +282,7 @@ impl Database {
         let mut manifest = Manifest::default();
         if let Some(state) = &state {
             let started = Instant::now();
-            let paths: Vec<PathBuf> = state
-                .indexes
-                .iter()
-                .map(|name| snapshot::snapshot_path(&snapshots_dir, state.generation, name))
-                .collect();
-            let total_bytes = paths.iter().filter_map(|path| fs::metadata(path).ok()).map(|m| m.len()).sum();
-            let mut progress = log::Progress::new("loading snapshots", total_bytes);
-            for (name, path) in state.indexes.iter().zip(&paths) {
-                store.put_index(name, snapshot::load_index(path, &mut progress)?);
-            }
+            store = load_generation(&snapshots_dir, state.generation, &state.indexes)?.0;
             log::info(format_args!(
                 "loaded {} indexes from state snapshot generation {} in {} ms",
                 state.indexes.len(),
@@ -494,6 +472,22 @@ fn replay_one(store: &mut Store, record: &Record, items: &mut Vec<u32>) -> bool 
         _ => record.with_mutation(items, |mutation| store.apply(&mutation)),
     }
     true
+}
+
+/// The indexes `names` of snapshot generation `generation`, and how many
+/// rows they hold.
+fn load_generation(snapshots_dir: &Path, generation: u64, names: &[String]) -> Result<(Store, usize), LoadError> {
+    let paths: Vec<PathBuf> =
+        names.iter().map(|name| snapshot::snapshot_path(snapshots_dir, generation, name)).collect();
+    let total_bytes = paths.iter().filter_map(|path| fs::metadata(path).ok()).map(|m| m.len()).sum();
+    let mut progress = log::Progress::new("loading snapshots", total_bytes);
+    let (mut store, mut rows) = (Store::new(), 0);
+    for (name, path) in names.iter().zip(&paths) {
+        let index = snapshot::load_index(path, &mut progress)?;
+        rows += index.len();
+        store.put_index(name, index);
+    }
+    Ok((store, rows))
 }
 
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
