@@ -632,6 +632,83 @@ fn members_are_added_and_removed_while_serving() {
     }
 }
 
+/// A peer port link that proves it knows the secret (from a node id
+/// that is no member), as a peer would: the challenge, then its hello.
+fn proven_link(peer_port: SocketAddr, from: u64, to: u64) -> std::net::TcpStream {
+    use hmac::{Hmac, Mac};
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(peer_port).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut challenge = [0u8; 37];
+    stream.read_exact(&mut challenge).unwrap();
+    assert_eq!(&challenge[..5], b"QVRC\x02");
+    let port: u16 = 9;
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(crate::nodes::SECRET.as_bytes()).unwrap();
+    for part in [&b"quiver peer"[..], &challenge[5..], &from.to_le_bytes(), &to.to_le_bytes(), &port.to_le_bytes()] {
+        mac.update(part);
+    }
+    let mut hello = b"QVRH\x02".to_vec();
+    hello.extend_from_slice(&from.to_le_bytes());
+    hello.extend_from_slice(&to.to_le_bytes());
+    hello.extend_from_slice(&port.to_le_bytes());
+    hello.extend_from_slice(&mac.finalize().into_bytes());
+    stream.write_all(&hello).unwrap();
+    stream
+}
+
+/// A peer that proved the secret is still held to the frame rules: a
+/// frame of an unknown kind, one over its limit, a snapshot's data not
+/// followed by its message (or a snapshot message without its data),
+/// bytes that are no Raft message: each closes its link, and the node
+/// goes on serving.
+#[test]
+fn a_proven_peer_is_still_held_to_the_frame_rules() {
+    use protobuf::Message as _;
+    use std::io::{Read, Write};
+    let cluster = Cluster::start(1, false);
+    cluster.wait_for_leader(Duration::from_secs(20));
+    let frame = |kind: u8, body: &[u8]| {
+        let mut bytes = vec![kind];
+        bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(body);
+        bytes
+    };
+    let mut snapshot = raft::eraftpb::Message::default();
+    snapshot.set_msg_type(raft::eraftpb::MessageType::MsgSnapshot);
+    (snapshot.from, snapshot.to, snapshot.term) = (2, 1, 1);
+    let snapshot = snapshot.write_to_bytes().unwrap();
+    let mut heartbeat = raft::eraftpb::Message::default();
+    heartbeat.set_msg_type(raft::eraftpb::MessageType::MsgHeartbeat);
+    (heartbeat.from, heartbeat.to) = (2, 1);
+    let heartbeat = heartbeat.write_to_bytes().unwrap();
+    let mut over = vec![1u8];
+    over.extend_from_slice(&u64::MAX.to_le_bytes());
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("unknown kind", frame(9, b"")),
+        ("over its limit", over),
+        ("data, then a message", [frame(3, b"state"), frame(1, &heartbeat)].concat()),
+        ("a snapshot without data", frame(2, &snapshot)),
+        ("a snapshot in a message frame", frame(1, &snapshot)),
+        ("no Raft message", frame(1, b"\xff\xff\xff\xff")),
+    ];
+    for (what, bytes) in &cases {
+        let mut link = proven_link(cluster.peers[0], 2, 1);
+        link.write_all(bytes).unwrap();
+        let mut rest = Vec::new();
+        // The node closes the link: the read ends (it never sends on it),
+        // not timed out.
+        let closed = match link.read_to_end(&mut rest) {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        assert!(closed, "{what}: the link was not closed");
+        let r = cluster.node(0).call("GET", "/api/v1/cluster", None);
+        assert_eq!(r.status, 200, "{what}: {r:?}");
+    }
+    assert!(cluster.count_in_logs("closing") >= cases.len(), "{}", cluster.node(0).log());
+    crate::harness::create_index(cluster.node(0), "still", 2, "l2");
+}
+
 /// A leader paused past an election comes back a follower: it answers no
 /// write and no read from the leadership it lost, and catches up.
 #[test]
