@@ -129,7 +129,7 @@ fn decode_addresses(fields: &mut Reader<'_>) -> Option<Vec<(u64, SocketAddr)>> {
 }
 
 /// A change's context: the addresses of the nodes it adds.
-pub fn change_context(added: &[(u64, SocketAddr)]) -> Vec<u8> {
+fn change_context(added: &[(u64, SocketAddr)]) -> Vec<u8> {
     let mut out = Vec::new();
     encode_addresses(added.iter().copied(), &mut out);
     out
