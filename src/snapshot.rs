@@ -123,15 +123,23 @@ pub fn write_index(path: &Path, index: &Index) -> io::Result<()> {
     write_file(path, |out| write_rows(out, index))
 }
 
-/// An index's snapshot file, in memory: what a cluster's leader sends a
-/// node too far behind.
-pub fn index_bytes(index: &Index) -> Vec<u8> {
-    let (ids, vectors, _) = index.parts();
-    let mut out = Checksummed { inner: Vec::with_capacity(64 + ids.len() * 12 + vectors.len() * 4), crc: 0 };
-    write_rows(&mut out, index).expect("writing to memory");
-    let crc = out.crc;
-    out.inner.extend_from_slice(&crc.to_le_bytes());
-    out.inner
+/// Appends an index's snapshot file to `out`, in memory (what a cluster's
+/// leader sends a node too far behind); returns its length.
+pub fn append_index_bytes(index: &Index, out: &mut Vec<u8>) -> usize {
+    let start = out.len();
+    out.reserve(index_bytes_len(index));
+    let mut file = Checksummed { inner: &mut *out, crc: 0 };
+    write_rows(&mut file, index).expect("writing to memory");
+    let crc = file.crc;
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.len() - start
+}
+
+/// The length of an index's snapshot file.
+pub fn index_bytes_len(index: &Index) -> usize {
+    let (ids, vectors, metadata) = index.parts();
+    let texts: usize = metadata.iter().map(|text| 4 + text.len()).sum();
+    8 + 4 + 4 + 8 + 8 + ids.len() * 8 + vectors.len() * 4 + texts + 4
 }
 
 /// An index's header and rows, as its snapshot file holds them before the CRC.
@@ -387,7 +395,9 @@ mod tests {
         let path = snapshot_path(dir.path(), 7, "idx");
         write_index(&path, &index).unwrap();
         // The in-memory copy of a snapshot is its file, byte for byte.
-        assert_eq!(index_bytes(&index), fs::read(&path).unwrap());
+        let mut bytes = b"before".to_vec();
+        assert_eq!(append_index_bytes(&index, &mut bytes), index_bytes_len(&index));
+        assert_eq!(&bytes[6..], &fs::read(&path).unwrap()[..]);
         let loaded = load_index(&path, &mut crate::log::Progress::new("test", 0)).unwrap();
         assert_eq!(loaded.parts(), index.parts());
         assert_eq!((loaded.dims(), loaded.metric()), (3, Metric::Cosine));

@@ -173,14 +173,17 @@ impl Database {
     /// count:u32 { name_len:u16 name file_len:u64 file }*count
     /// ```
     pub fn state_image(&self, out: &mut Vec<u8>) {
-        let names: Vec<&str> = self.store.names().collect();
-        out.extend_from_slice(&(names.len() as u32).to_le_bytes());
-        for name in names {
-            let file = snapshot::index_bytes(self.store.index(name).expect("listed above"));
+        // Sized once, and each file written in place: the whole state is
+        // copied once, not grown into and copied again.
+        let indexes: Vec<(&str, &crate::store::Index)> = self.store.indexes().collect();
+        let files: usize = indexes.iter().map(|(name, index)| 10 + name.len() + snapshot::index_bytes_len(index)).sum();
+        out.reserve(4 + files);
+        out.extend_from_slice(&(indexes.len() as u32).to_le_bytes());
+        for (name, index) in indexes {
             out.extend_from_slice(&(name.len() as u16).to_le_bytes());
             out.extend_from_slice(name.as_bytes());
-            out.extend_from_slice(&(file.len() as u64).to_le_bytes());
-            out.extend_from_slice(&file);
+            out.extend_from_slice(&(snapshot::index_bytes_len(index) as u64).to_le_bytes());
+            snapshot::append_index_bytes(index, out);
         }
     }
 
