@@ -258,15 +258,29 @@ fn read_index(
 }
 
 pub fn write_manifest(dir: &Path, manifest: &Manifest) -> io::Result<()> {
-    write_file(&dir.join(MANIFEST), |out| {
-        out.write_all(MANIFEST_MAGIC)?;
-        out.write_all(&VERSION.to_le_bytes())?;
-        out.write_all(&0u32.to_le_bytes())?;
-        out.write_all(&manifest.generation.to_le_bytes())?;
-        out.write_all(&manifest.log_start.to_le_bytes())?;
-        write_names(out, &manifest.indexes)
+    write_generation(&dir.join(MANIFEST), MANIFEST_MAGIC, manifest.generation, &manifest.indexes, |out| {
+        out.write_all(&manifest.log_start.to_le_bytes())
     })?;
     sync_dir(dir)
+}
+
+/// A MANIFEST or STATE: `magic version zero generation`, what `fill`
+/// writes, then the names of the generation's indexes, and the CRC.
+fn write_generation(
+    path: &Path,
+    magic: &[u8; 8],
+    generation: u64,
+    names: &[String],
+    fill: impl FnOnce(&mut Checksummed<BufWriter<&mut File>>) -> io::Result<()>,
+) -> io::Result<()> {
+    write_file(path, |out| {
+        out.write_all(magic)?;
+        out.write_all(&VERSION.to_le_bytes())?;
+        out.write_all(&0u32.to_le_bytes())?;
+        out.write_all(&generation.to_le_bytes())?;
+        fill(out)?;
+        write_names(out, names)
+    })
 }
 
 fn write_names(out: &mut impl Write, names: &[String]) -> io::Result<()> {
@@ -333,14 +347,9 @@ pub const STATE: &str = "STATE";
 const STATE_MAGIC: &[u8; 8] = b"QUIVSTA1";
 
 pub fn write_state(dir: &Path, state: &State) -> io::Result<()> {
-    write_file(&dir.join(STATE), |out| {
-        out.write_all(STATE_MAGIC)?;
-        out.write_all(&VERSION.to_le_bytes())?;
-        out.write_all(&0u32.to_le_bytes())?;
-        out.write_all(&state.generation.to_le_bytes())?;
+    write_generation(&dir.join(STATE), STATE_MAGIC, state.generation, &state.indexes, |out| {
         out.write_all(&(state.cluster.len() as u32).to_le_bytes())?;
-        out.write_all(&state.cluster)?;
-        write_names(out, &state.indexes)
+        out.write_all(&state.cluster)
     })?;
     sync_dir(dir)
 }

@@ -476,10 +476,9 @@ impl Replicated {
         let change = match endpoint {
             Endpoint::AddMember => {
                 let (id, address) = decode_member(body)?;
-                if let Some(known) = self.replica.address(id).filter(|&known| known != address) {
-                    if self.replica.member(id).is_some() {
-                        return Err(ApiError::MemberExists { id, address: known.to_string() });
-                    }
+                let known = self.replica.address(id).filter(|_| self.replica.member(id).is_some());
+                if let Some(known) = known.filter(|&known| known != address) {
+                    return Err(ApiError::MemberExists { id, address: known.to_string() });
                 }
                 Change::Add { id, address }
             }

@@ -309,10 +309,6 @@ impl Peers {
         self.addresses.keys().copied()
     }
 
-    pub fn address(&self, peer: u64) -> Option<SocketAddr> {
-        self.addresses.get(&peer).copied()
-    }
-
     /// Whether a proven link to `peer` is open now.
     pub fn reachable(&self, peer: u64) -> bool {
         self.outgoing.get(&peer).is_some_and(|&key| matches!(self.links[key].state, State::Sending { .. }))

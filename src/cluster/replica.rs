@@ -702,7 +702,7 @@ impl Replica {
                 let me = id == self.node.id();
                 Member {
                     id,
-                    address: if me { self.peers.local_addr().ok() } else { self.peers.address(id) },
+                    address: self.addresses.get(&id).copied(),
                     voter,
                     reachable: me || self.peers.reachable(id),
                     match_index: if leader { self.node.match_index(id) } else { None },
