@@ -178,13 +178,19 @@ struct Encoded {
     residual: f32,
 }
 
-/// Codes `v` on `grid`, handing each value's code to `put` with its
-/// position.
-fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, i8)) -> Encoded {
-    let largest = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+/// Values `encode` codes at a time: the arithmetic of one chunk runs in
+/// vector registers, and its codes go to `put` together.
+const CHUNK: usize = 64;
+
+/// Codes `v` on `grid`, handing the codes of each `CHUNK` values to `put`
+/// with the first one's position.
+fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, &[i8])) -> Encoded {
+    // The largest magnitude by the bits: for values that are not NaN the
+    // order of `|x|`'s bits as integers is the order of `|x|`.
+    let largest = f32::from_bits(v.iter().fold(0u32, |m, x| m.max(x.to_bits() & 0x7fff_ffff)));
     let scale = match grid {
         Grid::Fitted if largest == 0.0 => {
-            (0..v.len()).for_each(|i| put(i, 0));
+            v.chunks(CHUNK).enumerate().for_each(|(c, chunk)| put(c * CHUNK, &[0; CHUNK][..chunk.len()]));
             return Encoded { scale: 0.0, sum: 0, residual: 0.0 };
         }
         Grid::Fitted => f32_at_least(f64::from(largest) / 127.0).max(f32::from_bits(1)),
@@ -195,15 +201,57 @@ fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, i8)) -> Encoded {
         Grid::PowersOfTwo { p_bits } => f32::from_bits(p_bits),
         _ => 2.0,
     });
-    let mut sum = 0;
-    for (i, &x) in v.iter().enumerate() {
-        let code = (f64::from(x) / f64::from(scale)).round().clamp(-127.0, 127.0);
-        let residual = f64::from(x) - f64::from(scale) * code;
-        norm.add(residual.abs());
-        put(i, code as i8);
-        sum += code as i32;
+    let euclidean = norm.quarters == [8, 8];
+    // Eight partial sums of `e_i^2`: each sum of `n` terms is still off by
+    // at most `n 2^-53` of itself, whatever their order (`NormAbove::norm`).
+    let mut squares = [0.0f64; 8];
+    let (scale, mut sum) = (f64::from(scale), 0);
+    let mut codes = [0i8; CHUNK];
+    let mut residuals = [0.0f64; CHUNK];
+    for (c, chunk) in v.chunks(CHUNK).enumerate() {
+        for ((&x, code), residual) in chunk.iter().zip(&mut codes).zip(&mut residuals) {
+            let rounded = round_half_away((f64::from(x) / scale).clamp(-127.0, 127.0));
+            *residual = f64::from(x) - scale * rounded;
+            *code = integer_of(rounded);
+        }
+        let n = chunk.len();
+        sum += codes[..n].iter().map(|&code| i32::from(code)).sum::<i32>();
+        if euclidean {
+            let groups = residuals[..n].chunks_exact(8);
+            groups.remainder().iter().for_each(|e| squares[0] += e * e);
+            for group in groups {
+                squares.iter_mut().zip(group).for_each(|(square, e)| *square += e * e);
+            }
+        } else {
+            residuals[..n].iter().for_each(|e| norm.add(e.abs()));
+        }
+        put(c * CHUNK, &codes[..n]);
     }
-    Encoded { scale, sum, residual: f32_at_least(norm.norm()) }
+    if euclidean {
+        norm.sums = [squares.iter().sum(); 2];
+    }
+    Encoded { scale: scale as f32, sum, residual: f32_at_least(norm.norm()) }
+}
+
+/// `x` (at most 127 in magnitude) rounded to the nearest integer, halves
+/// away from zero, exactly as `f64::round` (a library call in a build for
+/// any x86-64, which keeps the loop out of vector registers): adding and
+/// taking away 2^52 rounds `|x|` to the nearest, halves to even, exactly;
+/// an even neighbour taken at a half is then one short.
+#[inline(always)]
+fn round_half_away(x: f64) -> f64 {
+    const TWO_52: f64 = 4_503_599_627_370_496.0;
+    let magnitude = x.abs();
+    let even = (magnitude + TWO_52) - TWO_52;
+    let rounded = even + if magnitude - even == 0.5 { 1.0 } else { 0.0 };
+    rounded.copysign(x)
+}
+
+/// The integer `x` (from -127 to 127) is: adding 1.5 x 2^52 puts it, in
+/// two's complement, in the low bits of the sum's mantissa.
+#[inline(always)]
+fn integer_of(x: f64) -> i8 {
+    (x + 6_755_399_441_055_744.0).to_bits() as i8
 }
 
 /// Adds up values' powers for a norm of `p` at least the exact
@@ -449,7 +497,9 @@ impl Codes {
             Encoded { scale: ratios::encode(v, out, signs), sum: 0, residual: 0.0 }
         } else {
             out[dims..].fill(stored(0));
-            encode(v, self.grid, |i, code| out[i] = stored(code))
+            encode(v, self.grid, |at, codes| {
+                out[at..at + codes.len()].iter_mut().zip(codes).for_each(|(o, &code)| *o = stored(code))
+            })
         };
         self.scales[row] = encoded.scale;
         self.residuals[row] = encoded.residual;
@@ -556,7 +606,8 @@ impl QueryCode {
         self.signs.clear();
         self.signs.resize(padded, 0);
         let signs = &mut self.signs;
-        let Encoded { scale, sum, residual } = encode(query, Grid::Fitted, |i, d| signs[i] = d);
+        let Encoded { scale, sum, residual } =
+            encode(query, Grid::Fitted, |at, d| signs[at..at + d.len()].copy_from_slice(d));
         self.magnitude.clear();
         self.magnitude.extend(self.signs.iter().map(|d| d.unsigned_abs()));
         (self.dims, self.sum, self.scale, self.residual) = (query.len(), sum, scale, residual);
@@ -958,7 +1009,49 @@ pub(super) mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::NormAbove;
+    use super::{encode, integer_of, round_half_away, Grid, NormAbove, CHUNK};
+
+    /// The rounding without a library call is `f64::round` at every half
+    /// and beside it, and its integer is the one `as` gives.
+    #[test]
+    fn rounding_is_the_library_s_at_halves_and_beside_them() {
+        for twice in -254i32..=254 {
+            let half = f64::from(twice) / 2.0;
+            for x in [half, half.next_up(), half.next_down(), half + 1e-9, half - 1e-9] {
+                if x.abs() <= 127.0 {
+                    assert_eq!(round_half_away(x).to_bits(), x.round().to_bits(), "{x}");
+                    assert_eq!(integer_of(round_half_away(x)), x.round() as i8, "{x}");
+                }
+            }
+        }
+    }
+
+    /// Each code is its value over the scale rounded, and the residual
+    /// bound is not below the residuals' norm, for lengths across chunks.
+    #[test]
+    fn codes_are_values_over_the_scale_rounded_and_the_bound_holds() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for n in [1usize, 7, 8, 9, CHUNK - 1, CHUNK, CHUNK + 1, 768, 1000] {
+            let v: Vec<f32> = (0..n)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+                })
+                .collect();
+            let mut codes = vec![0i8; n];
+            let encoded = encode(&v, Grid::Fitted, |at, c| codes[at..at + c.len()].copy_from_slice(c));
+            let scale = f64::from(encoded.scale);
+            let mut squares = 0.0;
+            for (&x, &code) in v.iter().zip(&codes) {
+                assert_eq!(code, (f64::from(x) / scale).round().clamp(-127.0, 127.0) as i8, "{x} of {n}");
+                squares += (f64::from(x) - scale * f64::from(code)).powi(2);
+            }
+            assert_eq!(encoded.sum, codes.iter().map(|&c| i32::from(c)).sum::<i32>());
+            assert!(f64::from(encoded.residual) >= squares.sqrt(), "{n} values");
+        }
+    }
 
     /// `NormAbove` of `p` is never below the norm of `p` itself, and is
     /// close to it where the values are alike.

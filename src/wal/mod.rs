@@ -15,7 +15,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use crate::files::sync_dir;
+use crate::files::{forget_cached, sync_dir};
 use crate::store::Mutation;
 pub use frame::DecodeError;
 pub use record::Record;
@@ -189,6 +189,7 @@ impl Log {
             }
             if self.sync {
                 self.file.sync_data()?;
+                forget_cached(&self.file, self.synced_bytes, self.pending.len() as u64);
             }
             Ok(())
         });

@@ -286,7 +286,10 @@ impl Metric {
 fn check<K: Kind>(vector: &[f32]) -> Result<f64, VectorError> {
     // One pass for both: finite, and not below zero where refused.
     let refused = |x: f32| !x.is_finite() || (K::NON_NEGATIVE && x < 0.0);
-    if let Some(position) = vector.iter().position(|&x| refused(x)) {
+    // Without an early exit the check runs in vector registers; a refused
+    // value is then looked for again.
+    if vector.iter().fold(false, |any, &x| any | refused(x)) {
+        let position = vector.iter().position(|&x| refused(x)).expect("a refused value");
         return Err(if vector[position].is_finite() {
             VectorError::Negative { position }
         } else {
