@@ -23,6 +23,9 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Files open, each by its name (a state's, one per index).
+pub type NamedFiles = Vec<(String, File)>;
+
 /// Lets the kernel drop `len` bytes of `file` from `offset` from its page
 /// cache, once they are synced: a log is read back only when the server
 /// starts, and pages dropped at once are the ones its next writes reuse,
@@ -34,6 +37,43 @@ pub fn forget_cached(file: &File, offset: u64, len: u64) {
     // SAFETY: a plain system call on a descriptor `file` keeps open; it
     // reads and writes no memory of ours.
     unsafe { libc::posix_fadvise(file.as_raw_fd(), offset, len, libc::POSIX_FADV_DONTNEED) };
+}
+
+/// Bytes `write_uncached` writes, syncs and drops from the page cache at a time.
+const UNCACHED_CHUNK_BYTES: usize = 8 << 20;
+
+/// Writes `bytes` at the end of `file` (a new one), synced, without
+/// keeping them in the page cache: for data the process holds in memory
+/// anyway (a state it was sent), read from the file only at the next
+/// start. Each chunk is synced and dropped before the next is written, so
+/// the same few pages of cache take all of it.
+pub fn write_uncached(file: &mut File, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let mut offset = 0u64;
+    for chunk in bytes.chunks(UNCACHED_CHUNK_BYTES) {
+        file.write_all(chunk)?;
+        file.sync_data()?;
+        forget_cached(file, offset, chunk.len() as u64);
+        offset += chunk.len() as u64;
+    }
+    Ok(())
+}
+
+/// Sends what `socket` takes of `file` from `*offset` up to `end`, from
+/// the page cache (sendfile: no copy through our memory), and moves
+/// `offset` past it. 0 only where the file ends before `end`.
+pub fn send_file(socket: &impl AsRawFd, file: &File, offset: &mut u64, end: u64) -> io::Result<usize> {
+    // Linux sends at most about 2 GiB a call.
+    let count = usize::try_from(end.saturating_sub(*offset)).unwrap_or(usize::MAX).min(1 << 30);
+    let mut at = libc::off_t::try_from(*offset).map_err(|_| io::Error::other("a file offset past off_t"))?;
+    // SAFETY: a system call on two descriptors their owners keep open,
+    // writing only `at`, a valid off_t of ours.
+    let sent = unsafe { libc::sendfile(socket.as_raw_fd(), file.as_raw_fd(), &mut at, count) };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    *offset = at as u64;
+    Ok(sent as usize)
 }
 
 #[cfg(test)]

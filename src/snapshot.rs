@@ -123,25 +123,6 @@ pub fn write_index(path: &Path, index: &Index) -> io::Result<()> {
     write_file(path, |out| write_rows(out, index))
 }
 
-/// Appends an index's snapshot file to `out`, in memory (what a cluster's
-/// leader sends a node too far behind); returns its length.
-pub fn append_index_bytes(index: &Index, out: &mut Vec<u8>) -> usize {
-    let start = out.len();
-    out.reserve(index_bytes_len(index));
-    let mut file = Checksummed { inner: &mut *out, crc: 0 };
-    write_rows(&mut file, index).expect("writing to memory");
-    let crc = file.crc;
-    out.extend_from_slice(&crc.to_le_bytes());
-    out.len() - start
-}
-
-/// The length of an index's snapshot file.
-pub fn index_bytes_len(index: &Index) -> usize {
-    let (ids, vectors, metadata) = index.parts();
-    let texts: usize = metadata.iter().map(|text| 4 + text.len()).sum();
-    8 + 4 + 4 + 8 + 8 + ids.len() * 8 + vectors.len() * 4 + texts + 4
-}
-
 /// An index's header and rows, as its snapshot file holds them before the CRC.
 fn write_rows(out: &mut impl Write, index: &Index) -> io::Result<()> {
     let (ids, vectors, metadata) = index.parts();
@@ -403,10 +384,6 @@ mod tests {
         index.upsert(-9, &[0.5, f32::MIN_POSITIVE, -7.0], b"");
         let path = snapshot_path(dir.path(), 7, "idx");
         write_index(&path, &index).unwrap();
-        // The in-memory copy of a snapshot is its file, byte for byte.
-        let mut bytes = b"before".to_vec();
-        assert_eq!(append_index_bytes(&index, &mut bytes), index_bytes_len(&index));
-        assert_eq!(&bytes[6..], &fs::read(&path).unwrap()[..]);
         let loaded = load_index(&path, &mut crate::log::Progress::new("test", 0)).unwrap();
         assert_eq!(loaded.parts(), index.parts());
         assert_eq!((loaded.dims(), loaded.metric()), (3, Metric::Cosine));

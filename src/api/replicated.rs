@@ -827,8 +827,8 @@ impl Machine for Applier<'_> {
         self.db.restore_state(checkpoint, image)
     }
 
-    fn image(&mut self, out: &mut Vec<u8>) {
-        self.db.state_image(out);
+    fn stored_state(&mut self) -> io::Result<(Vec<u8>, crate::files::NamedFiles)> {
+        self.db.stored_state()
     }
 }
 

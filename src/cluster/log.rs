@@ -344,16 +344,6 @@ impl LogStore {
         self.snapshot = Some(snapshot);
     }
 
-    /// Drops the snapshot offered (what it holds is the whole state): none
-    /// is being sent.
-    pub fn drop_snapshot(&mut self) {
-        self.snapshot = None;
-    }
-
-    pub fn has_snapshot(&self) -> bool {
-        self.snapshot.is_some()
-    }
-
     /// Whether Raft asked for a snapshot the log could not give, since the last call.
     pub fn take_snapshot_wanted(&mut self) -> bool {
         self.wanted.take()

@@ -325,12 +325,16 @@ impl Node {
 
     /// The lowest index the other members heard from lately still read
     /// on from (on a leader): their match index, or the snapshot on its
-    /// way to one (which reads on from there once it has it).
+    /// way to one (which reads on from there once it has it). A member
+    /// behind the log's first entry is left out: the log cannot serve it,
+    /// it is sent a state.
     pub fn lowest_active_match(&self) -> Option<u64> {
         let me = self.id();
+        let base = self.log().first_index().map_or(0, |first| first - 1);
         let progress = self.raw.raft.prs().iter().filter(|&(&id, pr)| id != me && pr.recent_active);
         progress
             .map(|(_, pr)| if pr.state == raft::ProgressState::Snapshot { pr.pending_snapshot } else { pr.matched })
+            .filter(|&at| at >= base)
             .min()
     }
 
@@ -343,11 +347,6 @@ impl Node {
     pub fn snapshot_targets(&self) -> Vec<u64> {
         let progress = self.raw.raft.prs().iter();
         progress.filter(|(_, pr)| pr.state == raft::ProgressState::Snapshot).map(|(&id, _)| id).collect()
-    }
-
-    /// Whether this leader is sending a snapshot to a follower.
-    pub fn sending_snapshot(&self) -> bool {
-        self.raw.raft.prs().iter().any(|(_, progress)| progress.state == raft::ProgressState::Snapshot)
     }
 
     /// The read indexes Raft has given since the last call.

@@ -21,7 +21,10 @@
 //! node too far behind) goes as two frames: its data (kind 3, raw bytes,
 //! up to the machine's memory), then its message without the data (kind
 //! 2, within the message limit). Protobuf cannot carry 4 GiB in one field;
-//! a frame's u64 length can.
+//! a frame's u64 length can. The data is sent in pieces (`Piece`): the
+//! state's files go from the page cache to the socket (`sendfile`), never
+//! through the sender's memory, so sending the whole state neither holds
+//! a copy of it nor stalls the loop to make one.
 //!
 //! Integers are little-endian. `port` is where the connector listens for
 //! peers: with the connection's source address (a node's own, see above),
@@ -38,7 +41,8 @@
 //! are dropped and Raft is told the peer is unreachable, and it sends again
 //! later), the time a handshake may take, how often a lost peer is dialled.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -51,6 +55,7 @@ use raft::eraftpb::{Message, MessageType};
 use sha2::Sha256;
 use slab::Slab;
 
+use crate::files::send_file;
 use crate::http::ReadBuf;
 use crate::log as oplog;
 
@@ -121,6 +126,36 @@ enum State {
     Receiving { peer: u64 },
 }
 
+/// A piece of a snapshot's data, as it is sent.
+pub enum Piece {
+    Bytes(Vec<u8>),
+    /// `file` from `offset` to `end` (its length when it was opened): a
+    /// state's files are never written again, only removed, which leaves
+    /// an open one whole.
+    File {
+        file: File,
+        offset: u64,
+        end: u64,
+    },
+}
+
+impl Piece {
+    /// A whole file, as long as it is now.
+    pub fn file(file: File) -> io::Result<Piece> {
+        let end = file.metadata()?.len();
+        Ok(Piece::File { file, offset: 0, end })
+    }
+
+    /// Bytes left to send.
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> u64 {
+        match self {
+            Piece::Bytes(bytes) => bytes.len() as u64,
+            Piece::File { offset, end, .. } => end - offset,
+        }
+    }
+}
+
 struct Link {
     socket: TcpStream,
     state: State,
@@ -129,6 +164,12 @@ struct Link {
     /// Bytes to send; invariant `written <= write.len()`.
     write: Vec<u8>,
     written: usize,
+    /// What goes after `write`, in order: a snapshot's pieces, then the
+    /// frames queued behind them (`out`).
+    queued: VecDeque<Piece>,
+    /// A snapshot's data being received, and how much of it has come: it
+    /// is read from the socket straight into its place, not through `read`.
+    data_in: Option<(Vec<u8>, usize)>,
     /// A snapshot's data received, waiting for its message.
     snapshot_data: Option<Vec<u8>>,
 }
@@ -142,16 +183,67 @@ impl Link {
             read: ReadBuf::with_capacity(0),
             write: Vec::new(),
             written: 0,
+            queued: VecDeque::new(),
+            data_in: None,
             snapshot_data: None,
         }
     }
 
     fn pending_bytes(&self) -> usize {
-        self.write.len() - self.written
+        let queued: u64 = self.queued.iter().map(Piece::len).sum();
+        self.write.len() - self.written + usize::try_from(queued).unwrap_or(usize::MAX)
     }
 
-    /// Sends what the socket takes; false if the link broke.
+    /// Where the next frame goes: behind everything queued.
+    fn out(&mut self) -> &mut Vec<u8> {
+        if self.queued.is_empty() {
+            return &mut self.write;
+        }
+        if !matches!(self.queued.back(), Some(Piece::Bytes(_))) {
+            self.queued.push_back(Piece::Bytes(Vec::new()));
+        }
+        match self.queued.back_mut() {
+            Some(Piece::Bytes(bytes)) => bytes,
+            _ => unreachable!("a piece of bytes was just made the last"),
+        }
+    }
+
+    /// Sends what the socket takes, `write` and then the pieces queued;
+    /// false if the link broke.
     fn flush(&mut self) -> bool {
+        loop {
+            if !self.flush_write() {
+                return false;
+            }
+            if self.written < self.write.len() {
+                return true;
+            }
+            match self.queued.front_mut() {
+                None => return true,
+                Some(Piece::Bytes(_)) => {
+                    let Some(Piece::Bytes(bytes)) = self.queued.pop_front() else { unreachable!("matched above") };
+                    (self.write, self.written) = (bytes, 0);
+                }
+                Some(Piece::File { file, offset, end }) => {
+                    while offset < end {
+                        match send_file(&self.socket, file, offset, *end) {
+                            // Shorter than when it was opened: the frame
+                            // cannot be finished.
+                            Ok(0) => return false,
+                            Ok(_) => {}
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(_) => return false,
+                        }
+                    }
+                    self.queued.pop_front();
+                }
+            }
+        }
+    }
+
+    /// Sends what the socket takes of `write`; false if the link broke.
+    fn flush_write(&mut self) -> bool {
         while self.written < self.write.len() {
             match self.socket.write(&self.write[self.written..]) {
                 Ok(0) => return false,
@@ -197,10 +289,17 @@ impl Link {
         true
     }
 
-    /// Reads what the socket has; false if the link ended or broke.
+    /// Reads what the socket has (the rest of a snapshot's data first,
+    /// into its place); false if the link ended or broke.
     fn fill(&mut self) -> bool {
         loop {
-            match self.read.read_from(&mut self.socket, READ_CHUNK_BYTES) {
+            let read = match &mut self.data_in {
+                Some((data, filled)) if *filled < data.len() => {
+                    self.socket.read(&mut data[*filled..]).inspect(|&n| *filled += n)
+                }
+                _ => self.read.read_from(&mut self.socket, READ_CHUNK_BYTES),
+            };
+            match read {
                 Ok(0) => return false,
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
@@ -328,22 +427,46 @@ impl Peers {
         if link.pending_bytes() > OUTGOING_BYTES_MAX {
             return Err(Undelivered::Backlog);
         }
-        let start = link.write.len();
-        let written = if message.get_msg_type() == MessageType::MsgSnapshot {
-            let data = &message.get_snapshot().data;
-            link.write.push(SNAPSHOT_DATA_FRAME);
-            link.write.extend_from_slice(&(data.len() as u64).to_le_bytes());
-            link.write.extend_from_slice(data);
-            let mut light = message.clone();
-            light.mut_snapshot().data = Default::default();
-            write_frame(&mut link.write, SNAPSHOT_FRAME, &light)
-        } else {
-            write_frame(&mut link.write, MESSAGE_FRAME, message)
-        };
-        if !written {
-            link.write.truncate(start);
+        if message.get_msg_type() == MessageType::MsgSnapshot {
+            let data = message.get_snapshot().data.to_vec();
+            return self.send_snapshot(message, vec![Piece::Bytes(data)], now);
+        }
+        let out = link.out();
+        let start = out.len();
+        if !write_frame(out, MESSAGE_FRAME, message) {
+            out.truncate(start);
             return Err(Undelivered::NoLink);
         }
+        Ok(())
+    }
+
+    /// Queues snapshot `message` for its peer with `data` as its data, in
+    /// pieces (what the message itself carries is left out).
+    pub fn send_snapshot(&mut self, message: &Message, data: Vec<Piece>, now: Instant) -> Result<(), Undelivered> {
+        let peer = message.to;
+        let Some(&key) = self.outgoing.get(&peer) else {
+            self.dial(peer, now);
+            return Err(Undelivered::NoLink);
+        };
+        let link = &mut self.links[key];
+        if !matches!(link.state, State::Sending { .. }) {
+            return Err(Undelivered::NoLink);
+        }
+        if link.pending_bytes() > OUTGOING_BYTES_MAX {
+            return Err(Undelivered::Backlog);
+        }
+        let mut light = message.clone();
+        light.mut_snapshot().data = Default::default();
+        let mut frame = Vec::new();
+        if !write_frame(&mut frame, SNAPSHOT_FRAME, &light) {
+            return Err(Undelivered::NoLink);
+        }
+        let length: u64 = data.iter().map(Piece::len).sum();
+        let out = link.out();
+        out.push(SNAPSHOT_DATA_FRAME);
+        out.extend_from_slice(&length.to_le_bytes());
+        link.queued.extend(data);
+        link.queued.push_back(Piece::Bytes(frame));
         Ok(())
     }
 
@@ -489,6 +612,19 @@ impl Peers {
             _ => link.fill(),
         };
         loop {
+            if let Some((data, filled)) = &mut link.data_in {
+                // The bytes read before the data's frame was seen are its first.
+                let pending = link.read.pending();
+                let take = (data.len() - *filled).min(pending.len());
+                data[*filled..*filled + take].copy_from_slice(&pending[..take]);
+                *filled += take;
+                link.read.consume(take);
+                if *filled < data.len() {
+                    break;
+                }
+                link.snapshot_data = link.data_in.take().map(|(data, _)| data);
+                continue;
+            }
             let pending = link.read.pending();
             match link.state {
                 State::Dialing { peer, .. } => {
@@ -566,20 +702,27 @@ impl Peers {
                         oplog::warn(format_args!("peer {peer}: a frame of {length} bytes, over the limit; closing"));
                         return false;
                     };
+                    if kind == SNAPSHOT_DATA_FRAME {
+                        if link.snapshot_data.is_some() {
+                            oplog::warn(format_args!("peer {peer}: a snapshot's data without its message; closing"));
+                            return false;
+                        }
+                        // Zeroed by the allocator (fresh pages, untouched
+                        // until the socket's bytes land in them).
+                        let data = vec![0; length];
+                        crate::memory::advise_huge(data.as_ptr() as usize, data.len());
+                        link.data_in = Some((data, 0));
+                        // What is pending moves over (above); the rest is
+                        // read there (`fill`).
+                        link.read.consume(FRAME_HEADER_BYTES);
+                        continue;
+                    }
                     let end = FRAME_HEADER_BYTES + length;
                     if pending.len() < end {
                         link.read.reserve_pending(end);
                         break;
                     }
                     let body = &pending[FRAME_HEADER_BYTES..end];
-                    if kind == SNAPSHOT_DATA_FRAME {
-                        if link.snapshot_data.replace(body.to_vec()).is_some() {
-                            oplog::warn(format_args!("peer {peer}: a snapshot's data without its message; closing"));
-                            return false;
-                        }
-                        link.read.consume(end);
-                        continue;
-                    }
                     match Message::parse_from_bytes(body) {
                         // A snapshot only in its own kind of frame, after its data.
                         Ok(message)

@@ -18,6 +18,14 @@
 //! with every state snapshot, and sent with the state to a node too far
 //! behind; changes of the members after it are log entries, each carrying
 //! the addresses of the nodes it adds.
+//!
+//! **The state sent** is the last state snapshot on disk: Raft is offered
+//! its point only, and a snapshot message is sent with the snapshot's
+//! files, from the page cache (`Piece`), so the loop never copies the
+//! state. Entries after that point stay in the log (it restarts only
+//! after a snapshot), so the node sent it catches up from there. A node
+//! the snapshot does not name (one added since) would refuse it: Raft's
+//! ask then starts a new state snapshot, and the next ask is sent that.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -32,7 +40,7 @@ use raft::StateRole;
 
 use super::log::{OpenError, Point};
 use super::node::{self, Node, Outbox, Timing};
-use super::peers::Peers;
+use super::peers::{Peers, Piece};
 use crate::files;
 use crate::log as oplog;
 use crate::wal::frame::Reader;
@@ -66,11 +74,13 @@ pub struct Settings {
 pub trait Machine {
     /// Applies the data of the committed entry at `index`.
     fn apply(&mut self, index: u64, data: &[u8]);
-    /// Replaces the state with `image` (`image`, a leader's), durably,
-    /// with `checkpoint` kept beside it.
+    /// Replaces the state with `image` (a leader's, as `stored_state`
+    /// gives it), durably, with `checkpoint` kept beside it.
     fn restore(&mut self, checkpoint: Vec<u8>, image: &[u8]) -> io::Result<()>;
-    /// The whole state, for a node too far behind, appended to `out`.
-    fn image(&mut self, out: &mut Vec<u8>);
+    /// The last state snapshot kept: the checkpoint kept beside it, and
+    /// its files by name, open: an image is `count:u32 { name_len:u16 name
+    /// file_len:u64 file }*count`.
+    fn stored_state(&mut self) -> io::Result<(Vec<u8>, files::NamedFiles)>;
 }
 
 /// Where a state stands in the Raft log, and the members' addresses then:
@@ -217,8 +227,12 @@ pub struct Replica {
     next_tick: Instant,
     timeout: Duration,
     snapshot_log_bytes: u64,
-    /// When the snapshot offered was last made or being sent.
-    snapshot_used: Instant,
+    /// Raft asked for a snapshot the one kept cannot be (it does not name
+    /// the node behind): a new one is taken.
+    state_wanted: bool,
+    /// Snapshot messages of this turn, sent once `advance` is done, with
+    /// the state's files.
+    snapshots: Vec<Message>,
     /// The members a snapshot is on its way to, since when.
     snapshot_sends: BTreeMap<u64, Instant>,
     /// When a leader removed may next try to hand over.
@@ -250,9 +264,6 @@ const PROMOTE_LAG: u64 = 1000;
 
 /// How long a snapshot sent may go unanswered before it is taken as lost.
 const SNAPSHOT_SEND_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// How long a snapshot made for a follower is kept once nobody is sent it.
-const SNAPSHOT_KEEP: Duration = Duration::from_secs(5);
 
 /// How long a round may go unanswered before another is asked: two
 /// heartbeats, long past a quorum's answer on a working cluster.
@@ -287,7 +298,10 @@ impl Replica {
             None => write_members(&members_path, &[(settings.node_id, settings.peer_addr)])?,
         }
         let point = checkpoint.as_ref().map(|checkpoint| &checkpoint.point);
-        let node = Node::open(settings.node_id, &dir, point, TIMING).map_err(StartError::Log)?;
+        let mut node = Node::open(settings.node_id, &dir, point, TIMING).map_err(StartError::Log)?;
+        if let Some(point) = point {
+            offer_stored(&mut node, point);
+        }
         let secret = settings.secret.as_bytes();
         let peers = Peers::bind(settings.node_id, settings.peer_addr, secret, registry, token_base, frame_bytes_max)
             .map_err(|source| StartError::Io { action: "listen on", path: PathBuf::from("--peer-addr"), source })?;
@@ -301,7 +315,8 @@ impl Replica {
             next_tick: Instant::now() + TICK,
             timeout: settings.timeout,
             snapshot_log_bytes: settings.snapshot_log_bytes,
-            snapshot_used: Instant::now(),
+            state_wanted: false,
+            snapshots: Vec::new(),
             snapshot_sends: BTreeMap::new(),
             next_hand_over: Instant::now(),
             next_promotion: Instant::now(),
@@ -353,9 +368,10 @@ impl Replica {
         }
     }
 
-    /// Whether the log has grown enough since its last restart for a state snapshot.
+    /// Whether a state snapshot is due: the log has grown enough since its
+    /// last restart, or a node behind needs a newer one.
     pub fn wants_state_snapshot(&self) -> bool {
-        self.node.log().bytes() >= self.snapshot_log_bytes
+        self.state_wanted || self.node.log().bytes() >= self.snapshot_log_bytes
     }
 
     /// Restarts the log after `point`, which a state snapshot now covers.
@@ -370,7 +386,10 @@ impl Replica {
             }
             _ => point.index,
         };
-        self.node.log_mut().restart_keeping(point, keep_after)
+        self.node.log_mut().restart_keeping(point, keep_after)?;
+        offer_stored(&mut self.node, point);
+        self.state_wanted = false;
+        Ok(())
     }
 
     pub fn id(&self) -> u64 {
@@ -467,11 +486,25 @@ impl Replica {
         let timeout = self.timeout;
         self.asked.retain(|_, &mut at| now.duration_since(at) < timeout);
         loop {
-            let mut out =
-                Sender { peers: &mut self.peers, undelivered: &mut self.undelivered, dropped: &mut self.dropped, now };
-            let mut applier = Applier { machine: &mut *machine, addresses: &mut self.addresses, restored: false };
+            let mut out = Sender {
+                peers: &mut self.peers,
+                undelivered: &mut self.undelivered,
+                dropped: &mut self.dropped,
+                snapshots: &mut self.snapshots,
+                now,
+            };
+            let mut applier = Applier { machine: &mut *machine, addresses: &mut self.addresses, restored: None };
             self.node.advance(&mut applier, &mut out)?;
-            let mut members_changed = applier.restored;
+            let restored = applier.restored.take();
+            let mut members_changed = restored.is_some();
+            if let Some(point) = restored {
+                // What it offers, should it lead, is the state now kept,
+                // not the data it was sent (held in memory).
+                offer_stored(&mut self.node, &point);
+            }
+            for message in std::mem::take(&mut self.snapshots) {
+                self.send_snapshot(machine, message, now);
+            }
             for change in self.node.take_changes() {
                 members_changed = true;
                 note_change(&change, &mut self.addresses);
@@ -500,7 +533,9 @@ impl Replica {
                 break;
             }
         }
-        self.offer_snapshot(machine, now);
+        if self.node.log_mut().take_snapshot_wanted() {
+            self.state_wanted = true;
+        }
         self.settle_snapshots(now);
         self.promote_learners(now);
         self.leave_if_removed(now);
@@ -516,37 +551,51 @@ impl Replica {
         Ok(())
     }
 
-    /// Makes the snapshot Raft asked for (a follower is behind the log),
-    /// from the state as it stands (Raft asks again at the follower's next
-    /// heartbeat); drops the one offered once it has not been sent for
-    /// `SNAPSHOT_KEEP` (it holds the whole state).
-    fn offer_snapshot(&mut self, machine: &mut impl Machine, now: Instant) {
-        if self.node.sending_snapshot() {
-            self.snapshot_used = now;
+    /// Sends snapshot `message` with the state kept, from its files; one
+    /// that cannot go (the state kept moved on since Raft made it, or a
+    /// file cannot be opened) is reported undelivered, and Raft asks again.
+    fn send_snapshot(&mut self, machine: &mut impl Machine, message: Message, now: Instant) {
+        let metadata = message.get_snapshot().get_metadata();
+        let (index, term, to) = (metadata.index, metadata.term, message.to);
+        let pieces = machine.stored_state().and_then(|(checkpoint, files)| {
+            let point = Checkpoint::decode(&checkpoint).map(|checkpoint| checkpoint.point);
+            if point.is_none_or(|point| (point.index, point.term) != (index, term)) {
+                return Err(io::Error::other("the state kept has moved on"));
+            }
+            let mut head = Vec::new();
+            head.extend_from_slice(&(checkpoint.len() as u32).to_le_bytes());
+            head.extend_from_slice(&checkpoint);
+            head.extend_from_slice(&(files.len() as u32).to_le_bytes());
+            let mut pieces = vec![Piece::Bytes(head)];
+            for (name, file) in files {
+                let file = Piece::file(file)?;
+                let mut head = Vec::new();
+                head.extend_from_slice(&(name.len() as u16).to_le_bytes());
+                head.extend_from_slice(name.as_bytes());
+                head.extend_from_slice(&file.len().to_le_bytes());
+                pieces.extend([Piece::Bytes(head), file]);
+            }
+            Ok(pieces)
+        });
+        let sent = match pieces {
+            Ok(pieces) => {
+                let bytes: u64 = pieces.iter().map(Piece::len).sum();
+                let sent = self.peers.send_snapshot(&message, pieces, now).is_ok();
+                if sent {
+                    oplog::info(format_args!("the state at entry {index} ({bytes} bytes) is being sent to node {to}"));
+                }
+                sent
+            }
+            Err(error) => {
+                oplog::info(format_args!("the state at entry {index} cannot be sent to node {to} now: {error}"));
+                false
+            }
+        };
+        if !sent {
+            self.node.unreachable(to);
+            self.node.snapshot_sent(to, false);
         }
-        if self.node.log_mut().take_snapshot_wanted() {
-            self.snapshot_used = now;
-            let started = Instant::now();
-            let checkpoint = self.checkpoint();
-            let encoded = checkpoint.encode();
-            let mut data = Vec::new();
-            data.extend_from_slice(&(encoded.len() as u32).to_le_bytes());
-            data.extend_from_slice(&encoded);
-            machine.image(&mut data);
-            let mut snapshot = Snapshot { data: data.into(), ..Snapshot::default() };
-            let metadata = snapshot.mut_metadata();
-            (metadata.index, metadata.term) = (checkpoint.point.index, checkpoint.point.term);
-            metadata.set_conf_state(checkpoint.point.conf_state);
-            oplog::info(format_args!(
-                "a snapshot of entry {} ({} bytes) made in {} ms for a node behind the log",
-                checkpoint.point.index,
-                snapshot.data.len(),
-                started.elapsed().as_millis()
-            ));
-            self.node.log_mut().offer_snapshot(snapshot);
-        } else if self.node.log().has_snapshot() && now.duration_since(self.snapshot_used) >= SNAPSHOT_KEEP {
-            self.node.log_mut().drop_snapshot();
-        }
+        self.peers.flush();
     }
 
     /// Tells Raft a snapshot sent is lost when its link broke before the
@@ -726,7 +775,8 @@ impl Replica {
 struct Applier<'a, M> {
     machine: &'a mut M,
     addresses: &'a mut BTreeMap<u64, SocketAddr>,
-    restored: bool,
+    /// Where a state sent and restored stands.
+    restored: Option<Point>,
 }
 
 impl<M: Machine> node::StateMachine for Applier<'_, M> {
@@ -752,8 +802,8 @@ impl<M: Machine> node::StateMachine for Applier<'_, M> {
             image.len(),
             started.elapsed().as_millis()
         ));
+        self.restored = Some(checkpoint.point.clone());
         *self.addresses = checkpoint.addresses;
-        self.restored = true;
         Ok(())
     }
 }
@@ -793,6 +843,8 @@ struct Sender<'a> {
     peers: &'a mut Peers,
     undelivered: &'a mut Vec<(u64, bool)>,
     dropped: &'a mut Vec<Vec<u8>>,
+    /// Snapshot messages, sent by `Replica::send_snapshot` with the state.
+    snapshots: &'a mut Vec<Message>,
     now: Instant,
 }
 
@@ -802,6 +854,10 @@ impl Outbox for Sender<'_> {
             return;
         }
         for message in messages {
+            if message.get_msg_type() == MessageType::MsgSnapshot {
+                self.snapshots.push(message);
+                continue;
+            }
             if self.peers.send(&message, self.now).is_err() {
                 self.undelivered.push((message.to, message.get_msg_type() == MessageType::MsgSnapshot));
                 if message.get_msg_type() == MessageType::MsgPropose {
@@ -813,6 +869,16 @@ impl Outbox for Sender<'_> {
         }
         self.peers.flush();
     }
+}
+
+/// Offers Raft the state kept at `point`: its point only (`send_snapshot`
+/// reads the state itself as it sends it).
+fn offer_stored(node: &mut Node, point: &Point) {
+    let mut snapshot = Snapshot::default();
+    let metadata = snapshot.mut_metadata();
+    (metadata.index, metadata.term) = (point.index, point.term);
+    metadata.set_conf_state(point.conf_state.clone());
+    node.log_mut().offer_snapshot(snapshot);
 }
 
 fn read_members(path: &Path) -> Result<Option<Vec<(u64, SocketAddr)>>, StartError> {

@@ -175,6 +175,8 @@ pub struct Database {
     /// A cluster's state snapshot finished since the last look: its
     /// cluster bytes (`take_written_state`).
     written_state: Option<Vec<u8>>,
+    /// A cluster's: the cluster bytes of the STATE in use (`stored_state`).
+    state_cluster: Option<Vec<u8>>,
     /// Held for the life of the process: one process per data directory.
     _lock: File,
 }
@@ -254,6 +256,7 @@ impl Database {
             remover: None,
             snapshot_log_bytes: options.snapshot_log_bytes,
             written_state: None,
+            state_cluster: None,
             _lock: lock,
         };
         database.remove_unused_files(false);
@@ -304,6 +307,7 @@ impl Database {
             remover: None,
             snapshot_log_bytes: u64::MAX,
             written_state: None,
+            state_cluster: state.as_ref().map(|state| state.cluster.clone()),
             _lock: lock,
         };
         database.remove_unused_files(false);

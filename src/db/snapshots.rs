@@ -2,7 +2,7 @@
 //! child while the loop goes on serving, the final snapshot at shutdown,
 //! and the removal of files that no snapshot or log position needs.
 
-use std::fs;
+use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -80,7 +80,10 @@ impl Database {
     pub fn begin_state(&mut self, cluster: Vec<u8>) -> io::Result<()> {
         assert!(self.store.names().next().is_none() && self.log.is_none(), "a state begun once, empty");
         let generation = self.manifest.generation;
-        snapshot::write_state(&self.data_dir, &snapshot::State { generation, cluster, indexes: Vec::new() })
+        let state = snapshot::State { generation, cluster, indexes: Vec::new() };
+        snapshot::write_state(&self.data_dir, &state)?;
+        self.state_cluster = Some(state.cluster);
+        Ok(())
     }
 
     /// The cluster bytes of the state snapshot written since the last call.
@@ -166,28 +169,27 @@ impl Database {
         log::info(format_args!("snapshot generation {} stopped", child.manifest.generation));
     }
 
-    /// A cluster's state image: every index's snapshot file, in memory,
-    /// as the leader sends it to a node too far behind.
+    /// The state snapshot in use (a cluster's): its cluster bytes, and
+    /// its files by index name, open. A leader sends it to a node too far
+    /// behind as an image:
     ///
     /// ```text
     /// count:u32 { name_len:u16 name file_len:u64 file }*count
     /// ```
-    pub fn state_image(&self, out: &mut Vec<u8>) {
-        // Sized once, and each file written in place: the whole state is
-        // copied once, not grown into and copied again.
-        let indexes: Vec<(&str, &crate::store::Index)> = self.store.indexes().collect();
-        let files: usize = indexes.iter().map(|(name, index)| 10 + name.len() + snapshot::index_bytes_len(index)).sum();
-        out.reserve(4 + files);
-        out.extend_from_slice(&(indexes.len() as u32).to_le_bytes());
-        for (name, index) in indexes {
-            out.extend_from_slice(&(name.len() as u16).to_le_bytes());
-            out.extend_from_slice(name.as_bytes());
-            out.extend_from_slice(&(snapshot::index_bytes_len(index) as u64).to_le_bytes());
-            snapshot::append_index_bytes(index, out);
-        }
+    ///
+    /// A file opened stays whole while it is sent, even once a newer
+    /// generation has it removed.
+    pub fn stored_state(&self) -> io::Result<(Vec<u8>, files::NamedFiles)> {
+        let cluster = self.state_cluster.clone().ok_or_else(|| io::Error::other("this node holds no state yet"))?;
+        let (generation, names) = (self.manifest.generation, &self.manifest.indexes);
+        let files = names
+            .iter()
+            .map(|name| Ok((name.clone(), File::open(snapshot::snapshot_path(&self.snapshots_dir, generation, name))?)))
+            .collect::<io::Result<_>>()?;
+        Ok((cluster, files))
     }
 
-    /// Replaces the state with `image` (`state_image`, from the leader),
+    /// Replaces the state with `image` (`stored_state`'s, the leader's),
     /// durably, with `cluster` in its STATE: the files are written and
     /// checked (each its CRC), then the STATE names them.
     pub fn restore_state(&mut self, cluster: Vec<u8>, image: &[u8]) -> io::Result<()> {
@@ -207,7 +209,7 @@ impl Database {
             let writer = scope.spawn(|| -> io::Result<u128> {
                 for &(name, file) in &files {
                     let path = snapshot::snapshot_path(snapshots_dir, generation, name);
-                    files::write_atomically(&path, |out| out.write_all(file))?;
+                    files::write_atomically(&path, |out| files::write_uncached(out, file))?;
                 }
                 files::sync_dir(snapshots_dir)?;
                 Ok(started.elapsed().as_millis())
@@ -228,7 +230,9 @@ impl Database {
         let (written_ms, loaded_ms) = (written?, loaded?);
         self.store = store;
         let indexes: Vec<String> = files.iter().map(|&(name, _)| name.to_owned()).collect();
-        snapshot::write_state(&self.data_dir, &snapshot::State { generation, cluster, indexes: indexes.clone() })?;
+        let state = snapshot::State { generation, cluster, indexes: indexes.clone() };
+        snapshot::write_state(&self.data_dir, &state)?;
+        self.state_cluster = Some(state.cluster);
         log::info(format_args!(
             "state sent written as generation {generation} in {written_ms} ms, and loaded in {loaded_ms} ms meanwhile"
         ));
@@ -265,6 +269,9 @@ impl Database {
                 child.manifest.log_start
             ));
             self.manifest = child.manifest;
+            if child.cluster.is_some() {
+                self.state_cluster.clone_from(&child.cluster);
+            }
             self.written_state = child.cluster;
             self.remove_unused_files(true);
         } else {
@@ -363,7 +370,7 @@ fn write_state_snapshot(db: &Database, generation: u64, cluster: Vec<u8>) -> io:
     Ok(Manifest { generation, log_start: 0, indexes })
 }
 
-/// `state_image`'s files, by name; none if the bytes are not whole.
+/// An image's files (`stored_state`), by name; none if the bytes are not whole.
 fn split_image(mut bytes: &[u8]) -> Option<Vec<(&str, &[u8])>> {
     fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
         let (head, rest) = bytes.split_at_checked(n)?;
