@@ -40,7 +40,7 @@
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot};
@@ -57,6 +57,12 @@ const BASE: u8 = 19;
 
 /// Bytes an entry adds to a message besides its data and context.
 const ENTRY_OVERHEAD_BYTES: u64 = 32;
+
+/// The buffer of entries awaiting their sync is kept up to this size: a
+/// follower catching up appends many whole batches a turn, and fresh
+/// memory for each costs more than the copy into it. As much as one peer
+/// link may hold (`peers::OUTGOING_BYTES_MAX`).
+const PENDING_KEEP_BYTES_MAX: usize = 64 << 20;
 
 /// One record of the Raft log.
 #[derive(Debug, PartialEq)]
@@ -273,7 +279,8 @@ impl LogStore {
         }
         kept.hard_state.commit = kept.hard_state.commit.max(kept.base.0).min(kept.last_index());
         let next = replayed.last.map_or(0, |last| last + 1);
-        let log = wal::Log::create(dir, next).map_err(io_error("start", &wal::segment_path(dir, next)))?;
+        let mut log = wal::Log::create(dir, next).map_err(io_error("start", &wal::segment_path(dir, next)))?;
+        log.set_keep_bytes(PENDING_KEEP_BYTES_MAX);
         let mut store = LogStore {
             dir: dir.to_owned(),
             log,
@@ -394,12 +401,14 @@ impl LogStore {
         encode_conf_state(self.kept.conf_state.0, &self.kept.conf_state.1, &mut bytes);
         let partial = self.dir.join(format!("{next:020}.partial"));
         let mut file = OpenOptions::new().write(true).create_new(true).open(&partial)?;
-        file.write_all(&bytes)?;
+        // Read back only at the next start: kept out of the page cache.
+        crate::files::write_uncached(&mut file, &bytes)?;
         file.sync_all()?;
         drop(file);
         fs::rename(&partial, wal::segment_path(&self.dir, next))?;
         sync_dir(&self.dir)?;
         self.log = wal::Log::resume(&self.dir, next, bytes.len() as u64)?;
+        self.log.set_keep_bytes(PENDING_KEEP_BYTES_MAX);
         self.carried_bytes = bytes.len() as u64;
         self.log.set_sync(self.sync);
         self.broken = false;

@@ -122,6 +122,8 @@ pub struct Log {
     pending: Vec<u8>,
     fault: Fault,
     sync: bool,
+    /// `pending`'s capacity kept once synced (`set_keep_bytes`).
+    keep_bytes_max: usize,
 }
 
 impl Log {
@@ -145,7 +147,16 @@ impl Log {
         if fault.power_loss {
             note_synced(dir, segment, synced_bytes);
         }
-        Log { dir: dir.to_owned(), file, segment, synced_bytes, pending: Vec::new(), fault, sync: true }
+        let keep_bytes_max = crate::limits::BUF_KEEP_BYTES_MAX;
+        Log { dir: dir.to_owned(), file, segment, synced_bytes, pending: Vec::new(), fault, sync: true, keep_bytes_max }
+    }
+
+    /// How much of the buffer of records awaiting their sync is kept once
+    /// they are synced (`limits::BUF_KEEP_BYTES_MAX` unless set): a log
+    /// that takes large records steadily (a cluster's, each entry a whole
+    /// batch) keeps more, rather than fault in fresh memory for each.
+    pub fn set_keep_bytes(&mut self, bytes: usize) {
+        self.keep_bytes_max = bytes;
     }
 
     /// Whether `commit` calls fdatasync (off only to measure its cost).
@@ -200,7 +211,7 @@ impl Log {
                     note_synced(&self.dir, self.segment, self.synced_bytes);
                 }
                 self.pending.clear();
-                if self.pending.capacity() > crate::limits::BUF_KEEP_BYTES_MAX {
+                if self.pending.capacity() > self.keep_bytes_max {
                     self.pending = Vec::new();
                 }
                 Ok(())
