@@ -26,32 +26,6 @@ pub fn give_back() {
     }
 }
 
-/// Below this, an allocation is left to the system's default pages.
-const HUGE_ADVICE_BYTES_MIN: usize = 4 << 20;
-
-/// Asks the system to back the `bytes` from `address` (an allocation of
-/// ours) with huge pages where it can (2 MiB on x86-64, where
-/// transparent huge pages are on `madvise`, a common default). Only the
-/// whole 4 KiB pages inside are advised. Only advice: the contents and
-/// the allocation stay as they are, and an error changes nothing.
-pub fn advise_huge(address: usize, bytes: usize) {
-    const PAGE: usize = 4096;
-    if bytes < HUGE_ADVICE_BYTES_MIN {
-        return;
-    }
-    let start = address.next_multiple_of(PAGE);
-    let end = (address + bytes) / PAGE * PAGE;
-    if end > start {
-        #[cfg(target_os = "linux")]
-        // SAFETY: `madvise` with MADV_HUGEPAGE changes how pages of the
-        // range are backed, never their contents; the range lies inside
-        // an allocation of ours.
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-        }
-    }
-}
-
 /// Keeps every thread's allocations in glibc's main arena, which
 /// `give_back` returns in full. Called before any thread starts.
 pub fn one_arena() {

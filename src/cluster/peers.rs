@@ -709,9 +709,7 @@ impl Peers {
                         }
                         // Zeroed by the allocator (fresh pages, untouched
                         // until the socket's bytes land in them).
-                        let data = vec![0; length];
-                        crate::memory::advise_huge(data.as_ptr() as usize, data.len());
-                        link.data_in = Some((data, 0));
+                        link.data_in = Some((vec![0; length], 0));
                         // What is pending moves over (above); the rest is
                         // read there (`fill`).
                         link.read.consume(FRAME_HEADER_BYTES);
