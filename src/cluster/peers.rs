@@ -413,25 +413,31 @@ impl Peers {
         self.outgoing.get(&peer).is_some_and(|&key| matches!(self.links[key].state, State::Sending { .. }))
     }
 
-    /// Queues `message` for its peer, dialling it if no link is open.
-    pub fn send(&mut self, message: &Message, now: Instant) -> Result<(), Undelivered> {
-        let peer = message.to;
+    /// The proven link to `peer` that can take more, dialling it if no
+    /// link is open.
+    fn sending_link(&mut self, peer: u64, now: Instant) -> Result<usize, Undelivered> {
         let Some(&key) = self.outgoing.get(&peer) else {
             self.dial(peer, now);
             return Err(Undelivered::NoLink);
         };
-        let link = &mut self.links[key];
+        let link = &self.links[key];
         if !matches!(link.state, State::Sending { .. }) {
             return Err(Undelivered::NoLink);
         }
         if link.pending_bytes() > OUTGOING_BYTES_MAX {
             return Err(Undelivered::Backlog);
         }
+        Ok(key)
+    }
+
+    /// Queues `message` for its peer, dialling it if no link is open.
+    pub fn send(&mut self, message: &Message, now: Instant) -> Result<(), Undelivered> {
         if message.get_msg_type() == MessageType::MsgSnapshot {
             let data = message.get_snapshot().data.to_vec();
             return self.send_snapshot(message, vec![Piece::Bytes(data)], now);
         }
-        let out = link.out();
+        let key = self.sending_link(message.to, now)?;
+        let out = self.links[key].out();
         let start = out.len();
         if !write_frame(out, MESSAGE_FRAME, message) {
             out.truncate(start);
@@ -443,18 +449,8 @@ impl Peers {
     /// Queues snapshot `message` for its peer with `data` as its data, in
     /// pieces (what the message itself carries is left out).
     pub fn send_snapshot(&mut self, message: &Message, data: Vec<Piece>, now: Instant) -> Result<(), Undelivered> {
-        let peer = message.to;
-        let Some(&key) = self.outgoing.get(&peer) else {
-            self.dial(peer, now);
-            return Err(Undelivered::NoLink);
-        };
+        let key = self.sending_link(message.to, now)?;
         let link = &mut self.links[key];
-        if !matches!(link.state, State::Sending { .. }) {
-            return Err(Undelivered::NoLink);
-        }
-        if link.pending_bytes() > OUTGOING_BYTES_MAX {
-            return Err(Undelivered::Backlog);
-        }
         let mut light = message.clone();
         light.mut_snapshot().data = Default::default();
         let mut frame = Vec::new();
