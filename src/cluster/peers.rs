@@ -430,12 +430,10 @@ impl Peers {
         Ok(key)
     }
 
-    /// Queues `message` for its peer, dialling it if no link is open.
+    /// Queues `message` for its peer, dialling it if no link is open. A
+    /// snapshot goes by `send_snapshot`, with its data in pieces.
     pub fn send(&mut self, message: &Message, now: Instant) -> Result<(), Undelivered> {
-        if message.get_msg_type() == MessageType::MsgSnapshot {
-            let data = message.get_snapshot().data.to_vec();
-            return self.send_snapshot(message, vec![Piece::Bytes(data)], now);
-        }
+        assert_ne!(message.get_msg_type(), MessageType::MsgSnapshot, "a snapshot goes by send_snapshot");
         let key = self.sending_link(message.to, now)?;
         let out = self.links[key].out();
         let start = out.len();
