@@ -40,6 +40,9 @@
 //! bytes waiting to go to one peer (`OUTGOING_BYTES_MAX`: past it, messages
 //! are dropped and Raft is told the peer is unreachable, and it sends again
 //! later), the time a handshake may take, how often a lost peer is dialled.
+//! Messages for a peer whose link is being dialled wait behind the hello,
+//! within the same limit: a peer back up hears the first message sent it,
+//! not the one after the next heartbeat (and its answer likewise).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
@@ -172,6 +175,8 @@ struct Link {
     data_in: Option<(Vec<u8>, usize)>,
     /// A snapshot's data received, waiting for its message.
     snapshot_data: Option<Vec<u8>>,
+    /// Frames queued while ours is dialled: they go after the hello.
+    early: Vec<u8>,
 }
 
 impl Link {
@@ -186,16 +191,21 @@ impl Link {
             queued: VecDeque::new(),
             data_in: None,
             snapshot_data: None,
+            early: Vec::new(),
         }
     }
 
     fn pending_bytes(&self) -> usize {
         let queued: u64 = self.queued.iter().map(Piece::len).sum();
-        self.write.len() - self.written + usize::try_from(queued).unwrap_or(usize::MAX)
+        self.write.len() - self.written + self.early.len() + usize::try_from(queued).unwrap_or(usize::MAX)
     }
 
-    /// Where the next frame goes: behind everything queued.
+    /// Where the next frame goes: behind everything queued, or behind the
+    /// hello still to be sent.
     fn out(&mut self) -> &mut Vec<u8> {
+        if matches!(self.state, State::Dialing { .. }) {
+            return &mut self.early;
+        }
         if self.queued.is_empty() {
             return &mut self.write;
         }
@@ -413,15 +423,18 @@ impl Peers {
         self.outgoing.get(&peer).is_some_and(|&key| matches!(self.links[key].state, State::Sending { .. }))
     }
 
-    /// The proven link to `peer` that can take more, dialling it if no
-    /// link is open.
-    fn sending_link(&mut self, peer: u64, now: Instant) -> Result<usize, Undelivered> {
-        let Some(&key) = self.outgoing.get(&peer) else {
+    /// The link to `peer` that can take more, dialling it if no link is
+    /// open. One being dialled takes messages (`early`), so that the
+    /// first after a peer comes back are not lost to the dial: Raft would
+    /// wait a heartbeat to send again, and the answer another. A snapshot
+    /// waits for a proven link (`proven`).
+    fn sending_link(&mut self, peer: u64, proven: bool, now: Instant) -> Result<usize, Undelivered> {
+        if !self.outgoing.contains_key(&peer) {
             self.dial(peer, now);
-            return Err(Undelivered::NoLink);
-        };
+        }
+        let Some(&key) = self.outgoing.get(&peer) else { return Err(Undelivered::NoLink) };
         let link = &self.links[key];
-        if !matches!(link.state, State::Sending { .. }) {
+        if proven && !matches!(link.state, State::Sending { .. }) {
             return Err(Undelivered::NoLink);
         }
         if link.pending_bytes() > OUTGOING_BYTES_MAX {
@@ -434,7 +447,7 @@ impl Peers {
     /// snapshot goes by `send_snapshot`, with its data in pieces.
     pub fn send(&mut self, message: &Message, now: Instant) -> Result<(), Undelivered> {
         assert_ne!(message.get_msg_type(), MessageType::MsgSnapshot, "a snapshot goes by send_snapshot");
-        let key = self.sending_link(message.to, now)?;
+        let key = self.sending_link(message.to, false, now)?;
         let out = self.links[key].out();
         let start = out.len();
         if !write_frame(out, MESSAGE_FRAME, message) {
@@ -447,7 +460,7 @@ impl Peers {
     /// Queues snapshot `message` for its peer with `data` as its data, in
     /// pieces (what the message itself carries is left out).
     pub fn send_snapshot(&mut self, message: &Message, data: Vec<Piece>, now: Instant) -> Result<(), Undelivered> {
-        let key = self.sending_link(message.to, now)?;
+        let key = self.sending_link(message.to, true, now)?;
         let link = &mut self.links[key];
         let mut light = message.clone();
         light.mut_snapshot().data = Default::default();
@@ -638,6 +651,7 @@ impl Peers {
                     link.write.extend_from_slice(&peer.to_le_bytes());
                     link.write.extend_from_slice(&self.port.to_le_bytes());
                     link.write.extend_from_slice(&proof);
+                    link.write.append(&mut link.early);
                     link.state = State::Sending { peer };
                     if !link.flush() {
                         return false;
@@ -816,4 +830,41 @@ fn connect_from(own_ip: Option<IpAddr>, address: SocketAddr) -> io::Result<TcpSt
         Err(e) => return Err(e),
     }
     Ok(TcpStream::from_std(socket.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mio::{Events, Poll};
+
+    /// A message sent before the link to its peer is proven is not lost
+    /// to the dial: it follows the hello, the first a peer back up hears.
+    #[test]
+    fn a_message_sent_while_its_link_is_dialled_arrives() {
+        let mut poll = Poll::new().expect("a poll");
+        let secret = [7u8; 32];
+        let loopback: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+        let mut a = Peers::bind(1, loopback, &secret, poll.registry(), 0, 1 << 20).expect("bound");
+        let mut b = Peers::bind(2, loopback, &secret, poll.registry(), 1000, 1 << 20).expect("bound");
+        a.set_address(2, b.local_addr().expect("an address"));
+        let mut message = Message::default();
+        message.set_msg_type(MessageType::MsgHeartbeat);
+        (message.from, message.to, message.term) = (1, 2, 5);
+        a.send(&message, Instant::now()).expect("queued while the link is dialled");
+        assert!(!a.reachable(2), "not proven yet");
+        let (mut inbox, mut events) = (Vec::new(), Events::with_capacity(64));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while inbox.is_empty() {
+            assert!(Instant::now() < deadline, "the message never arrived");
+            a.flush();
+            b.flush();
+            poll.poll(&mut events, Some(Duration::from_millis(50))).expect("polled");
+            for event in events.iter() {
+                let peers = if b.owns(event.token()) { &mut b } else { &mut a };
+                peers.on_event(event.token(), Instant::now(), &mut inbox);
+            }
+        }
+        assert_eq!((inbox.len(), inbox[0].term, inbox[0].get_msg_type()), (1, 5, MessageType::MsgHeartbeat));
+        assert!(a.reachable(2));
+    }
 }
