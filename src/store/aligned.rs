@@ -40,18 +40,14 @@ impl<T: Pod> Aligned<T> {
         Aligned { lines: Vec::new(), len: 0, kind: std::marker::PhantomData }
     }
 
-    /// `len` zero values, from memory the system gives zeroed: its pages
-    /// are written once, by what fills them (a snapshot loaded), not first
-    /// with zeros.
+    /// `len` zero values, cleared by the allocator in one pass (not a
+    /// line at a time, as `resize` would).
     pub fn zeroed(len: usize) -> Aligned<T> {
-        let lines: Vec<Line> = bytemuck::allocation::zeroed_vec(len.div_ceil(Self::PER_LINE));
-        // Huge pages where the system gives them (`advise_huge`):
-        // filling it then takes a 512th of the page faults, and a scan
-        // misses the TLB as much less. Only here, where the size is known:
-        // an index grown row by row would clear pages 2 MiB at a time for
-        // each copy its growth makes.
-        advise_huge(lines.as_ptr() as usize, lines.capacity() * size_of::<Line>());
-        Aligned { lines, len, kind: std::marker::PhantomData }
+        Aligned {
+            lines: bytemuck::allocation::zeroed_vec(len.div_ceil(Self::PER_LINE)),
+            len,
+            kind: std::marker::PhantomData,
+        }
     }
 
     /// A copy of `values`.
@@ -116,32 +112,6 @@ impl<T: Pod> DerefMut for Aligned<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         let len = self.len;
         &mut self.all_mut()[..len]
-    }
-}
-
-/// Below this, an allocation is left to the system's default pages.
-const HUGE_ADVICE_BYTES_MIN: usize = 4 << 20;
-
-/// Asks the system to back the `bytes` from `address` (an allocation of
-/// ours) with huge pages where it can (2 MiB on x86-64, where
-/// transparent huge pages are on `madvise`, a common default). Only the
-/// whole 4 KiB pages inside are advised. Only advice: the contents and
-/// the allocation stay as they are, and an error changes nothing.
-fn advise_huge(address: usize, bytes: usize) {
-    const PAGE: usize = 4096;
-    if bytes < HUGE_ADVICE_BYTES_MIN {
-        return;
-    }
-    let start = address.next_multiple_of(PAGE);
-    let end = (address + bytes) / PAGE * PAGE;
-    if end > start {
-        #[cfg(target_os = "linux")]
-        // SAFETY: `madvise` with MADV_HUGEPAGE changes how pages of the
-        // range are backed, never their contents; the range lies inside
-        // an allocation of ours.
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-        }
     }
 }
 
