@@ -867,4 +867,27 @@ mod tests {
         assert_eq!((inbox.len(), inbox[0].term, inbox[0].get_msg_type()), (1, 5, MessageType::MsgHeartbeat));
         assert!(a.reachable(2));
     }
+
+    /// What waits for a link being dialled is held to the backlog of a
+    /// proven one: past `OUTGOING_BYTES_MAX`, messages are refused.
+    #[test]
+    fn a_link_being_dialled_takes_no_more_than_the_backlog() {
+        let poll = Poll::new().expect("a poll");
+        let loopback: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+        let mut a = Peers::bind(1, loopback, &[7; 32], poll.registry(), 0, 64 << 20).expect("bound");
+        // Never polled: the link stays dialled, whatever is at the address.
+        a.set_address(2, "127.0.0.1:9".parse().expect("an address"));
+        let mut message = Message::default();
+        message.set_msg_type(MessageType::MsgAppend);
+        (message.from, message.to) = (1, 2);
+        message.mut_entries().push(raft::eraftpb::Entry { data: vec![1; 8 << 20].into(), ..Default::default() });
+        let now = Instant::now();
+        let taken = (0..20).take_while(|_| a.send(&message, now).is_ok()).count();
+        assert_eq!(a.send(&message, now), Err(Undelivered::Backlog));
+        let key = a.outgoing[&2];
+        assert!(matches!(a.links[key].state, State::Dialing { .. }));
+        assert!(
+            taken >= 8 && a.links[key].pending_bytes() <= OUTGOING_BYTES_MAX + message.compute_size() as usize + 16
+        );
+    }
 }
