@@ -141,14 +141,18 @@ impl<T: Pod> Aligned<T> {
         self[start..].copy_from_slice(values);
     }
 
-    /// The first value's address: the map's start, or a dangling line for
-    /// no map (then `len` is zero).
+    /// The first value's address, to read through: the map's start, or a
+    /// dangling line for no map (then `len` is zero).
     #[inline]
-    fn start(&self) -> NonNull<T> {
-        match &self.map {
-            Some(map) => NonNull::new(map.as_ptr().cast_mut()).expect("a map is never at address 0").cast(),
-            None => NonNull::<Line>::dangling().cast(),
-        }
+    fn start(&self) -> *const T {
+        self.map.as_ref().map_or(NonNull::<Line>::dangling().as_ptr().cast(), |map| map.as_ptr().cast())
+    }
+
+    /// `start`, to write through: taken from the map mutably, as writes
+    /// must be.
+    #[inline]
+    fn start_mut(&mut self) -> *mut T {
+        self.map.as_mut().map_or(NonNull::<Line>::dangling().as_ptr().cast(), |map| map.as_mut_ptr().cast())
     }
 }
 
@@ -172,7 +176,7 @@ impl<T: Pod> Deref for Aligned<T> {
         // map `len` is 0 and the dangling start is aligned. The slice
         // borrows `self`, so the map neither moves nor is unmapped while it
         // lives.
-        unsafe { std::slice::from_raw_parts(self.start().as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.start(), self.len) }
     }
 }
 
@@ -180,8 +184,9 @@ impl<T: Pod> DerefMut for Aligned<T> {
     #[inline]
     fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as in `deref`; `&mut self` makes the slice the only
-        // access to those values, and a map is private to its `Aligned`.
-        unsafe { std::slice::from_raw_parts_mut(self.start().as_ptr(), self.len) }
+        // access to those values, a map is private to its `Aligned`, and
+        // the address was taken from the map mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.start_mut(), self.len) }
     }
 }
 
