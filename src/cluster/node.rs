@@ -66,13 +66,18 @@ pub struct Timing {
     pub heartbeat_ticks: usize,
 }
 
-/// Most bytes of entries in one append message: several batches of a
-/// bulk ingest (3 MB each at 1,000 x 768), so that a follower catching up
-/// syncs and applies them in few turns.
-pub const MESSAGE_BYTES_MAX: u64 = 16 << 20;
+/// Most bytes of entries in one append message (a message carries one
+/// entry at least, whatever its size): a batch of a bulk ingest (3 MB at
+/// 1,000 x 768), or many small writes.
+pub const MESSAGE_BYTES_MAX: u64 = 4 << 20;
 
-/// Most append messages on their way to one follower.
-const INFLIGHT_MESSAGES_MAX: usize = 256;
+/// Most append messages on their way to one follower: Raft's window of
+/// appends, which must fit what a peer link holds (`replica` checks it).
+/// A window larger than a link refused its tail; Raft then took the
+/// follower for unreachable, probed it and sent again what had gone
+/// already, so a follower catching up received about twice the entries it
+/// missed.
+pub const INFLIGHT_MESSAGES_MAX: usize = 8;
 
 /// Why a peer's message was not stepped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

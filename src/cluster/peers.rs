@@ -73,8 +73,10 @@ const MESSAGE_FRAME: u8 = 1;
 const SNAPSHOT_FRAME: u8 = 2;
 const SNAPSHOT_DATA_FRAME: u8 = 3;
 
-/// Most bytes waiting to be sent to one peer: enough for Raft's window of
-/// appends to a follower that keeps up; one that does not is sent again.
+/// Most bytes waiting to be sent to one peer: twice Raft's window of
+/// appends to a follower (`node::INFLIGHT_MESSAGES_MAX` messages of
+/// `node::MESSAGE_BYTES_MAX`); what a follower that does not keep up is
+/// refused is sent again.
 pub const OUTGOING_BYTES_MAX: usize = 64 << 20;
 
 /// How long a connection may take to prove itself (or to be accepted).

@@ -55,6 +55,13 @@ pub const TICK: Duration = Duration::from_millis(100);
 /// machine's late turn is not taken for a death.
 pub const TIMING: Timing = Timing { election_ticks: 8, heartbeat_ticks: 2 };
 
+// Raft's window of appends to a follower fits half of what a link holds:
+// the other half is for heartbeats, answers and a window of entries
+// larger than `MESSAGE_BYTES_MAX` each.
+const _: () = assert!(
+    node::INFLIGHT_MESSAGES_MAX as u64 * node::MESSAGE_BYTES_MAX <= super::peers::OUTGOING_BYTES_MAX as u64 / 2
+);
+
 /// What a node of a cluster is started with.
 #[derive(Clone, Debug)]
 pub struct Settings {
