@@ -549,3 +549,45 @@ fn checks_refuse_what_raft_would_panic_on() {
     termless.log_term = 0;
     assert_eq!(check_against_log(&termless, 10), Err(Refused::PastTheLog));
 }
+
+/// A follower far behind is sent its entries a window at a time: what the
+/// leader queues for it between two deliveries (its entries' bytes) stays
+/// within half of what a peer link holds (`peers::OUTGOING_BYTES_MAX`, the
+/// link's limit, with room for heartbeats and answers). A window larger
+/// than the link was refused in part, and Raft sent again what had gone.
+#[test]
+fn a_follower_far_behind_is_sent_a_window_a_link_holds() {
+    const ENTRY_BYTES: usize = 3 << 19;
+    let mut sim = Sim::new(34);
+    sim.heal();
+    let leader = sim.members.iter().position(|m| m.running.as_ref().unwrap().0.role() == StateRole::Leader).unwrap();
+    let behind = (leader + 1) % MEMBERS.len();
+    sim.crash(behind);
+    // Under `SNAPSHOT_EVERY` entries: the follower gets them, not the state.
+    let entries = SNAPSHOT_EVERY as usize - 4;
+    let (leader_id, behind_id) = (sim.members[leader].id, sim.members[behind].id);
+    let last = sim.members[leader].running.as_ref().unwrap().0.applied_index() + entries as u64;
+    for n in 0..entries {
+        assert!(sim.members[leader].running.as_mut().unwrap().0.propose(vec![n as u8; ENTRY_BYTES]));
+    }
+    sim.members[behind].start(&mut sim.rng);
+    let mut queued_max = 0;
+    for _ in 0..5000 {
+        sim.step += 1;
+        sim.run_nodes(true);
+        let queued: usize = sim.links.get(&(leader_id, behind_id)).map_or(0, |link| {
+            link.iter().flat_map(|message| message.get_entries()).map(|entry| entry.data.len()).sum()
+        });
+        queued_max = queued_max.max(queued);
+        sim.deliver();
+        if sim.members[behind].running.as_ref().unwrap().0.applied_index() >= last {
+            break;
+        }
+    }
+    assert!(sim.members[behind].running.as_ref().unwrap().0.applied_index() >= last, "the follower did not catch up");
+    assert!(entries * ENTRY_BYTES > crate::cluster::peers::OUTGOING_BYTES_MAX / 2, "behind by more than a window");
+    assert!(
+        queued_max <= crate::cluster::peers::OUTGOING_BYTES_MAX / 2,
+        "{queued_max} bytes of entries queued for one follower at once"
+    );
+}
