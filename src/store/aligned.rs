@@ -13,10 +13,14 @@
 //! virtual machine that was the larger part of applying a stream of
 //! inserts (a follower catching up stalled 1.3 s at 65,536 rows of 768
 //! values). Dropped, its pages go straight back to the system.
+//!
+//! A small one (under `MAPPED_BYTES_MIN`) is whole lines from the
+//! allocator instead: a map per empty index would spend the system's
+//! limit on maps (`vm.max_map_count`, 65,530 by default) at a few tens of
+//! thousands of indexes, and an index created past it would fail.
 
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
-use std::ptr::NonNull;
 
 use bytemuck::Pod;
 use memmap2::{MmapMut, MmapOptions, RemapOptions};
@@ -24,17 +28,34 @@ use memmap2::{MmapMut, MmapOptions, RemapOptions};
 /// The granularity of a map's size; a map starts a page, so a line too.
 const PAGE_BYTES: usize = 4096;
 
-/// One cache line, the alignment the view promises without a map (empty).
+/// From this size on, the values live in a map of their own.
+const MAPPED_BYTES_MIN: usize = 1 << 20;
+
+/// One cache line, the unit a small one holds.
+#[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Line([u8; 64]);
+
+// SAFETY: 64 bytes at an alignment of 64: no padding, and every bit
+// pattern is a `Line`.
+unsafe impl bytemuck::Zeroable for Line {}
+// SAFETY: as above; `Copy` and 'static.
+unsafe impl Pod for Line {}
+
+/// Where the values live. Every byte of either is initialized.
+enum Room {
+    /// Whole lines, every one of them in use or zero (its length is the
+    /// room, not what is used).
+    Heap(Vec<Line>),
+    Mapped(MmapMut),
+}
 
 /// `len` values of `T` from the start of a page, zero past `len` to the
 /// end of the map.
 pub struct Aligned<T> {
-    /// None until it holds something. Invariant: every byte of the map
-    /// past the first `len` values is zero, and the map holds at least
-    /// `len` values.
-    map: Option<MmapMut>,
+    /// Invariant: every byte of the room past the first `len` values is
+    /// zero, and the room holds at least `len` values.
+    room: Room,
     len: usize,
     kind: PhantomData<T>,
 }
@@ -48,7 +69,7 @@ impl<T: Pod> Aligned<T> {
     };
 
     pub fn new() -> Aligned<T> {
-        Aligned { map: None, len: 0, kind: PhantomData }
+        Aligned { room: Room::Heap(Vec::new()), len: 0, kind: PhantomData }
     }
 
     /// `len` zero values, from pages the system gives zeroed: they are
@@ -71,7 +92,10 @@ impl<T: Pod> Aligned<T> {
 
     /// Bytes of room it has now.
     fn capacity_bytes(&self) -> usize {
-        self.map.as_ref().map_or(0, |map| map.len())
+        match &self.room {
+            Room::Heap(lines) => lines.len() * size_of::<Line>(),
+            Room::Mapped(map) => map.len(),
+        }
     }
 
     /// Room for `len` values in all, allocated now.
@@ -94,19 +118,26 @@ impl<T: Pod> Aligned<T> {
         len.checked_mul(Self::SIZE).expect("an index's size in bytes fits a usize")
     }
 
-    /// Room for `bytes` in all, in whole pages. The pages gained are
-    /// zero, as the invariant asks.
+    /// Room for `bytes` in all: whole lines while small, whole pages of a
+    /// map from `MAPPED_BYTES_MIN` on. What is gained is zero, as the
+    /// invariant asks.
     fn grow_to(&mut self, bytes: usize) {
         if bytes <= self.capacity_bytes() {
             return;
         }
-        let size = bytes.next_multiple_of(PAGE_BYTES);
-        match &mut self.map {
-            None => {
-                let map = MmapOptions::new().len(size).map_anon().expect("memory for an index's rows");
-                self.map = Some(map);
+        match &mut self.room {
+            Room::Heap(lines) if bytes < MAPPED_BYTES_MIN => {
+                lines.resize(bytes.div_ceil(size_of::<Line>()), Line([0; 64]));
             }
-            Some(map) => {
+            Room::Heap(lines) => {
+                let size = bytes.next_multiple_of(PAGE_BYTES);
+                let mut map = MmapOptions::new().len(size).map_anon().expect("memory for an index's rows");
+                let held: &[u8] = bytemuck::cast_slice(lines);
+                map[..held.len()].copy_from_slice(held);
+                self.room = Room::Mapped(map);
+            }
+            Room::Mapped(map) => {
+                let size = bytes.next_multiple_of(PAGE_BYTES);
                 // SAFETY: `&mut self` holds the only access to the map: no
                 // slice of it lives across this call, so its moving leaves
                 // nothing pointing at the old address.
@@ -141,18 +172,24 @@ impl<T: Pod> Aligned<T> {
         self[start..].copy_from_slice(values);
     }
 
-    /// The first value's address, to read through: the map's start, or a
-    /// dangling line for no map (then `len` is zero).
+    /// The first value's address, to read through: the room's start (an
+    /// empty `Vec`'s is dangling, aligned for a line).
     #[inline]
     fn start(&self) -> *const T {
-        self.map.as_ref().map_or(NonNull::<Line>::dangling().as_ptr().cast(), |map| map.as_ptr().cast())
+        match &self.room {
+            Room::Heap(lines) => lines.as_ptr().cast(),
+            Room::Mapped(map) => map.as_ptr().cast(),
+        }
     }
 
-    /// `start`, to write through: taken from the map mutably, as writes
+    /// `start`, to write through: taken from the room mutably, as writes
     /// must be.
     #[inline]
     fn start_mut(&mut self) -> *mut T {
-        self.map.as_mut().map_or(NonNull::<Line>::dangling().as_ptr().cast(), |map| map.as_mut_ptr().cast())
+        match &mut self.room {
+            Room::Heap(lines) => lines.as_mut_ptr().cast(),
+            Room::Mapped(map) => map.as_mut_ptr().cast(),
+        }
     }
 }
 
@@ -169,13 +206,14 @@ impl<T: Pod> Deref for Aligned<T> {
 
     #[inline]
     fn deref(&self) -> &[T] {
-        // SAFETY: the map holds at least `len` values of `T` (the
-        // invariant), starts a page, so is aligned for `T` (a `T` divides
-        // 64 bytes, `SIZE`), and every bit pattern is a `T` (`Pod`); a
-        // map's pages are initialized, zero where never written. Without a
-        // map `len` is 0 and the dangling start is aligned. The slice
-        // borrows `self`, so the map neither moves nor is unmapped while it
-        // lives.
+        // SAFETY: the room holds at least `len` values of `T` (the
+        // invariant), starts a line (a `Vec<Line>`, or a map, which starts
+        // a page), so is aligned for `T` (a `T` divides 64 bytes, `SIZE`),
+        // and every bit pattern is a `T` (`Pod`); every byte of the room
+        // is initialized (lines written, a map's pages zero where never
+        // written). Empty, `len` is 0 and the dangling start is aligned.
+        // The slice borrows `self`, so the room neither moves nor is freed
+        // while it lives.
         unsafe { std::slice::from_raw_parts(self.start(), self.len) }
     }
 }
@@ -184,8 +222,8 @@ impl<T: Pod> DerefMut for Aligned<T> {
     #[inline]
     fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as in `deref`; `&mut self` makes the slice the only
-        // access to those values, a map is private to its `Aligned`, and
-        // the address was taken from the map mutably.
+        // access to those values, the room is private to its `Aligned`,
+        // and the address was taken from it mutably.
         unsafe { std::slice::from_raw_parts_mut(self.start_mut(), self.len) }
     }
 }
@@ -212,7 +250,8 @@ mod tests {
         for n in 0..2000 {
             values.extend_from_slice(&row);
             values[n * 771] = n as f32;
-            assert_eq!(values.as_ptr() as usize % PAGE_BYTES, 0);
+            let mapped = matches!(values.room, Room::Mapped(_));
+            assert_eq!(values.as_ptr() as usize % if mapped { PAGE_BYTES } else { 64 }, 0);
         }
         for (n, chunk) in values.chunks(771).enumerate() {
             assert_eq!(chunk[0], n as f32);
@@ -222,8 +261,10 @@ mod tests {
         values.resize(3_000_000);
         assert_eq!(&values[..5], &[0.0, 1.0, 2.0, 3.0, 4.0]);
         assert!(values[5..].iter().all(|&x| x == 0.0));
+        assert!(matches!(values.room, Room::Mapped(_)));
         let zeroed = Aligned::<u8>::zeroed(5 << 20);
         assert!(zeroed.len() == 5 << 20 && zeroed.iter().all(|&b| b == 0));
+        assert!(matches!(zeroed.room, Room::Mapped(_)));
     }
 
     #[test]
@@ -244,5 +285,7 @@ mod tests {
         bytes.resize(64);
         assert_eq!(&bytes[..], &[[1u8].as_slice(), &[0; 63]].concat()[..]);
         assert_eq!(&Aligned::<u64>::from_slice(&[7, 8])[..], &[7, 8]);
+        // Small ones take no map of their own (the system limits maps).
+        assert!(matches!(values.room, Room::Heap(_)) && matches!(bytes.room, Room::Heap(_)));
     }
 }
