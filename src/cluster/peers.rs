@@ -75,8 +75,8 @@ const SNAPSHOT_DATA_FRAME: u8 = 3;
 
 /// Most bytes waiting to be sent to one peer: twice Raft's window of
 /// appends to a follower (`node::INFLIGHT_MESSAGES_MAX` messages of
-/// `node::MESSAGE_BYTES_MAX`); what a follower that does not keep up is
-/// refused is sent again.
+/// `node::MESSAGE_BYTES_MAX`). Past it, messages are refused, and Raft
+/// sends them again later.
 pub const OUTGOING_BYTES_MAX: usize = 64 << 20;
 
 /// How long a connection may take to prove itself (or to be accepted).
