@@ -31,6 +31,13 @@
 //!   log holds entry 1, and a node added later learns the members from the
 //!   snapshot it is sent, never from a log that lacks the first ones.
 //!
+//! The entries live in the segments; memory holds each one's term and
+//! place, and the last ones appended whole (up to `CACHE_BYTES_MAX`): those
+//! Raft reads next, to apply them and to send them to followers keeping up.
+//! Older ones are read back from their records when asked (a follower far
+//! behind, a restart applying the log again), so a node holds its indexes
+//! once, not again in its log.
+//!
 //! A state snapshot and the log must agree on the point the snapshot
 //! stands for. `open` takes that point from the snapshot's manifest (where
 //! it is written in the same rename as the data): where the log does not
@@ -39,16 +46,19 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::fs::{self, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
 use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
 
-use crate::files::sync_dir;
+use crate::files::{forget_cached, sync_dir};
+use crate::log as oplog;
 use crate::wal::frame::{self, DecodeError, Reader};
-use crate::wal::{self, ReplayError};
+use crate::wal::{self, Place, ReplayError};
 
 const ENTRY: u8 = 16;
 const HARD_STATE: u8 = 17;
@@ -64,10 +74,31 @@ const ENTRY_OVERHEAD_BYTES: u64 = 32;
 /// link may hold (`peers::OUTGOING_BYTES_MAX`).
 const PENDING_KEEP_BYTES_MAX: usize = 64 << 20;
 
-/// One record of the Raft log.
+/// The entries kept in memory besides their records, the last appended:
+/// what Raft reads next, to apply them and to send them to the followers
+/// keeping up (`node` asserts it holds a window of appends to one and the
+/// entries one `Ready` applies). Each node touches this much fresh memory
+/// once, then reuses it.
+pub const CACHE_BYTES_MAX: u64 = 64 << 20;
+
+/// Records read back in one read: the entries of one message, most often,
+/// and a bound on the buffer of one read besides.
+const RUN_BYTES_MAX: u64 = 16 << 20;
+
+/// Bytes between two entries' records that one read still takes rather
+/// than read each apart: a hard state, or a short suffix overwritten.
+const RUN_GAP_BYTES_MAX: u64 = 64 << 10;
+
+/// One record of the Raft log, as a replay reads it.
 #[derive(Debug, PartialEq)]
 enum Item {
-    Entry(Entry),
+    /// An entry's index and term, and the bytes a message carries of it:
+    /// its data is read back from the record when asked.
+    Entry {
+        index: u64,
+        term: u64,
+        size: u64,
+    },
     HardState(HardState),
     /// A configuration and the index of the entry that made it.
     ConfState(u64, ConfState),
@@ -106,43 +137,97 @@ impl Point {
     }
 }
 
+/// An entry of the log: its term, where its record is, and the entry
+/// itself while it is among the last appended.
+#[derive(Debug)]
+struct Slot {
+    term: u64,
+    /// The bytes a message carries of it: `ENTRY_OVERHEAD_BYTES`, its data
+    /// and its context.
+    size: u64,
+    place: Place,
+    /// Boxed: most entries of a long log are not cached, and take no room for it.
+    cached: Option<Box<Entry>>,
+}
+
 /// The log as it stands: what `raft` reads through `Storage`.
 #[derive(Debug, Default)]
 struct Kept {
-    /// The entries after `base`, in order: `entries[i].index` is
+    /// The entries after `base`, in order: `entries[i]` is entry
     /// `base.0 + 1 + i`.
-    entries: VecDeque<Entry>,
+    entries: VecDeque<Slot>,
     /// The index and term of the entry before the first kept: the last
     /// snapshot's, or (0, 0).
     base: (u64, u64),
     hard_state: HardState,
     /// The configuration, and the index of the entry that made it.
     conf_state: (u64, ConfState),
+    /// The entries from this index on are cached, those before it are not
+    /// (it may lie past either end: then all are, or none).
+    cached_from: u64,
+    /// The sizes of the entries cached.
+    cached_bytes: u64,
 }
 
 impl Kept {
-    /// Applies one record read back; `Err((after, found))` for a gap.
-    fn replay(&mut self, item: Item) -> Result<(), (u64, u64)> {
+    /// Applies one record read back, at `place`; `Err((after, found))` for a gap.
+    fn replay(&mut self, item: Item, place: Place) -> Result<(), (u64, u64)> {
         match item {
-            Item::Entry(entry) => {
-                if entry.index <= self.base.0 {
+            Item::Entry { index, term, size } => {
+                if index <= self.base.0 {
                     return Ok(());
                 }
                 let last = self.last_index();
-                if entry.index > last + 1 {
-                    return Err((last, entry.index));
+                if index > last + 1 {
+                    return Err((last, index));
                 }
-                self.entries.truncate((entry.index - self.base.0 - 1) as usize);
-                self.entries.push_back(entry);
+                self.drop_after(index - 1);
+                self.entries.push_back(Slot { term, size, place, cached: None });
+                self.cached_from = index + 1;
             }
             Item::HardState(hard_state) => self.hard_state = hard_state,
             Item::ConfState(at, conf_state) => self.conf_state = (at, conf_state),
-            Item::Base { index, term } => {
-                self.entries.clear();
-                self.base = (index, term);
-            }
+            Item::Base { index, term } => self.restart(index, term),
         }
         Ok(())
+    }
+
+    /// Drops every entry after `index` (at or after the base).
+    fn drop_after(&mut self, index: u64) {
+        let keep = (index - self.base.0) as usize;
+        let dropped = self.entries.range(keep..).filter(|slot| slot.cached.is_some());
+        self.cached_bytes -= dropped.map(|slot| slot.size).sum::<u64>();
+        self.entries.truncate(keep);
+        self.cached_from = self.cached_from.min(index + 1);
+    }
+
+    /// Drops every entry up to `index` (kept, or the base), which becomes
+    /// the base, of `term`.
+    fn drop_through(&mut self, index: u64, term: u64) {
+        let dropped = self.entries.drain(..(index - self.base.0) as usize);
+        self.cached_bytes -= dropped.filter(|slot| slot.cached.is_some()).map(|slot| slot.size).sum::<u64>();
+        self.base = (index, term);
+        self.cached_from = self.cached_from.max(index + 1);
+    }
+
+    /// Drops every entry; the log goes on after `(index, term)`.
+    fn restart(&mut self, index: u64, term: u64) {
+        self.entries.clear();
+        self.base = (index, term);
+        self.cached_from = index + 1;
+        self.cached_bytes = 0;
+    }
+
+    /// Drops the oldest entries cached from memory (their records keep
+    /// them) until those left take at most `bytes_max`.
+    fn uncache(&mut self, bytes_max: u64) {
+        self.cached_from = self.cached_from.max(self.base.0 + 1);
+        while self.cached_bytes > bytes_max && self.cached_from <= self.last_index() {
+            let slot = &mut self.entries[(self.cached_from - self.base.0 - 1) as usize];
+            assert!(slot.cached.take().is_some(), "the entries from cached_from on are cached");
+            self.cached_bytes -= slot.size;
+            self.cached_from += 1;
+        }
     }
 
     /// Drops what the state snapshot at `point` covers: the entries up to
@@ -155,14 +240,8 @@ impl Kept {
         }
         let keep_after = keep_after.clamp(self.base.0, point.index);
         match (self.term_of(point.index), self.term_of(keep_after)) {
-            (Some(term), Some(base_term)) if term == point.term => {
-                self.entries.drain(..(keep_after - self.base.0) as usize);
-                self.base = (keep_after, base_term);
-            }
-            _ => {
-                self.entries.clear();
-                self.base = (point.index, point.term);
-            }
+            (Some(term), Some(base_term)) if term == point.term => self.drop_through(keep_after, base_term),
+            _ => self.restart(point.index, point.term),
         }
         self.hard_state.commit = self.hard_state.commit.max(point.index);
         self.hard_state.term = self.hard_state.term.max(point.term);
@@ -208,6 +287,8 @@ pub struct LogStore {
     /// land before its base, and be dropped on replay, so nothing more is
     /// synced.
     broken: bool,
+    /// `CACHE_BYTES_MAX`, but where a test reads every entry back from disk.
+    cache_bytes_max: u64,
 }
 
 /// Why the Raft log could not be read back.
@@ -263,13 +344,13 @@ impl LogStore {
         remove_partial_segments(dir)?;
         let mut kept = Kept::default();
         let mut gap = None;
-        let replayed = wal::replay(dir, (0, false), decode, |item| {
+        let replayed = wal::replay(dir, (0, false), decode, |item, place| {
             // A base supersedes all before it: segments that a restart
             // had not finished removing may leave a gap behind one.
             if matches!(item, Item::Base { .. }) {
                 gap = None;
             }
-            if let Err(found) = kept.replay(item) {
+            if let Err(found) = kept.replay(item, place) {
                 gap.get_or_insert(found);
             }
         })
@@ -290,6 +371,7 @@ impl LogStore {
             sync: true,
             carried_bytes: 0,
             broken: false,
+            cache_bytes_max: CACHE_BYTES_MAX,
         };
         // A snapshot that covers more than the log knows (taken, or sent,
         // just before a crash): the log restarts after it on disk too, or
@@ -311,10 +393,14 @@ impl LogStore {
             first.index,
             base + 1,
         );
-        self.kept.entries.truncate((first.index - base - 1) as usize);
+        self.kept.drop_after(first.index - 1);
         for entry in entries {
+            let (segment, offset) = (self.log.segment(), self.log.end());
             self.log.append_with(|out| encode_entry(entry, out));
-            self.kept.entries.push_back(entry.clone());
+            let place = Place { segment, offset, len: self.log.end() - offset };
+            let size = entry_size(entry);
+            self.kept.entries.push_back(Slot { term: entry.term, size, place, cached: Some(Box::new(entry.clone())) });
+            self.kept.cached_bytes += size;
         }
     }
 
@@ -338,12 +424,22 @@ impl LogStore {
         self.log.set_sync(sync);
     }
 
+    /// Where a test reads every entry back from its record: at most
+    /// `bytes` of entries kept in memory too.
+    pub fn set_cache_bytes(&mut self, bytes: u64) {
+        self.cache_bytes_max = bytes;
+    }
+
     /// Writes and syncs what was appended: one `fdatasync` for all of it.
+    /// The oldest entries then leave memory past `CACHE_BYTES_MAX`: their
+    /// records hold them.
     pub fn sync(&mut self) -> io::Result<()> {
         if self.broken {
             return Err(io::Error::other("the Raft log's restart after a snapshot failed; restart the node"));
         }
-        self.log.commit()
+        self.log.commit()?;
+        self.kept.uncache(self.cache_bytes_max);
+        Ok(())
     }
 
     /// Offers `snapshot` to followers too far behind for the entries kept.
@@ -383,8 +479,7 @@ impl LogStore {
     pub fn bytes_between(&self, after: u64, to: u64) -> u64 {
         let from = after.saturating_sub(self.kept.base.0) as usize;
         let to = (to.saturating_sub(self.kept.base.0) as usize).min(self.kept.entries.len());
-        let entries = self.kept.entries.range(from.min(to)..to);
-        entries.map(|entry| ENTRY_OVERHEAD_BYTES + (entry.data.len() + entry.context.len()) as u64).sum()
+        self.kept.entries.range(from.min(to)..to).map(|slot| slot.size).sum()
     }
 
     /// `restart_keeping` once what was appended is synced; mends `broken`
@@ -394,8 +489,20 @@ impl LogStore {
         let next = self.log.segment() + 1;
         let mut bytes = wal::segment_header().to_vec();
         encode_base(self.kept.base, &mut bytes);
-        for entry in &self.kept.entries {
-            encode_entry(entry, &mut bytes);
+        // The entries kept, the older from their records as they are,
+        // and where each will be.
+        let mut places = Vec::with_capacity(self.kept.entries.len());
+        let on_disk: Vec<Place> =
+            self.kept.entries.iter().take_while(|slot| slot.cached.is_none()).map(|slot| slot.place).collect();
+        read_records(&self.dir, &on_disk, |_, record| {
+            places.push(Place { segment: next, offset: bytes.len() as u64, len: record.len() as u64 });
+            bytes.extend_from_slice(record);
+            Ok(())
+        })?;
+        for slot in self.kept.entries.range(on_disk.len()..) {
+            let offset = bytes.len() as u64;
+            encode_entry(slot.cached.as_deref().expect("the entries from cached_from on are cached"), &mut bytes);
+            places.push(Place { segment: next, offset, len: bytes.len() as u64 - offset });
         }
         encode_hard_state(&self.kept.hard_state, &mut bytes);
         encode_conf_state(self.kept.conf_state.0, &self.kept.conf_state.1, &mut bytes);
@@ -407,6 +514,9 @@ impl LogStore {
         drop(file);
         fs::rename(&partial, wal::segment_path(&self.dir, next))?;
         sync_dir(&self.dir)?;
+        for (slot, place) in self.kept.entries.iter_mut().zip(places) {
+            slot.place = place;
+        }
         self.log = wal::Log::resume(&self.dir, next, bytes.len() as u64)?;
         self.log.set_keep_bytes(PENDING_KEEP_BYTES_MAX);
         self.carried_bytes = bytes.len() as u64;
@@ -417,6 +527,68 @@ impl LogStore {
         }
         sync_dir(&self.dir)
     }
+
+    /// Entries `first..` read back from `places`, their records, appended to `found`.
+    fn read_back(&self, first: u64, places: &[Place], found: &mut Vec<Entry>) -> io::Result<()> {
+        read_records(&self.dir, places, |buffer, record| {
+            let index = first + found.len() as u64;
+            let damaged = |why: &dyn std::fmt::Display| {
+                let place = places[found.len()];
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "entry {index} of the Raft log, in segment {} at offset {}: {why}",
+                        place.segment, place.offset
+                    ),
+                )
+            };
+            let (entry, _) = frame::decode(record, |kind, payload| read_entry(kind, payload, buffer))
+                .map_err(|error| damaged(&error))?;
+            if entry.index != index {
+                return Err(damaged(&format_args!("the record holds entry {}", entry.index)));
+            }
+            found.push(entry);
+            Ok(())
+        })
+    }
+}
+
+/// Reads the records at `places` (in a log's order) back from their
+/// segments in `dir`, handing each to `take` with the buffer it lies in.
+/// Records close together are read at once, and dropped from the page
+/// cache once read, as they were once written.
+fn read_records(dir: &Path, places: &[Place], mut take: impl FnMut(&Bytes, &[u8]) -> io::Result<()>) -> io::Result<()> {
+    let mut open: Option<(u64, File)> = None;
+    let mut at = 0;
+    while at < places.len() {
+        let first = places[at];
+        let mut end = at + 1;
+        while let Some(next) = places.get(end) {
+            let last = places[end - 1];
+            let last_end = last.offset + last.len;
+            let near = next.offset >= last_end && next.offset - last_end <= RUN_GAP_BYTES_MAX;
+            if next.segment != first.segment || !near || next.offset + next.len - first.offset > RUN_BYTES_MAX {
+                break;
+            }
+            end += 1;
+        }
+        let file = match open.take() {
+            Some((segment, file)) if segment == first.segment => file,
+            _ => File::open(wal::segment_path(dir, first.segment))?,
+        };
+        let len = places[end - 1].offset + places[end - 1].len - first.offset;
+        let mut buffer = vec![0; len as usize];
+        file.read_exact_at(&mut buffer, first.offset)?;
+        forget_cached(&file, first.offset, len);
+        open = Some((first.segment, file));
+        let buffer = Bytes::from(buffer);
+        for place in &places[at..end] {
+            let from = (place.offset - first.offset) as usize;
+            take(&buffer, &buffer[from..from + place.len as usize])?;
+        }
+        at = end;
+    }
+    Ok(())
 }
 
 /// Removes segments a `restart_after` began and never renamed.
@@ -451,17 +623,25 @@ impl Storage for LogStore {
             self.kept.last_index()
         );
         let max_size = max_size.into().unwrap_or(u64::MAX);
-        let mut size = 0;
         let from = (low - self.kept.base.0 - 1) as usize;
         let to = (high - self.kept.base.0 - 1) as usize;
-        let mut found = Vec::with_capacity(to - from);
-        for entry in self.kept.entries.range(from..to) {
-            size += ENTRY_OVERHEAD_BYTES + (entry.data.len() + entry.context.len()) as u64;
-            if !found.is_empty() && size > max_size {
-                break;
-            }
-            found.push(entry.clone());
+        // As many as fit in `max_size`, but never none.
+        let mut size = 0;
+        let count = self.kept.entries.range(from..to).take_while(|slot| {
+            size += slot.size;
+            size == slot.size || size <= max_size
+        });
+        let slots: Vec<&Slot> = count.collect();
+        let on_disk: Vec<Place> =
+            slots.iter().take_while(|slot| slot.cached.is_none()).map(|slot| slot.place).collect();
+        let mut found = Vec::with_capacity(slots.len());
+        if let Err(error) = self.read_back(low, &on_disk, &mut found) {
+            oplog::error(format_args!("cannot read the Raft log back in {}: {error}", self.dir.display()));
+            return Err(raft::Error::Io(error));
         }
+        let cached = slots[on_disk.len()..].iter();
+        let cached = cached.map(|slot| slot.cached.as_deref().expect("the entries from cached_from on are cached"));
+        found.extend(cached.cloned());
         Ok(found)
     }
 
@@ -581,25 +761,56 @@ fn encode_base((index, term): (u64, u64), out: &mut Vec<u8>) {
     frame::end(out, start, BASE);
 }
 
+/// The bytes a message carries of `entry`.
+fn entry_size(entry: &Entry) -> u64 {
+    ENTRY_OVERHEAD_BYTES + (entry.data.len() + entry.context.len()) as u64
+}
+
 fn decode(bytes: &[u8]) -> Result<(Item, usize), DecodeError> {
     frame::decode(bytes, read)
+}
+
+/// An entry record's fields, its data and context where the record holds them.
+struct EntryFields<'a> {
+    index: u64,
+    term: u64,
+    kind: EntryType,
+    data: &'a [u8],
+    context: &'a [u8],
+}
+
+fn entry_fields<'a>(payload: &mut Reader<'a>) -> Option<EntryFields<'a>> {
+    let (index, term) = (payload.u64()?, payload.u64()?);
+    let kind = match payload.u8()? {
+        0 => EntryType::EntryNormal,
+        1 => EntryType::EntryConfChange,
+        2 => EntryType::EntryConfChangeV2,
+        _ => return None,
+    };
+    let len = payload.u32()?;
+    let data = payload.take(len)?;
+    let len = payload.u32()?;
+    Some(EntryFields { index, term, kind, data, context: payload.take(len)? })
+}
+
+/// An entry record read back whole from `buffer`, its data and context
+/// slices of it (not copies).
+fn read_entry(kind: u8, payload: &mut Reader<'_>, buffer: &Bytes) -> Option<Entry> {
+    if kind != ENTRY {
+        return None;
+    }
+    let fields = entry_fields(payload)?;
+    let (data, context) = (buffer.slice_ref(fields.data), buffer.slice_ref(fields.context));
+    let mut entry = Entry { index: fields.index, term: fields.term, data, context, ..Entry::default() };
+    entry.set_entry_type(fields.kind);
+    Some(entry)
 }
 
 fn read(kind: u8, payload: &mut Reader<'_>) -> Option<Item> {
     Some(match kind {
         ENTRY => {
-            let mut entry = Entry { index: payload.u64()?, term: payload.u64()?, ..Entry::default() };
-            entry.set_entry_type(match payload.u8()? {
-                0 => EntryType::EntryNormal,
-                1 => EntryType::EntryConfChange,
-                2 => EntryType::EntryConfChangeV2,
-                _ => return None,
-            });
-            let len = payload.u32()?;
-            entry.data = payload.take(len)?.to_vec().into();
-            let len = payload.u32()?;
-            entry.context = payload.take(len)?.to_vec().into();
-            Item::Entry(entry)
+            let EntryFields { index, term, data, context, .. } = entry_fields(payload)?;
+            Item::Entry { index, term, size: ENTRY_OVERHEAD_BYTES + (data.len() + context.len()) as u64 }
         }
         HARD_STATE => {
             let (term, vote, commit) = (payload.u64()?, payload.u64()?, payload.u64()?);

@@ -31,7 +31,7 @@ use raft::eraftpb::{
 };
 use raft::{Config, RawNode, ReadOnlyOption, ReadState, StateRole, Storage};
 
-use super::log::{LogStore, OpenError, Point};
+use super::log::{LogStore, OpenError, Point, CACHE_BYTES_MAX};
 
 /// What a group's entries are applied to.
 pub trait StateMachine {
@@ -78,6 +78,16 @@ pub const MESSAGE_BYTES_MAX: u64 = 4 << 20;
 /// already, so a follower catching up received about twice the entries it
 /// missed.
 pub const INFLIGHT_MESSAGES_MAX: usize = 8;
+
+/// Most bytes of committed entries one `Ready` hands over to apply. A
+/// restart applies its whole log again, read back from disk: in pieces,
+/// each one's buffers freed (and their memory used again) before the next.
+const COMMITTED_BYTES_PER_READY_MAX: u64 = 32 << 20;
+
+// The entries a leader sends a follower keeping up, and those a node
+// applies next, are read from memory, not from disk.
+const _: () =
+    assert!(CACHE_BYTES_MAX >= INFLIGHT_MESSAGES_MAX as u64 * MESSAGE_BYTES_MAX + COMMITTED_BYTES_PER_READY_MAX);
 
 /// Why a peer's message was not stepped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -222,6 +232,7 @@ impl Node {
             applied: covered.map_or(0, |point| point.index),
             max_size_per_msg: MESSAGE_BYTES_MAX,
             max_inflight_msgs: INFLIGHT_MESSAGES_MAX,
+            max_committed_size_per_ready: COMMITTED_BYTES_PER_READY_MAX,
             check_quorum: true,
             pre_vote: true,
             read_only_option: ReadOnlyOption::Safe,

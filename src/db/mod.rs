@@ -214,7 +214,7 @@ impl Database {
         let mut items = Vec::new();
         let mut skipped = 0u64;
         let from = (manifest.log_start, options.repair_log);
-        let replayed = wal::replay(&wal_dir, from, wal::record::decode, |record| {
+        let replayed = wal::replay(&wal_dir, from, wal::record::decode, |record, _| {
             if !replay_one(&mut store, &record, &mut items) {
                 skipped += 1;
             }

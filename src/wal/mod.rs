@@ -28,6 +28,14 @@ pub fn segment_path(dir: &Path, segment: u64) -> PathBuf {
     dir.join(format!("{segment:020}.log"))
 }
 
+/// Where a record is: its segment, and its offset and length there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub segment: u64,
+    pub offset: u64,
+    pub len: u64,
+}
+
 /// The segment numbers in `dir`, ascending.
 pub fn segments(dir: &Path) -> io::Result<Vec<u64>> {
     let mut found = Vec::new();
@@ -170,6 +178,12 @@ impl Log {
 
     pub fn segment_bytes(&self) -> u64 {
         self.synced_bytes
+    }
+
+    /// Where in the segment the next record appended will start: after
+    /// what is synced and what awaits the next commit.
+    pub fn end(&self) -> u64 {
+        self.synced_bytes + self.pending.len() as u64
     }
 
     pub fn append(&mut self, mutation: &Mutation<'_>) {
@@ -345,7 +359,7 @@ pub struct Replayed {
 }
 
 /// Reads segments `from..` of `dir` in order, handing each record (as
-/// `decode` reads it) to `apply`.
+/// `decode` reads it) and its place to `apply`.
 ///
 /// A torn record at the very end of the last segment (a crash mid-append) is
 /// cut off. Damage anywhere else stops recovery with an error naming the file
@@ -355,7 +369,7 @@ pub fn replay<R>(
     dir: &Path,
     (from, repair): (u64, bool),
     decode: impl Fn(&[u8]) -> Result<(R, usize), DecodeError>,
-    mut apply: impl FnMut(R),
+    mut apply: impl FnMut(R, Place),
 ) -> Result<Replayed, ReplayError> {
     if power_loss_seam() {
         drop_unsynced(dir).map_err(io_error("cut to what was synced", dir))?;
@@ -381,8 +395,10 @@ pub fn replay<R>(
             }
             return Err(ReplayError::NotASegment { path });
         }
+        let mut offset = SEGMENT_HEADER_BYTES as u64;
         let end = scan(&bytes[SEGMENT_HEADER_BYTES..], &decode, |record, len| {
-            apply(record);
+            apply(record, Place { segment, offset, len: len as u64 });
+            offset += len as u64;
             report.records += 1;
             progress.advance(len as u64);
         });
@@ -440,7 +456,7 @@ mod tests {
             fs::write(segment_path(dir.path(), 1), torn).unwrap();
             for start in 0..2 {
                 let mut records = 0;
-                let replayed = replay(dir.path(), (0, false), record::decode, |_| records += 1).unwrap();
+                let replayed = replay(dir.path(), (0, false), record::decode, |_, _| records += 1).unwrap();
                 assert_eq!(records, 1, "start {start}");
                 // Each start begins a segment after the last.
                 Log::create(dir.path(), replayed.last.unwrap() + 1).unwrap();

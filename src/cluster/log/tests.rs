@@ -248,22 +248,103 @@ fn every_record_reads_back_as_written() {
     let mut change = entry(9, 4, "change");
     change.set_entry_type(EntryType::EntryConfChangeV2);
     change.context = b"context".to_vec().into();
-    let items = [
-        Item::Entry(entry(3, 2, "data")),
-        Item::Entry(change),
-        Item::HardState(hard_state(4, 2, 9)),
-        Item::ConfState(9, conf_state),
-        Item::Base { index: 11, term: 5 },
-    ];
-    for item in &items {
+    let entries = [entry(3, 2, "data"), change];
+    for entry in &entries {
+        encode_entry(entry, &mut bytes);
+    }
+    let others =
+        [Item::HardState(hard_state(4, 2, 9)), Item::ConfState(9, conf_state), Item::Base { index: 11, term: 5 }];
+    for item in &others {
         match item {
-            Item::Entry(entry) => encode_entry(entry, &mut bytes),
             Item::HardState(hard_state) => encode_hard_state(hard_state, &mut bytes),
             Item::ConfState(at, conf_state) => encode_conf_state(*at, conf_state, &mut bytes),
             Item::Base { index, term } => encode_base((*index, *term), &mut bytes),
+            Item::Entry { .. } => unreachable!("entries are written above"),
         }
     }
     let mut read = Vec::new();
     assert_eq!(wal::scan(&bytes, decode, |item, _| read.push(item)), wal::ScanEnd::Clean);
-    assert_eq!(read, items);
+    let heads = entries.iter().map(|e| Item::Entry { index: e.index, term: e.term, size: entry_size(e) });
+    assert_eq!(read, heads.chain(others).collect::<Vec<_>>());
+    // An entry's record read back whole: its data and context slices of the buffer.
+    let buffer = Bytes::from(bytes);
+    let mut at = 0;
+    for expected in &entries {
+        let (entry, len) = frame::decode(&buffer[at..], |kind, payload| read_entry(kind, payload, &buffer)).unwrap();
+        assert_eq!(&entry, expected);
+        assert!(buffer.as_ptr_range().contains(&entry.data.as_ptr()), "not a copy");
+        at += len;
+    }
+}
+
+/// A log with a varied history: entries of many sizes, hard states
+/// between them, a suffix overwritten; returned with no more than
+/// `cache_bytes` of its entries in memory.
+fn varied(dir: &Path, cache_bytes: u64) -> LogStore {
+    let mut store = LogStore::open(dir, None).unwrap();
+    store.set_cache_bytes(cache_bytes);
+    let sized = |index: u64, term: u64| entry(index, term, &"x".repeat((index * 37 % 500) as usize));
+    for (range, term) in [(1..=20, 1), (21..=40, 1), (30..=45, 2), (46..=60, 3)] {
+        store.append(&range.map(|index| sized(index, term)).collect::<Vec<_>>());
+        store.set_hard_state(&hard_state(term, 1, 20));
+        store.sync().unwrap();
+    }
+    store
+}
+
+#[test]
+fn entries_out_of_memory_read_back_from_disk_as_appended() {
+    let reference_dir = tempfile::tempdir().unwrap();
+    let reference = varied(reference_dir.path(), CACHE_BYTES_MAX);
+    assert!(reference.kept.cached_from <= 1, "all in memory");
+    let expected = read_back(&reference);
+    assert_eq!((expected.1, expected.2), (1, 60));
+    for cache_bytes in [0, 1_000, 5_000] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = varied(dir.path(), cache_bytes);
+        assert!(store.kept.cached_bytes <= cache_bytes, "{} cached", store.kept.cached_bytes);
+        let cached = store.kept.entries.iter().filter(|slot| slot.cached.is_some()).count();
+        assert_eq!(store.kept.cached_from, 61 - cached as u64, "the last appended are the ones cached");
+        assert_eq!(read_back(&store), expected, "cache {cache_bytes}");
+        // Every range, cut to the sizes asked as from memory.
+        for low in 1..=60 {
+            for high in low + 1..=61 {
+                for max_size in [Some(0), Some(2_000), None] {
+                    let context = || GetEntriesContext::empty(false);
+                    let found = store.entries(low, high, max_size, context()).unwrap();
+                    assert_eq!(found, reference.entries(low, high, max_size, context()).unwrap());
+                }
+            }
+        }
+        // A restart after a snapshot carries entries kept, from disk too.
+        let point = Point { index: 50, term: 3, conf_state: voters(&[1]) };
+        store.restart_keeping(&point, 10).unwrap();
+        let after = read_back(&store);
+        assert_eq!((after.1, after.2), (11, 60));
+        assert_eq!(after.3[..], expected.3[10..]);
+        store.append(&entries(61..=62, 3));
+        store.sync().unwrap();
+        let after = read_back(&store);
+        drop(store);
+        let store = LogStore::open(dir.path(), None).unwrap();
+        assert!(read_back(&store) == after, "the same after a start");
+        assert_eq!(store.kept.cached_bytes, 0, "nothing read into memory at a start");
+    }
+}
+
+#[test]
+fn an_entry_damaged_on_disk_is_an_error_not_a_wrong_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = varied(dir.path(), 0);
+    let place = store.kept.entries[4].place;
+    let path = wal::segment_path(dir.path(), place.segment);
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[(place.offset + place.len / 2) as usize] ^= 1;
+    fs::write(&path, &bytes).unwrap();
+    let context = || GetEntriesContext::empty(false);
+    assert_eq!(store.entries(1, 5, None, context()).unwrap().len(), 4);
+    match store.entries(3, 8, None, context()) {
+        Err(raft::Error::Io(error)) => assert!(error.to_string().contains("entry 5 of the Raft log"), "{error}"),
+        other => panic!("{other:?}"),
+    }
 }
