@@ -33,36 +33,123 @@ pub type NamedFiles = Vec<(String, File)>;
 /// times the copy on a virtual machine). Only advice: an error changes
 /// nothing that was written.
 pub fn forget_cached(file: &File, offset: u64, len: u64) {
+    advise(file, offset, len, libc::POSIX_FADV_DONTNEED);
+}
+
+/// `posix_fadvise`: only advice, whose failure changes nothing written or read.
+fn advise(file: &File, offset: u64, len: u64, advice: libc::c_int) {
     let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else { return };
     // SAFETY: a plain system call on a descriptor `file` keeps open; it
     // reads and writes no memory of ours.
-    unsafe { libc::posix_fadvise(file.as_raw_fd(), offset, len, libc::POSIX_FADV_DONTNEED) };
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), offset, len, advice) };
 }
 
-/// Bytes `write_uncached` writes, syncs and drops from the page cache at a time.
-const UNCACHED_CHUNK_BYTES: usize = 8 << 20;
+/// Bytes `Uncached` writes, syncs and drops from the page cache at a time.
+const UNCACHED_CHUNK_BYTES: u64 = 8 << 20;
 
-/// Writes `bytes` at the end of `file` (a new one), synced, without
-/// keeping them in the page cache: for data the process holds in memory
-/// anyway (a state it was sent), read from the file only at the next
-/// start. Each chunk is synced and dropped before the next is written, so
-/// the same few pages of cache take all of it.
+/// A writer to a new file that does not keep what it writes in the page
+/// cache: for data read from the file only at the next start, or sent
+/// from it once. Every `UNCACHED_CHUNK_BYTES` it syncs what it wrote and
+/// drops those pages, so the same few pages of cache take all of it;
+/// fresh pages for each would cost a fault apiece, many times the copy on
+/// a virtual machine. `flush` syncs and drops the rest.
+pub struct Uncached<'a> {
+    file: &'a mut File,
+    /// Bytes written; those before `synced` are synced and dropped.
+    written: u64,
+    synced: u64,
+}
+
+impl<'a> Uncached<'a> {
+    /// Writes `file` (new, empty) from its start.
+    pub fn new(file: &'a mut File) -> Uncached<'a> {
+        Uncached { file, written: 0, synced: 0 }
+    }
+
+    fn sync_and_drop(&mut self) -> io::Result<()> {
+        if self.written > self.synced {
+            self.file.sync_data()?;
+            forget_cached(self.file, self.synced, self.written - self.synced);
+            self.synced = self.written;
+        }
+        Ok(())
+    }
+}
+
+impl io::Write for Uncached<'_> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let room = UNCACHED_CHUNK_BYTES - (self.written - self.synced);
+        let written = self.file.write(&bytes[..bytes.len().min(room as usize)])?;
+        self.written += written as u64;
+        if self.written - self.synced >= UNCACHED_CHUNK_BYTES {
+            self.sync_and_drop()?;
+        }
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.sync_and_drop()
+    }
+}
+
+/// Writes `bytes` to `file` (a new one), synced, without keeping them in
+/// the page cache (`Uncached`): for data the process holds in memory
+/// anyway (a state it was sent), read from the file only at the next start.
 pub fn write_uncached(file: &mut File, bytes: &[u8]) -> io::Result<()> {
     use std::io::Write;
-    let mut offset = 0u64;
-    for chunk in bytes.chunks(UNCACHED_CHUNK_BYTES) {
-        file.write_all(chunk)?;
-        file.sync_data()?;
-        forget_cached(file, offset, chunk.len() as u64);
-        offset += chunk.len() as u64;
-    }
-    Ok(())
+    let mut out = Uncached::new(file);
+    out.write_all(bytes)?;
+    out.flush()
 }
 
-/// Sends what `socket` takes of `file` from `*offset` up to `end`, from
-/// the page cache (sendfile: no copy through our memory), and moves
-/// `offset` past it. 0 only where the file ends before `end`.
-pub fn send_file(socket: &impl AsRawFd, file: &File, offset: &mut u64, end: u64) -> io::Result<usize> {
+/// Bytes of a file being sent that are asked of the disk ahead of the
+/// socket (`Sending`).
+const READ_AHEAD_BYTES: u64 = 16 << 20;
+
+/// A file being sent over a socket, from its start to its length when it
+/// was opened: from the page cache (sendfile: no copy through our memory),
+/// the disk asked for `READ_AHEAD_BYTES` ahead of what is sent, and the
+/// pages sent dropped behind it (those the socket still holds stay). A
+/// file sent is read once (it was written uncached, `Uncached`): the same
+/// few pages of cache carry all of it.
+pub struct Sending {
+    file: File,
+    /// Invariant `offset <= end`, `offset <= ahead`: bytes sent, the length
+    /// to send, bytes asked of the disk.
+    offset: u64,
+    end: u64,
+    ahead: u64,
+}
+
+impl Sending {
+    pub fn new(file: File) -> io::Result<Sending> {
+        let end = file.metadata()?.len();
+        Ok(Sending { file, offset: 0, end, ahead: 0 })
+    }
+
+    /// Bytes left to send.
+    pub fn left(&self) -> u64 {
+        self.end - self.offset
+    }
+
+    /// Sends what `socket` takes; 0 only where the file ends before the
+    /// length it had.
+    pub fn send(&mut self, socket: &impl AsRawFd) -> io::Result<usize> {
+        if self.ahead < self.end && self.ahead - self.offset < READ_AHEAD_BYTES / 2 {
+            let len = READ_AHEAD_BYTES.min(self.end - self.ahead);
+            advise(&self.file, self.ahead, len, libc::POSIX_FADV_WILLNEED);
+            self.ahead += len;
+        }
+        let from = self.offset;
+        let sent = send_file(socket, &self.file, &mut self.offset, self.end)?;
+        forget_cached(&self.file, from, sent as u64);
+        Ok(sent)
+    }
+}
+
+/// Sends what `socket` takes of `file` from `*offset` up to `end`, and
+/// moves `offset` past it. 0 only where the file ends before `end`.
+fn send_file(socket: &impl AsRawFd, file: &File, offset: &mut u64, end: u64) -> io::Result<usize> {
     // Linux sends at most about 2 GiB a call.
     let count = usize::try_from(end.saturating_sub(*offset)).unwrap_or(usize::MAX).min(1 << 30);
     let mut at = libc::off_t::try_from(*offset).map_err(|_| io::Error::other("a file offset past off_t"))?;
@@ -95,5 +182,57 @@ mod tests {
         write_atomically(&path, |file| file.write_all(b"two")).unwrap();
         sync_dir(dir.path()).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"two");
+    }
+
+    /// 20 MB and a little, in writes of many sizes: what reads back is
+    /// what was written, whatever the chunks' edges.
+    fn pattern() -> Vec<u8> {
+        (0..(20u32 << 20) + 12_345).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect()
+    }
+
+    #[test]
+    fn what_is_written_uncached_reads_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = pattern();
+        let path = dir.path().join("pieces");
+        write_atomically(&path, |file| {
+            let mut out = Uncached::new(file);
+            let mut at = 0;
+            for size in [1usize, 4095, 8 << 20, 3, (5 << 20) + 1].iter().cycle() {
+                let end = (at + size).min(bytes.len());
+                out.write_all(&bytes[at..end])?;
+                at = end;
+                if at == bytes.len() {
+                    break;
+                }
+            }
+            out.flush()
+        })
+        .unwrap();
+        assert!(fs::read(&path).unwrap() == bytes, "written in pieces");
+        let path = dir.path().join("whole");
+        write_atomically(&path, |file| write_uncached(file, &bytes)).unwrap();
+        assert!(fs::read(&path).unwrap() == bytes, "written at once");
+    }
+
+    #[test]
+    fn a_file_sent_arrives_whole() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = pattern();
+        let path = dir.path().join("sent");
+        write_atomically(&path, |file| write_uncached(file, &bytes)).unwrap();
+        let (mut socket, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut received = Vec::new();
+            peer.read_to_end(&mut received).map(|_| received)
+        });
+        let mut sending = Sending::new(File::open(&path).unwrap()).unwrap();
+        while sending.left() > 0 {
+            assert!(sending.send(&socket).unwrap() > 0);
+        }
+        socket.flush().unwrap();
+        drop(socket);
+        assert!(reader.join().unwrap().unwrap() == bytes);
     }
 }

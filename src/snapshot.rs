@@ -29,7 +29,7 @@ use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use crate::files::{self, sync_dir};
+use crate::files::{self, sync_dir, Uncached};
 use crate::store::aligned::Aligned;
 use crate::store::index::Text;
 use crate::store::{Index, Metric, Store};
@@ -106,12 +106,14 @@ impl<W: Write> Write for Checksummed<W> {
 
 /// Writes `path` whole or not at all (`files::write_atomically`), what
 /// `fill` writes followed by its CRC32C. The caller syncs the directory.
+/// Kept out of the page cache (`files::Uncached`): read only at the next
+/// start, or sent once to a node behind.
 fn write_file(
     path: &Path,
-    fill: impl FnOnce(&mut Checksummed<BufWriter<&mut File>>) -> io::Result<()>,
+    fill: impl FnOnce(&mut Checksummed<BufWriter<Uncached<'_>>>) -> io::Result<()>,
 ) -> io::Result<()> {
     files::write_atomically(path, |file| {
-        let mut out = Checksummed { inner: BufWriter::with_capacity(1 << 20, file), crc: 0 };
+        let mut out = Checksummed { inner: BufWriter::with_capacity(1 << 20, Uncached::new(file)), crc: 0 };
         fill(&mut out)?;
         let crc = out.crc;
         out.write_all(&crc.to_le_bytes())?;
@@ -252,7 +254,7 @@ fn write_generation(
     magic: &[u8; 8],
     generation: u64,
     names: &[String],
-    fill: impl FnOnce(&mut Checksummed<BufWriter<&mut File>>) -> io::Result<()>,
+    fill: impl FnOnce(&mut Checksummed<BufWriter<Uncached<'_>>>) -> io::Result<()>,
 ) -> io::Result<()> {
     write_file(path, |out| {
         out.write_all(magic)?;

@@ -58,7 +58,7 @@ use raft::eraftpb::{Message, MessageType};
 use sha2::Sha256;
 use slab::Slab;
 
-use crate::files::send_file;
+use crate::files::Sending;
 use crate::http::ReadBuf;
 use crate::log as oplog;
 
@@ -134,21 +134,15 @@ enum State {
 /// A piece of a snapshot's data, as it is sent.
 pub enum Piece {
     Bytes(Vec<u8>),
-    /// `file` from `offset` to `end` (its length when it was opened): a
-    /// state's files are never written again, only removed, which leaves
-    /// an open one whole.
-    File {
-        file: File,
-        offset: u64,
-        end: u64,
-    },
+    /// A file, to its length when it was opened: a state's files are never
+    /// written again, only removed, which leaves an open one whole.
+    File(Sending),
 }
 
 impl Piece {
     /// A whole file, as long as it is now.
     pub fn file(file: File) -> io::Result<Piece> {
-        let end = file.metadata()?.len();
-        Ok(Piece::File { file, offset: 0, end })
+        Ok(Piece::File(Sending::new(file)?))
     }
 
     /// Bytes left to send.
@@ -156,7 +150,7 @@ impl Piece {
     pub fn len(&self) -> u64 {
         match self {
             Piece::Bytes(bytes) => bytes.len() as u64,
-            Piece::File { offset, end, .. } => end - offset,
+            Piece::File(file) => file.left(),
         }
     }
 }
@@ -236,9 +230,9 @@ impl Link {
                     let Some(Piece::Bytes(bytes)) = self.queued.pop_front() else { unreachable!("matched above") };
                     (self.write, self.written) = (bytes, 0);
                 }
-                Some(Piece::File { file, offset, end }) => {
-                    while offset < end {
-                        match send_file(&self.socket, file, offset, *end) {
+                Some(Piece::File(file)) => {
+                    while file.left() > 0 {
+                        match file.send(&self.socket) {
                             // Shorter than when it was opened: the frame
                             // cannot be finished.
                             Ok(0) => return false,
