@@ -210,6 +210,7 @@ fn read_index(
         input.fill(bytemuck::cast_slice_mut(&mut ids))?;
         progress.advance(count as u64 * 8);
         let mut vectors = Aligned::<f32>::zeroed(count * dims);
+        vectors.fault_in();
         for chunk in vectors.chunks_mut(LOAD_CHUNK_FLOATS) {
             input.fill(bytemuck::cast_slice_mut(chunk))?;
             progress.advance(chunk.len() as u64 * 4);

@@ -23,13 +23,17 @@ use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 
 use bytemuck::Pod;
-use memmap2::{MmapMut, MmapOptions, RemapOptions};
+use memmap2::{Advice, MmapMut, MmapOptions, RemapOptions};
+use rayon::prelude::*;
 
 /// The granularity of a map's size; a map starts a page, so a line too.
 const PAGE_BYTES: usize = 4096;
 
 /// From this size on, the values live in a map of their own.
 const MAPPED_BYTES_MIN: usize = 1 << 20;
+
+/// The pages `fault_in` asks for at a time, on one thread.
+const FAULT_IN_CHUNK_BYTES: usize = 8 << 20;
 
 /// One cache line, the unit a small one holds.
 #[derive(Clone, Copy)]
@@ -88,6 +92,21 @@ impl<T: Pod> Aligned<T> {
         aligned.reserve_exact(values.len());
         aligned.extend_from_slice(values);
         aligned
+    }
+
+    /// Faults in the room's pages now, on the threads of the pool it is
+    /// called from at once: for one about to be filled whole (a state
+    /// loaded), whose fresh pages a single thread writing it would fault
+    /// in and clear one after another. Only advice: where the system
+    /// cannot, the pages come in as they are written.
+    pub fn fault_in(&self) {
+        let Room::Mapped(map) = &self.room else { return };
+        let chunks = map.len().div_ceil(FAULT_IN_CHUNK_BYTES);
+        (0..chunks).into_par_iter().for_each(|chunk| {
+            let offset = chunk * FAULT_IN_CHUNK_BYTES;
+            let len = FAULT_IN_CHUNK_BYTES.min(map.len() - offset);
+            let _ = map.advise_range(Advice::PopulateWrite, offset, len);
+        });
     }
 
     /// Bytes of room it has now.
@@ -263,7 +282,12 @@ mod tests {
         assert!(values[5..].iter().all(|&x| x == 0.0));
         assert!(matches!(values.room, Room::Mapped(_)));
         let zeroed = Aligned::<u8>::zeroed(5 << 20);
+        zeroed.fault_in();
         assert!(zeroed.len() == 5 << 20 && zeroed.iter().all(|&b| b == 0));
+        // Faulting pages in changes no value, nor the zeros past the end.
+        values.fault_in();
+        assert_eq!(&values[..5], &[0.0, 1.0, 2.0, 3.0, 4.0]);
+        assert!(values[5..].iter().all(|&x| x == 0.0));
         assert!(matches!(zeroed.room, Room::Mapped(_)));
     }
 

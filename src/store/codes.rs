@@ -422,6 +422,7 @@ impl Codes {
         // The buffer starts with the `SLACK` bytes `push` keeps past the
         // last row, so this is all it will need.
         codes.bytes.reserve_exact(rows * codes.stride + SLACK);
+        codes.bytes.fault_in();
         if grid == (Grid::Logarithmic { signs: true }) {
             codes.signs.reserve_exact(rows * codes.stride / 8);
         }
