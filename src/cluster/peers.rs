@@ -61,6 +61,7 @@ use slab::Slab;
 use crate::files::Sending;
 use crate::http::ReadBuf;
 use crate::log as oplog;
+use crate::store::aligned::Aligned;
 
 const CHALLENGE_MAGIC: &[u8; 4] = b"QVRC";
 const HELLO_MAGIC: &[u8; 4] = b"QVRH";
@@ -168,9 +169,9 @@ struct Link {
     queued: VecDeque<Piece>,
     /// A snapshot's data being received, and how much of it has come: it
     /// is read from the socket straight into its place, not through `read`.
-    data_in: Option<(Vec<u8>, usize)>,
+    data_in: Option<(Aligned<u8>, usize)>,
     /// A snapshot's data received, waiting for its message.
-    snapshot_data: Option<Vec<u8>>,
+    snapshot_data: Option<Aligned<u8>>,
     /// Frames queued while ours is dialled: they go after the hello.
     early: Vec<u8>,
 }
@@ -711,9 +712,14 @@ impl Peers {
                             oplog::warn(format_args!("peer {peer}: a snapshot's data without its message; closing"));
                             return false;
                         }
-                        // Zeroed by the allocator (fresh pages, untouched
-                        // until the socket's bytes land in them).
-                        link.data_in = Some((vec![0; length], 0));
+                        // Its pages faulted in on both cores at once
+                        // before the socket's bytes land in them: one
+                        // thread taking each fresh page's fault as it
+                        // reads was most of a node's time receiving a
+                        // state.
+                        let data = Aligned::<u8>::zeroed(length);
+                        data.fault_in();
+                        link.data_in = Some((data, 0));
                         // What is pending moves over (above); the rest is
                         // read there (`fill`).
                         link.read.consume(FRAME_HEADER_BYTES);
@@ -740,7 +746,7 @@ impl Peers {
                         // A peer speaks for itself only.
                         Ok(mut message) if message.from == peer => {
                             if let Some(data) = link.snapshot_data.take() {
-                                message.mut_snapshot().data = data.into();
+                                message.mut_snapshot().data = bytes::Bytes::from_owner(data);
                             }
                             inbox.push(message);
                         }

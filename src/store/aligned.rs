@@ -237,6 +237,12 @@ impl<T: Pod> Deref for Aligned<T> {
     }
 }
 
+impl<T: Pod> AsRef<[T]> for Aligned<T> {
+    fn as_ref(&self) -> &[T] {
+        self
+    }
+}
+
 impl<T: Pod> DerefMut for Aligned<T> {
     #[inline]
     fn deref_mut(&mut self) -> &mut [T] {
