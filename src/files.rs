@@ -27,11 +27,12 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 pub type NamedFiles = Vec<(String, File)>;
 
 /// Lets the kernel drop `len` bytes of `file` from `offset` from its page
-/// cache, once they are synced: a log is read back only when the server
-/// starts, and pages dropped at once are the ones its next writes reuse,
-/// still in the CPU's caches, where fresh pages cost a fault each (many
-/// times the copy on a virtual machine). Only advice: an error changes
-/// nothing that was written.
+/// cache, once they are synced, or read and done with: a log is read back
+/// rarely (at a start, or for a node far behind), and pages dropped at
+/// once are the ones the next writes and reads reuse, still in the CPU's
+/// caches, where fresh pages cost a fault each (many times the copy on a
+/// virtual machine). Only advice: an error changes nothing that was
+/// written.
 pub fn forget_cached(file: &File, offset: u64, len: u64) {
     advise(file, offset, len, libc::POSIX_FADV_DONTNEED);
 }
@@ -109,13 +110,16 @@ const READ_AHEAD_BYTES: u64 = 16 << 20;
 /// A file being sent over a socket, from its start to its length when it
 /// was opened: from the page cache (sendfile: no copy through our memory),
 /// the disk asked for `READ_AHEAD_BYTES` ahead of what is sent, and the
-/// pages sent dropped behind it (those the socket still holds stay). A
-/// file sent is read once (it was written uncached, `Uncached`): the same
-/// few pages of cache carry all of it.
+/// pages more than that behind it dropped (the socket no longer holds
+/// them). State files are written uncached (`Uncached`) and sent rarely:
+/// the same few pages of cache carry all of one, and sending it again
+/// reads it from disk again.
 pub struct Sending {
     file: File,
-    /// Invariant `offset <= end`, `offset <= ahead`: bytes sent, the length
-    /// to send, bytes asked of the disk.
+    /// Invariant `dropped <= offset <= end`: bytes dropped from the cache,
+    /// bytes sent, the length to send. `ahead`: bytes asked of the disk
+    /// (the socket may take more at once).
+    dropped: u64,
     offset: u64,
     end: u64,
     ahead: u64,
@@ -124,7 +128,7 @@ pub struct Sending {
 impl Sending {
     pub fn new(file: File) -> io::Result<Sending> {
         let end = file.metadata()?.len();
-        Ok(Sending { file, offset: 0, end, ahead: 0 })
+        Ok(Sending { file, dropped: 0, offset: 0, end, ahead: 0 })
     }
 
     /// Bytes left to send.
@@ -135,14 +139,18 @@ impl Sending {
     /// Sends what `socket` takes; 0 only where the file ends before the
     /// length it had.
     pub fn send(&mut self, socket: &impl AsRawFd) -> io::Result<usize> {
+        self.ahead = self.ahead.max(self.offset);
         if self.ahead < self.end && self.ahead - self.offset < READ_AHEAD_BYTES / 2 {
             let len = READ_AHEAD_BYTES.min(self.end - self.ahead);
             advise(&self.file, self.ahead, len, libc::POSIX_FADV_WILLNEED);
             self.ahead += len;
         }
-        let from = self.offset;
         let sent = send_file(socket, &self.file, &mut self.offset, self.end)?;
-        forget_cached(&self.file, from, sent as u64);
+        let behind = if self.offset == self.end { self.end } else { self.offset.saturating_sub(READ_AHEAD_BYTES) };
+        if behind >= self.dropped + READ_AHEAD_BYTES / 2 || (behind == self.end && behind > self.dropped) {
+            forget_cached(&self.file, self.dropped, behind - self.dropped);
+            self.dropped = behind;
+        }
         Ok(sent)
     }
 }

@@ -265,8 +265,8 @@ impl Kept {
 }
 
 /// The Raft log of one replication group, kept in segment files under one
-/// directory: `raft::Storage` over the entries in memory, and the appends
-/// that make them durable.
+/// directory: `raft::Storage` over the entries (the last ones cached in
+/// memory, the others read back), and the appends that make them durable.
 pub struct LogStore {
     dir: PathBuf,
     log: wal::Log,
@@ -635,8 +635,13 @@ impl Storage for LogStore {
         let on_disk: Vec<Place> =
             slots.iter().take_while(|slot| slot.cached.is_none()).map(|slot| slot.place).collect();
         let mut found = Vec::with_capacity(slots.len());
+        // Raft cannot go on without its log: it stops the node on this
+        // error, as a failed sync does (said here, since it says nothing).
         if let Err(error) = self.read_back(low, &on_disk, &mut found) {
-            oplog::error(format_args!("cannot read the Raft log back in {}: {error}", self.dir.display()));
+            oplog::error(format_args!(
+                "cannot read the Raft log back in {}: {error}; the node stops",
+                self.dir.display()
+            ));
             return Err(raft::Error::Io(error));
         }
         let cached = slots[on_disk.len()..].iter();

@@ -167,13 +167,54 @@ struct Link {
     /// What goes after `write`, in order: a snapshot's pieces, then the
     /// frames queued behind them (`out`).
     queued: VecDeque<Piece>,
-    /// A snapshot's data being received, and how much of it has come: it
-    /// is read from the socket straight into its place, not through `read`.
-    data_in: Option<(Aligned<u8>, usize)>,
+    /// A snapshot's data being received: it is read from the socket
+    /// straight into its place, not through `read`.
+    data_in: Option<Incoming>,
     /// A snapshot's data received, waiting for its message.
     snapshot_data: Option<Aligned<u8>>,
     /// Frames queued while ours is dialled: they go after the hello.
     early: Vec<u8>,
+}
+
+/// Bytes of a snapshot's data being received whose pages are faulted in
+/// ahead of the socket's bytes (`Incoming`).
+const FAULT_AHEAD_BYTES: usize = 64 << 20;
+
+/// A snapshot's data being received. Its pages are faulted in on the
+/// pool's threads at once, `FAULT_AHEAD_BYTES` ahead of what has come: one
+/// thread taking each fresh page's fault as the socket's bytes land was
+/// most of a node's time receiving a state. Ahead, not whole: what a
+/// frame's length claims is not held before its bytes come.
+struct Incoming {
+    /// Invariant `filled <= data.len()`: the bytes come so far.
+    data: Aligned<u8>,
+    filled: usize,
+    /// The bytes faulted in (some may have come already).
+    faulted: usize,
+}
+
+impl Incoming {
+    fn new(length: usize) -> Incoming {
+        let mut incoming = Incoming { data: Aligned::zeroed(length), filled: 0, faulted: 0 };
+        incoming.fault_ahead();
+        incoming
+    }
+
+    /// Notes `n` more bytes come.
+    fn advance(&mut self, n: usize) {
+        self.filled += n;
+        assert!(self.filled <= self.data.len(), "more of a snapshot's data than its frame holds");
+        self.fault_ahead();
+    }
+
+    fn fault_ahead(&mut self) {
+        let from = self.faulted.max(self.filled);
+        if from < self.data.len() && from - self.filled < FAULT_AHEAD_BYTES / 2 {
+            let to = (self.filled + FAULT_AHEAD_BYTES).min(self.data.len());
+            self.data.fault_in_bytes(from..to);
+            self.faulted = to;
+        }
+    }
 }
 
 impl Link {
@@ -301,8 +342,8 @@ impl Link {
     fn fill(&mut self) -> bool {
         loop {
             let read = match &mut self.data_in {
-                Some((data, filled)) if *filled < data.len() => {
-                    self.socket.read(&mut data[*filled..]).inspect(|&n| *filled += n)
+                Some(incoming) if incoming.filled < incoming.data.len() => {
+                    self.socket.read(&mut incoming.data[incoming.filled..]).inspect(|&n| incoming.advance(n))
                 }
                 _ => self.read.read_from(&mut self.socket, READ_CHUNK_BYTES),
             };
@@ -616,17 +657,18 @@ impl Peers {
             _ => link.fill(),
         };
         loop {
-            if let Some((data, filled)) = &mut link.data_in {
+            if let Some(incoming) = &mut link.data_in {
                 // The bytes read before the data's frame was seen are its first.
                 let pending = link.read.pending();
-                let take = (data.len() - *filled).min(pending.len());
-                data[*filled..*filled + take].copy_from_slice(&pending[..take]);
-                *filled += take;
+                let (filled, length) = (incoming.filled, incoming.data.len());
+                let take = (length - filled).min(pending.len());
+                incoming.data[filled..filled + take].copy_from_slice(&pending[..take]);
+                incoming.advance(take);
                 link.read.consume(take);
-                if *filled < data.len() {
+                if filled + take < length {
                     break;
                 }
-                link.snapshot_data = link.data_in.take().map(|(data, _)| data);
+                link.snapshot_data = link.data_in.take().map(|incoming| incoming.data);
                 continue;
             }
             let pending = link.read.pending();
@@ -712,14 +754,7 @@ impl Peers {
                             oplog::warn(format_args!("peer {peer}: a snapshot's data without its message; closing"));
                             return false;
                         }
-                        // Its pages faulted in on both cores at once
-                        // before the socket's bytes land in them: one
-                        // thread taking each fresh page's fault as it
-                        // reads was most of a node's time receiving a
-                        // state.
-                        let data = Aligned::<u8>::zeroed(length);
-                        data.fault_in();
-                        link.data_in = Some((data, 0));
+                        link.data_in = Some(Incoming::new(length));
                         // What is pending moves over (above); the rest is
                         // read there (`fill`).
                         link.read.consume(FRAME_HEADER_BYTES);
@@ -891,5 +926,26 @@ mod tests {
         assert!(
             taken >= 8 && a.links[key].pending_bytes() <= OUTGOING_BYTES_MAX + message.compute_size() as usize + 16
         );
+    }
+
+    /// A state's data is faulted in ahead of what has come, never much
+    /// further: a frame's length alone holds no more than a window.
+    #[test]
+    fn a_state_received_is_faulted_in_a_window_ahead() {
+        let length = 3 * FAULT_AHEAD_BYTES + 12_345;
+        let mut incoming = Incoming::new(length);
+        assert_eq!(incoming.faulted, FAULT_AHEAD_BYTES);
+        for step in [1, 4095, 10 << 20, 5, FAULT_AHEAD_BYTES + 7].into_iter().cycle() {
+            let n = step.min(length - incoming.filled);
+            let filled = incoming.filled;
+            incoming.data[filled..filled + n].fill((filled % 251) as u8);
+            incoming.advance(n);
+            let (filled, faulted) = (incoming.filled, incoming.faulted);
+            assert!(faulted <= length && faulted <= filled + FAULT_AHEAD_BYTES, "{filled} {faulted}");
+            assert!(faulted >= (filled + FAULT_AHEAD_BYTES / 2).min(length), "{filled} {faulted}");
+            if filled == length {
+                break;
+            }
+        }
     }
 }

@@ -100,11 +100,17 @@ impl<T: Pod> Aligned<T> {
     /// in and clear one after another. Only advice: where the system
     /// cannot, the pages come in as they are written.
     pub fn fault_in(&self) {
+        self.fault_in_bytes(0..usize::MAX);
+    }
+
+    /// `fault_in` for the room's bytes in `range` (cut to the room).
+    pub fn fault_in_bytes(&self, range: std::ops::Range<usize>) {
         let Room::Mapped(map) = &self.room else { return };
-        let chunks = map.len().div_ceil(FAULT_IN_CHUNK_BYTES);
+        let (start, end) = (range.start.min(map.len()), range.end.min(map.len()));
+        let chunks = (end - start).div_ceil(FAULT_IN_CHUNK_BYTES);
         (0..chunks).into_par_iter().for_each(|chunk| {
-            let offset = chunk * FAULT_IN_CHUNK_BYTES;
-            let len = FAULT_IN_CHUNK_BYTES.min(map.len() - offset);
+            let offset = start + chunk * FAULT_IN_CHUNK_BYTES;
+            let len = FAULT_IN_CHUNK_BYTES.min(end - offset);
             let _ = map.advise_range(Advice::PopulateWrite, offset, len);
         });
     }
@@ -291,6 +297,8 @@ mod tests {
         zeroed.fault_in();
         assert!(zeroed.len() == 5 << 20 && zeroed.iter().all(|&b| b == 0));
         // Faulting pages in changes no value, nor the zeros past the end.
+        values.fault_in_bytes(8..5_000_000);
+        values.fault_in_bytes(usize::MAX - 1..usize::MAX);
         values.fault_in();
         assert_eq!(&values[..5], &[0.0, 1.0, 2.0, 3.0, 4.0]);
         assert!(values[5..].iter().all(|&x| x == 0.0));
