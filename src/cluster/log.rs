@@ -492,16 +492,15 @@ impl LogStore {
         // The entries kept, the older from their records as they are,
         // and where each will be.
         let mut places = Vec::with_capacity(self.kept.entries.len());
-        let on_disk: Vec<Place> =
-            self.kept.entries.iter().take_while(|slot| slot.cached.is_none()).map(|slot| slot.place).collect();
+        let (on_disk, cached) = split_cached(&self.kept.entries);
         read_records(&self.dir, &on_disk, |_, record| {
             places.push(Place { segment: next, offset: bytes.len() as u64, len: record.len() as u64 });
             bytes.extend_from_slice(record);
             Ok(())
         })?;
-        for slot in self.kept.entries.range(on_disk.len()..) {
+        for entry in cached {
             let offset = bytes.len() as u64;
-            encode_entry(slot.cached.as_deref().expect("the entries from cached_from on are cached"), &mut bytes);
+            encode_entry(entry, &mut bytes);
             places.push(Place { segment: next, offset, len: bytes.len() as u64 - offset });
         }
         encode_hard_state(&self.kept.hard_state, &mut bytes);
@@ -551,6 +550,18 @@ impl LogStore {
             Ok(())
         })
     }
+}
+
+/// Consecutive entries of the log split where memory starts holding them:
+/// the places of those before (to read back), then those after.
+fn split_cached<'a>(slots: impl IntoIterator<Item = &'a Slot>) -> (Vec<Place>, Vec<&'a Entry>) {
+    let mut slots = slots.into_iter().peekable();
+    let mut on_disk = Vec::new();
+    while let Some(slot) = slots.next_if(|slot| slot.cached.is_none()) {
+        on_disk.push(slot.place);
+    }
+    let cached = slots.map(|slot| slot.cached.as_deref().expect("the entries from cached_from on are cached"));
+    (on_disk, cached.collect())
 }
 
 /// Reads the records at `places` (in a log's order) back from their
@@ -631,10 +642,8 @@ impl Storage for LogStore {
             size += slot.size;
             size == slot.size || size <= max_size
         });
-        let slots: Vec<&Slot> = count.collect();
-        let on_disk: Vec<Place> =
-            slots.iter().take_while(|slot| slot.cached.is_none()).map(|slot| slot.place).collect();
-        let mut found = Vec::with_capacity(slots.len());
+        let (on_disk, cached) = split_cached(count);
+        let mut found = Vec::with_capacity(on_disk.len() + cached.len());
         // Raft cannot go on without its log: it stops the node on this
         // error, as a failed sync does (said here, since it says nothing).
         if let Err(error) = self.read_back(low, &on_disk, &mut found) {
@@ -644,9 +653,7 @@ impl Storage for LogStore {
             ));
             return Err(raft::Error::Io(error));
         }
-        let cached = slots[on_disk.len()..].iter();
-        let cached = cached.map(|slot| slot.cached.as_deref().expect("the entries from cached_from on are cached"));
-        found.extend(cached.cloned());
+        found.extend(cached.into_iter().cloned());
         Ok(found)
     }
 
