@@ -45,7 +45,7 @@
 //! from an older leadership and are dropped.
 
 use std::cell::Cell;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -289,6 +289,10 @@ pub struct LogStore {
     broken: bool,
     /// `CACHE_BYTES_MAX`, but where a test reads every entry back from disk.
     cache_bytes_max: u64,
+    /// Each segment of the log, open for reading entries back: opened with
+    /// the segment, so that a read never needs a descriptor the process may
+    /// have run out of (clients hold the others), which would stop the node.
+    readers: BTreeMap<u64, File>,
 }
 
 /// Why the Raft log could not be read back.
@@ -362,6 +366,11 @@ impl LogStore {
         let next = replayed.last.map_or(0, |last| last + 1);
         let mut log = wal::Log::create(dir, next).map_err(io_error("start", &wal::segment_path(dir, next)))?;
         log.set_keep_bytes(PENDING_KEEP_BYTES_MAX);
+        let mut readers = BTreeMap::new();
+        for segment in wal::segments(dir).map_err(io_error("list", dir))? {
+            let path = wal::segment_path(dir, segment);
+            readers.insert(segment, File::open(&path).map_err(io_error("open", &path))?);
+        }
         let mut store = LogStore {
             dir: dir.to_owned(),
             log,
@@ -372,6 +381,7 @@ impl LogStore {
             carried_bytes: 0,
             broken: false,
             cache_bytes_max: CACHE_BYTES_MAX,
+            readers,
         };
         // A snapshot that covers more than the log knows (taken, or sent,
         // just before a crash): the log restarts after it on disk too, or
@@ -493,7 +503,7 @@ impl LogStore {
         // and where each will be.
         let mut places = Vec::with_capacity(self.kept.entries.len());
         let (on_disk, cached) = split_cached(&self.kept.entries);
-        read_records(&self.dir, &on_disk, |_, record| {
+        read_records(&self.readers, &on_disk, |_, record| {
             places.push(Place { segment: next, offset: bytes.len() as u64, len: record.len() as u64 });
             bytes.extend_from_slice(record);
             Ok(())
@@ -516,11 +526,14 @@ impl LogStore {
         for (slot, place) in self.kept.entries.iter_mut().zip(places) {
             slot.place = place;
         }
+        let path = wal::segment_path(&self.dir, next);
+        self.readers.insert(next, File::open(&path)?);
         self.log = wal::Log::resume(&self.dir, next, bytes.len() as u64)?;
         self.log.set_keep_bytes(PENDING_KEEP_BYTES_MAX);
         self.carried_bytes = bytes.len() as u64;
         self.log.set_sync(self.sync);
         self.broken = false;
+        self.readers.retain(|&segment, _| segment >= next);
         for segment in wal::segments(&self.dir)?.into_iter().filter(|&segment| segment < next) {
             fs::remove_file(wal::segment_path(&self.dir, segment))?;
         }
@@ -529,7 +542,7 @@ impl LogStore {
 
     /// Entries `first..` read back from `places`, their records, appended to `found`.
     fn read_back(&self, first: u64, places: &[Place], found: &mut Vec<Entry>) -> io::Result<()> {
-        read_records(&self.dir, places, |buffer, record| {
+        read_records(&self.readers, places, |buffer, record| {
             let index = first + found.len() as u64;
             let damaged = |why: &dyn std::fmt::Display| {
                 let place = places[found.len()];
@@ -565,11 +578,14 @@ fn split_cached<'a>(slots: impl IntoIterator<Item = &'a Slot>) -> (Vec<Place>, V
 }
 
 /// Reads the records at `places` (in a log's order) back from their
-/// segments in `dir`, handing each to `take` with the buffer it lies in.
-/// Records close together are read at once, and dropped from the page
+/// segments (`readers`), handing each to `take` with the buffer it lies
+/// in. Records close together are read at once, and dropped from the page
 /// cache once read, as they were once written.
-fn read_records(dir: &Path, places: &[Place], mut take: impl FnMut(&Bytes, &[u8]) -> io::Result<()>) -> io::Result<()> {
-    let mut open: Option<(u64, File)> = None;
+fn read_records(
+    readers: &BTreeMap<u64, File>,
+    places: &[Place],
+    mut take: impl FnMut(&Bytes, &[u8]) -> io::Result<()>,
+) -> io::Result<()> {
     let mut at = 0;
     while at < places.len() {
         let first = places[at];
@@ -583,15 +599,13 @@ fn read_records(dir: &Path, places: &[Place], mut take: impl FnMut(&Bytes, &[u8]
             }
             end += 1;
         }
-        let file = match open.take() {
-            Some((segment, file)) if segment == first.segment => file,
-            _ => File::open(wal::segment_path(dir, first.segment))?,
-        };
+        let file = readers
+            .get(&first.segment)
+            .ok_or_else(|| io::Error::other(format!("segment {} of the log is not open", first.segment)))?;
         let len = places[end - 1].offset + places[end - 1].len - first.offset;
         let mut buffer = vec![0; len as usize];
         file.read_exact_at(&mut buffer, first.offset)?;
-        forget_cached(&file, first.offset, len);
-        open = Some((first.segment, file));
+        forget_cached(file, first.offset, len);
         let buffer = Bytes::from(buffer);
         for place in &places[at..end] {
             let from = (place.offset - first.offset) as usize;

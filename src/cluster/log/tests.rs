@@ -319,6 +319,9 @@ fn entries_out_of_memory_read_back_from_disk_as_appended() {
         // A restart after a snapshot carries entries kept, from disk too.
         let point = Point { index: 50, term: 3, conf_state: voters(&[1]) };
         store.restart_keeping(&point, 10).unwrap();
+        // Entries are read through the segments' own handles, one each.
+        let open: Vec<u64> = store.readers.keys().copied().collect();
+        assert_eq!(open, wal::segments(dir.path()).unwrap());
         let after = read_back(&store);
         assert_eq!((after.1, after.2), (11, 60));
         assert_eq!(after.3[..], expected.3[10..]);
