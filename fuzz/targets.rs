@@ -10,6 +10,7 @@ use quiver::api::decode::{BodyLimits, Decoder, Deletion};
 use quiver::api::json;
 use quiver::http::pieces::parse_in_pieces;
 use quiver::http::FramingLimits;
+use quiver::store::filter::{Kind, Value};
 use quiver::store::topk::TopK;
 use quiver::store::{Batch, Filter, Index, Metric, Mutation, Scanner, Store};
 use quiver::wal::record::{self, Record};
@@ -198,13 +199,13 @@ fn write_member(out: &mut Vec<u8>, filter: &Filter) -> bool {
         json::write_str(out, operator);
         out.push(b':');
     };
-    let strings = |out: &mut Vec<u8>, values: &[Box<str>]| {
+    let values = |out: &mut Vec<u8>, values: &[Value]| {
         out.push(b'[');
         for (i, value) in values.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
-            json::write_str(out, value);
+            write_value(out, value);
         }
         out.extend_from_slice(b"]}");
     };
@@ -213,11 +214,16 @@ fn write_member(out: &mut Vec<u8>, filter: &Filter) -> bool {
         Filter::Eq(key, value) => {
             json::write_str(out, key);
             out.push(b':');
-            json::write_str(out, value);
+            write_value(out, value);
         }
-        Filter::In(key, values) => {
+        Filter::In(key, list) => {
             test(out, key, "$in");
-            strings(out, values);
+            values(out, list);
+        }
+        Filter::Contains(key, element) => {
+            test(out, key, "$contains");
+            write_value(out, element);
+            out.push(b'}');
         }
         Filter::Exists(key) => {
             test(out, key, "$exists");
@@ -241,12 +247,12 @@ fn write_member(out: &mut Vec<u8>, filter: &Filter) -> bool {
         Filter::Not(inner) => match &**inner {
             Filter::Eq(key, value) => {
                 test(out, key, "$ne");
-                json::write_str(out, value);
+                write_value(out, value);
                 out.push(b'}');
             }
-            Filter::In(key, values) => {
+            Filter::In(key, list) => {
                 test(out, key, "$nin");
-                strings(out, values);
+                values(out, list);
             }
             Filter::Exists(key) => {
                 test(out, key, "$exists");
@@ -272,6 +278,16 @@ fn write_member(out: &mut Vec<u8>, filter: &Filter) -> bool {
         }
     }
     true
+}
+
+/// Writes a filter's value as JSON that decodes to it.
+fn write_value(out: &mut Vec<u8>, value: &Value) {
+    match value.kind() {
+        Kind::Str(s) => json::write_str(out, s),
+        Kind::Int(n) => json::write_i64(out, n),
+        Kind::Float(x) => json::write_f64(out, x),
+        Kind::Bool(b) => out.extend_from_slice(if b { b"true" } else { b"false" }),
+    }
 }
 
 /// Reads fuzz bytes as small structured choices.
@@ -312,7 +328,13 @@ fn batch_from(choices: &mut Choices<'_>, dims: usize, count: usize) -> Batch {
             batch.values.push(f32::from(choices.byte() as i8) / 4.0);
         }
         let tag = choices.byte();
-        let metadata = if tag.is_multiple_of(2) { String::new() } else { format!("{{\"t\":\"{tag}\"}}") };
+        let metadata = match tag % 6 {
+            0 | 1 => String::new(),
+            2 => format!("{{\"t\":\"{tag}\"}}"),
+            3 => format!("{{\"t\":{}}}", tag / 6),
+            4 => format!("{{\"t\":{}}}", ["true", "false", "2.5", "-0.5"][usize::from(tag / 6 % 4)]),
+            _ => format!("{{\"t\":[\"{}\",\"{}\"]}}", tag / 6, tag / 36),
+        };
         batch.metadata_spans.push((batch.metadata.len() as u32, metadata.len() as u32));
         batch.metadata.extend_from_slice(metadata.as_bytes());
     }
@@ -395,10 +417,19 @@ fn model_distance(metric: Metric, query: &[f32], vector: &[f32]) -> f32 {
 /// A small filter over the tag `t` that `batch_from` gives rows (and the
 /// key `u` that no row has), nested at most three deep.
 fn filter_from(choices: &mut Choices<'_>, depth: usize) -> Filter {
-    let value = |choices: &mut Choices<'_>| -> Box<str> { choices.byte().to_string().into() };
+    let value = |choices: &mut Choices<'_>| -> Value {
+        let byte = choices.byte();
+        let text = byte.to_string();
+        Value::new(match byte % 4 {
+            0 => Kind::Str(&text),
+            1 => Kind::number(f64::from(byte / 6)),
+            2 => Kind::number([2.5, -0.5][usize::from(byte / 4 % 2)]),
+            _ => Kind::Bool((byte / 4).is_multiple_of(2)),
+        })
+    };
     let x = |choices: &mut Choices<'_>| f64::from(choices.byte()) - 8.5 * f64::from(choices.below(2));
     let many = |choices: &mut Choices<'_>| (0..choices.below(3) + 1).map(|_| filter_from(choices, depth + 1)).collect();
-    match choices.below(if depth < 3 { 9 } else { 6 }) {
+    match choices.below(if depth < 3 { 10 } else { 7 }) {
         0 => Filter::All,
         1 => Filter::Eq("t".into(), value(choices)),
         2 => Filter::In("t".into(), (0..choices.below(4)).map(|_| value(choices)).collect()),
@@ -412,23 +443,55 @@ fn filter_from(choices: &mut Choices<'_>, depth: usize) -> Filter {
             Filter::Range("t".into(), bound(choices), bound(choices))
         }
         5 => Filter::Eq("u".into(), value(choices)),
-        6 => Filter::Not(Box::new(filter_from(choices, depth + 1))),
-        7 => Filter::And(many(choices)),
+        6 => Filter::Contains("t".into(), (*(choices.byte() / 6).to_string()).into()),
+        7 => Filter::Not(Box::new(filter_from(choices, depth + 1))),
+        8 => Filter::And(many(choices)),
         _ => Filter::Or(many(choices)),
+    }
+}
+
+/// The value of a row's tag `t`, as the model holds it.
+#[derive(Debug, PartialEq)]
+enum Tag {
+    Str(String),
+    Number(f64),
+    Bool(bool),
+    Strings(Vec<String>),
+}
+
+/// Whether a filter's `value` equals `tag`, by the contract: of one type,
+/// and numbers by their value.
+fn model_equal(tag: &Tag, value: &Value) -> bool {
+    match (tag, value.kind()) {
+        (Tag::Str(t), Kind::Str(v)) => t == v,
+        (Tag::Number(t), Kind::Int(v)) => *t == v as f64,
+        (Tag::Number(t), Kind::Float(v)) => *t == v,
+        (Tag::Bool(t), Kind::Bool(v)) => *t == v,
+        _ => false,
     }
 }
 
 /// Whether `filter` matches a row whose tag `t` is `tag`, by the contract's
 /// definitions (the model of the metadata index).
-fn model_matches(filter: &Filter, tag: Option<&str>) -> bool {
+fn model_matches(filter: &Filter, tag: Option<&Tag>) -> bool {
     let value_of = |key: &str| if key == "t" { tag } else { None };
     match filter {
         Filter::All => true,
-        Filter::Eq(key, value) => value_of(key) == Some(&**value),
-        Filter::In(key, values) => value_of(key).is_some_and(|v| values.iter().any(|value| **value == *v)),
+        Filter::Eq(key, value) => value_of(key).is_some_and(|t| model_equal(t, value)),
+        Filter::In(key, values) => value_of(key).is_some_and(|t| values.iter().any(|value| model_equal(t, value))),
+        Filter::Contains(key, element) => match (value_of(key), element.kind()) {
+            (Some(Tag::Str(t)), Kind::Str(element)) => t == element,
+            (Some(Tag::Strings(ts)), Kind::Str(element)) => ts.iter().any(|t| t == element),
+            _ => false,
+        },
         Filter::Exists(key) => value_of(key).is_some(),
         Filter::Range(key, low, high) => {
-            value_of(key).and_then(|v| v.parse::<f64>().ok()).is_some_and(|n| (*low, *high).contains(&n))
+            let number = match value_of(key) {
+                Some(Tag::Number(x)) => Some(*x),
+                Some(Tag::Str(t)) => t.parse::<f64>().ok(),
+                _ => None,
+            };
+            number.is_some_and(|n| (*low, *high).contains(&n))
         }
         Filter::Not(inner) => !model_matches(inner, tag),
         Filter::And(filters) => filters.iter().all(|f| model_matches(f, tag)),
@@ -437,8 +500,15 @@ fn model_matches(filter: &Filter, tag: Option<&str>) -> bool {
 }
 
 /// The tag of a metadata text `batch_from` wrote.
-fn tag_of(metadata: &[u8]) -> Option<&str> {
-    std::str::from_utf8(metadata).ok()?.strip_prefix("{\"t\":\"")?.strip_suffix("\"}")
+fn tag_of(metadata: &[u8]) -> Option<Tag> {
+    let value = std::str::from_utf8(metadata).ok()?.strip_prefix("{\"t\":")?.strip_suffix('}')?;
+    let unquote = |s: &str| s.trim_matches('"').to_owned();
+    Some(match value {
+        "true" | "false" => Tag::Bool(value == "true"),
+        _ if value.starts_with('"') => Tag::Str(unquote(value)),
+        _ if value.starts_with('[') => Tag::Strings(value[1..value.len() - 1].split(',').map(unquote).collect()),
+        _ => Tag::Number(value.parse().expect("batch_from writes numbers")),
+    })
 }
 
 /// A sequence of index and embedding operations against the store and a
@@ -502,7 +572,7 @@ pub fn store_ops(input: &[u8]) {
                     None => (0..index.len() as u32).map(|row| index.id_of_row(row)).collect(),
                 };
                 store.apply(&Mutation::Delete { index: name, ids: &ids });
-                entry.rows.retain(|_, (_, metadata)| !model_matches(&filter, tag_of(metadata)));
+                entry.rows.retain(|_, (_, metadata)| !model_matches(&filter, tag_of(metadata).as_ref()));
             }
             6 => {
                 // A page of a scroll.
@@ -517,7 +587,7 @@ pub fn store_ops(input: &[u8]) {
                 let matching: Vec<i64> = entry
                     .rows
                     .range(after + 1..)
-                    .filter(|(_, (_, metadata))| model_matches(&filter, tag_of(metadata)))
+                    .filter(|(_, (_, metadata))| model_matches(&filter, tag_of(metadata).as_ref()))
                     .map(|(&id, _)| id)
                     .collect();
                 assert_eq!(got, &matching[..matching.len().min(limit)], "{filter:?}");
@@ -545,7 +615,9 @@ pub fn store_ops(input: &[u8]) {
                 let mut want: Vec<(f32, i64)> = entry
                     .rows
                     .iter()
-                    .filter(|(_, (_, metadata))| filter.as_ref().is_none_or(|f| model_matches(f, tag_of(metadata))))
+                    .filter(|(_, (_, metadata))| {
+                        filter.as_ref().is_none_or(|f| model_matches(f, tag_of(metadata).as_ref()))
+                    })
                     .map(|(&id, (v, _))| (model_distance(entry.metric, &query, v), id))
                     .collect();
                 want.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));

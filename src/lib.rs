@@ -1,7 +1,8 @@
 //! quiver: a vector database server.
 //!
 //! It keeps named indexes of embeddings (an integer id, an `f32` vector, a
-//! string-to-string metadata map) and answers exact k-nearest-neighbour
+//! metadata map of strings, numbers, booleans and arrays of strings) and
+//! answers exact k-nearest-neighbour
 //! searches over HTTP/JSON (the interface is `docs/reference.md`).
 //!
 //! A request travels one way through the crate:

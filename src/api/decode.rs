@@ -25,6 +25,7 @@ use simd_json::{Buffers, Node, StaticNode, Tape};
 
 use super::error::ApiError;
 use super::json;
+use crate::store::filter::{Kind, Value};
 use crate::store::{Batch, Filter};
 
 /// What a search's `include` asks to add to each hit.
@@ -364,7 +365,8 @@ impl Decoder {
         })
     }
 
-    /// `{"embeddings": [{"id": int, "data": [numbers], "metadata": {string: string}?}]}`.
+    /// `{"embeddings": [{"id": int, "data": [numbers], "metadata": {string: value}?}]}`,
+    /// a value being a string, a number, a boolean or an array of strings.
     pub fn embeddings(&mut self, body: &mut [u8], limits: BodyLimits, batch: &mut Batch) -> Result<(), ApiError> {
         batch.clear();
         self.with_tape(body, |nodes, scratch| {
@@ -484,9 +486,7 @@ fn write_metadata(
     let fields = object(nodes, at)
         .ok_or_else(|| ApiError::bad_body(format_args!("embeddings[{i}].metadata: expected a JSON object")))?;
     for (key, value) in fields {
-        if !matches!(nodes[value], Node::String(_)) {
-            return Err(ApiError::bad_body(format_args!("embeddings[{i}].metadata.{key}: expected a string")));
-        }
+        check_metadata_value(nodes, value, &|| format!("embeddings[{i}].metadata.{key}"))?;
         keys.push((value - 1) as u32);
     }
     if keys.is_empty() {
@@ -519,11 +519,69 @@ fn write_metadata(
         first = false;
         json::write_str(out, key_at(k));
         out.push(b':');
-        let Node::String(value) = nodes[k as usize + 1] else { unreachable!("checked above") };
-        json::write_str(out, value);
+        write_metadata_value(nodes, k as usize + 1, out);
     }
     out.push(b'}');
     Ok(())
+}
+
+/// Checks that the value at `at` is one metadata may hold: a string, a
+/// finite number, a boolean, or an array of strings. `path` names it.
+fn check_metadata_value(nodes: Nodes<'_, '_>, at: usize, path: &dyn Fn() -> String) -> Result<(), ApiError> {
+    match nodes[at] {
+        Node::String(_) | Node::Static(StaticNode::I64(_) | StaticNode::U64(_) | StaticNode::Bool(_)) => Ok(()),
+        // The parser refuses numbers beyond f64; a non-finite one never gets here.
+        Node::Static(StaticNode::F64(x)) if x.is_finite() => Ok(()),
+        Node::Static(StaticNode::F64(_)) => {
+            Err(ApiError::bad_body(format_args!("{}: expected a finite number", path())))
+        }
+        Node::Static(StaticNode::Null) => Err(ApiError::bad_body(format_args!(
+            "{}: null is not a metadata value (leave the key out instead)",
+            path()
+        ))),
+        Node::Array { .. } => {
+            for (j, element) in elements(nodes, at).enumerate() {
+                if !matches!(nodes[element], Node::String(_)) {
+                    return Err(ApiError::bad_body(format_args!("{}[{j}]: expected a string", path())));
+                }
+            }
+            Ok(())
+        }
+        Node::Object { .. } => Err(ApiError::bad_body(format_args!(
+            "{}: expected a string, number, boolean or array of strings (objects do not nest)",
+            path()
+        ))),
+    }
+}
+
+/// Writes a value `check_metadata_value` passed as canonical JSON text:
+/// strings and arrays as they are, an integer that fits i64 as that
+/// integer, any other number as the shortest decimal that reads back to
+/// the same f64.
+fn write_metadata_value(nodes: Nodes<'_, '_>, at: usize, out: &mut Vec<u8>) {
+    match nodes[at] {
+        Node::String(value) => json::write_str(out, value),
+        Node::Static(StaticNode::I64(n)) => json::write_i64(out, n),
+        Node::Static(StaticNode::U64(n)) => match i64::try_from(n) {
+            Ok(n) => json::write_i64(out, n),
+            Err(_) => json::write_f64(out, n as f64),
+        },
+        Node::Static(StaticNode::F64(x)) => json::write_f64(out, x),
+        Node::Static(StaticNode::Bool(b)) => out.extend_from_slice(if b { b"true" } else { b"false" }),
+        Node::Array { .. } => {
+            out.push(b'[');
+            for (j, element) in elements(nodes, at).enumerate() {
+                if j > 0 {
+                    out.push(b',');
+                }
+                if let Node::String(value) = nodes[element] {
+                    json::write_str(out, value);
+                }
+            }
+            out.push(b']');
+        }
+        Node::Static(StaticNode::Null) | Node::Object { .. } => unreachable!("refused by check_metadata_value"),
+    }
 }
 
 /// Reads an array of numbers as f32, each rounded once (see the module
@@ -804,28 +862,34 @@ impl FilterReader<'_, '_> {
     /// operators, all of which must hold; each goes into `all`.
     fn conditions(&mut self, key: &str, at: usize, place: Place<'_>, all: &mut Vec<Filter>) -> Result<(), ApiError> {
         let nodes = self.nodes;
-        if let Node::String(value) = nodes[at] {
-            all.push(Filter::Eq(key.into(), value.into()));
+        if let Some(value) = scalar(nodes, at) {
+            all.push(Filter::Eq(key.into(), value));
             return Ok(());
         }
-        let operators = object(nodes, at)
-            .ok_or_else(|| ApiError::bad_body(format_args!("{place}: expected a string or an object of operators")))?;
+        let operators = object(nodes, at).ok_or_else(|| {
+            ApiError::bad_body(format_args!("{place}: expected a string, number, boolean or an object of operators"))
+        })?;
         let before = all.len();
         for (operator, value) in operators {
             self.count(1, place)?;
             let here = Place::Key(&place, operator);
             let string = || match nodes[value] {
-                Node::String(s) => Ok(Box::<str>::from(s)),
+                Node::String(s) => Ok(Value::new(Kind::Str(s))),
                 _ => Err(ApiError::bad_body(format_args!("{here}: expected a string"))),
             };
             let number =
                 || number(nodes, value).ok_or_else(|| ApiError::bad_body(format_args!("{here}: expected a number")));
+            let scalar = || {
+                scalar(nodes, value)
+                    .ok_or_else(|| ApiError::bad_body(format_args!("{here}: expected a string, number or boolean")))
+            };
             let key = || Box::<str>::from(key);
             let condition = match operator {
-                "$eq" => Filter::Eq(key(), string()?),
-                "$ne" => Filter::Not(Box::new(Filter::Eq(key(), string()?))),
-                "$in" => Filter::In(key(), self.strings(value, here)?),
-                "$nin" => Filter::Not(Box::new(Filter::In(key(), self.strings(value, here)?))),
+                "$eq" => Filter::Eq(key(), scalar()?),
+                "$ne" => Filter::Not(Box::new(Filter::Eq(key(), scalar()?))),
+                "$in" => Filter::In(key(), self.scalars(value, here)?),
+                "$nin" => Filter::Not(Box::new(Filter::In(key(), self.scalars(value, here)?))),
+                "$contains" => Filter::Contains(key(), string()?),
                 "$exists" => match nodes[value] {
                     Node::Static(StaticNode::Bool(true)) => Filter::Exists(key()),
                     Node::Static(StaticNode::Bool(false)) => Filter::Not(Box::new(Filter::Exists(key()))),
@@ -845,21 +909,35 @@ impl FilterReader<'_, '_> {
         Ok(())
     }
 
-    /// The array of strings of `$in` or `$nin`.
-    fn strings(&mut self, at: usize, place: Place<'_>) -> Result<Vec<Box<str>>, ApiError> {
+    /// The array of values of `$in` or `$nin`.
+    fn scalars(&mut self, at: usize, place: Place<'_>) -> Result<Vec<Value>, ApiError> {
         let nodes = self.nodes;
         let Node::Array { len, .. } = nodes[at] else {
-            return Err(ApiError::bad_body(format_args!("{place}: expected an array of strings")));
+            return Err(ApiError::bad_body(format_args!("{place}: expected an array of strings, numbers or booleans")));
         };
         self.count(len, place)?;
         elements(nodes, at)
             .enumerate()
-            .map(|(i, element)| match nodes[element] {
-                Node::String(s) => Ok(s.into()),
-                _ => Err(ApiError::bad_body(format_args!("{place}[{i}]: expected a string"))),
+            .map(|(i, element)| {
+                scalar(nodes, element).ok_or_else(|| {
+                    ApiError::bad_body(format_args!("{place}[{i}]: expected a string, number or boolean"))
+                })
             })
             .collect()
     }
+}
+
+/// The string, number or boolean at `at`, as a filter compares it.
+fn scalar(nodes: Nodes<'_, '_>, at: usize) -> Option<Value> {
+    let kind = match nodes[at] {
+        Node::String(s) => Kind::Str(s),
+        Node::Static(StaticNode::I64(n)) => Kind::Int(n),
+        Node::Static(StaticNode::U64(n)) => Kind::unsigned(n),
+        Node::Static(StaticNode::F64(x)) if x.is_finite() => Kind::number(x),
+        Node::Static(StaticNode::Bool(b)) => Kind::Bool(b),
+        _ => return None,
+    };
+    Some(Value::new(kind))
 }
 
 /// What is wrong with a body that is not JSON, for its `detail`. Two
@@ -982,6 +1060,23 @@ mod tests {
     }
 
     #[test]
+    fn typed_metadata_is_written_as_canonical_text() {
+        let mut decoder = Decoder::default();
+        let mut batch = Batch::default();
+        let mut body = br#"{"embeddings":[{"id":1,"data":[],"metadata":{"i":-0,"n":-7,"f":2.50,"g":3.0,
+            "z":-0.0,"e":1E300,"u":18446744073709551615,"w":123456789012345678901234567890,"m":9223372036854775807,
+            "t":true,"no":false,"a":["x","y\n"],"none":[],"s":"1"}}]}"#
+            .to_vec();
+        decoder.embeddings(&mut body, BodyLimits::DEFAULT, &mut batch).unwrap();
+        let text = std::str::from_utf8(batch.metadata(0)).unwrap();
+        assert_eq!(
+            text,
+            r#"{"i":0,"n":-7,"f":2.5,"g":3.0,"z":-0.0,"e":1e300,"u":1.8446744073709552e19,"w":1.2345678901234568e29,"m":9223372036854775807,"t":true,"no":false,"a":["x","y\n"],"none":[],"s":"1"}"#,
+            "integers as integers, other numbers as the shortest text of their f64, the rest as sent"
+        );
+    }
+
+    #[test]
     fn structural_errors_name_the_place() {
         let mut decoder = Decoder::default();
         let mut batch = Batch::default();
@@ -1007,8 +1102,24 @@ mod tests {
         assert_eq!(decode(r#"{"embeddings":[{"id":1,"data":[1,"2"]}]}"#), "embeddings[0].data[1]: expected a number");
         assert_eq!(decode(r#"{"embeddings":[{"id":1,"data":[1,[2]]}]}"#), "embeddings[0].data[1]: expected a number");
         assert_eq!(
-            decode(r#"{"embeddings":[{"id":1,"data":[],"metadata":{"k":1}}]}"#),
-            "embeddings[0].metadata.k: expected a string"
+            decode(r#"{"embeddings":[{"id":1,"data":[],"metadata":{"k":null}}]}"#),
+            "embeddings[0].metadata.k: null is not a metadata value (leave the key out instead)"
+        );
+        assert_eq!(
+            decode(r#"{"embeddings":[{"id":1,"data":[],"metadata":{"a":"x","k":{"n":1}}}]}"#),
+            "embeddings[0].metadata.k: expected a string, number, boolean or array of strings (objects do not nest)"
+        );
+        assert_eq!(
+            decode(r#"{"embeddings":[{"id":1,"data":[],"metadata":{"k":["a",1]}}]}"#),
+            "embeddings[0].metadata.k[1]: expected a string"
+        );
+        assert_eq!(
+            decode(r#"{"embeddings":[{"id":1,"data":[],"metadata":{"k":[["a"]]}}]}"#),
+            "embeddings[0].metadata.k[0]: expected a string"
+        );
+        assert!(
+            decode(r#"{"embeddings":[{"id":1,"data":[],"metadata":{"k":1e400}}]}"#).starts_with("body: invalid JSON"),
+            "the parser takes no number beyond f64"
         );
         assert_eq!(
             decode(r#"{"embeddings":[{"id":1,"data":[],"metadata":[]}]}"#),

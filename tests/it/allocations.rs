@@ -283,7 +283,7 @@ fn search_batches_allocate_nothing_in_steady_state() {
 
 /// A filtered search, lone or in a batch, allocates for its decoded filter
 /// alone (a condition's key and value, and the list of its conditions: 3
-/// for `{"n":"3"}`), the same on an index ten times as large: its rows are
+/// for `{"n":"3"}` or `{"n":3.5}`), the same on an index ten times as large: its rows are
 /// borrowed from the metadata index, not copied, and the scan allocates
 /// nothing.
 #[test]
@@ -296,9 +296,15 @@ fn filtered_searches_allocate_only_their_decoded_filter() {
     for rows in [600, 6000] {
         let name = format!("filtered-{rows}");
         index_for(&mut exchange, &name, r#""l2""#, (rows, dims));
-        let lone = format!(r#"{{"queryVector":[{}],"k":7,"filter":{{"n":"3"}}}}"#, vec!["2.5"; dims].join(","));
+        let query = vec!["2.5"; dims].join(",");
+        let lone = format!(r#"{{"queryVector":[{query}],"k":7,"filter":{{"n":"3"}}}}"#);
+        let number = format!(r#"{{"queryVector":[{query}],"k":7,"filter":{{"n":3.5}}}}"#);
         let batch = batch_body(4, dims, r#","filter":{"n":"2"}"#);
-        for (what, path, body, filters) in [("lone", "search", lone, 1), ("batch", "search-batch", batch, 4)] {
+        for (what, path, body, filters) in [
+            ("lone", "search", lone, 1),
+            ("lone on a number", "search", number, 1),
+            ("batch", "search-batch", batch, 4),
+        ] {
             let request = request_bytes("POST", &format!("/api/v1/embeddings/{name}/{path}"), &auth, Some(&body));
             for _ in 0..3 {
                 exchange.call(&request);

@@ -104,6 +104,9 @@ fn cases() -> Vec<Case> {
         r#"{"embeddings":[{"id":9,"data":[1,2,3],"metadata":{"a":"1","b":"2","c":"3","d":"4","e":"5"}}]}"#;
     let long_value = "v".repeat(200);
     let big_metadata = format!(r#"{{"embeddings":[{{"id":9,"data":[1,2,3],"metadata":{{"k":"{long_value}"}}}}]}}"#);
+    // `{"k":["a",...]}` of 49 elements is 203 bytes of text.
+    let elements = vec![r#""a""#; 49].join(",");
+    let long_array = format!(r#"{{"embeddings":[{{"id":9,"data":[1,2,3],"metadata":{{"k":[{elements}]}}}}]}}"#);
     let deep = format!(r#"{{"ids":{}{}}}"#, "[".repeat(2000), "]".repeat(2000));
     // The object is level 1, `ids` level 2: 15 more arrays make 17 levels.
     let deep_17 = format!(r#"{{"ids":[{}{}]}}"#, "[".repeat(15), "]".repeat(15));
@@ -437,6 +440,51 @@ fn cases() -> Vec<Case> {
             "embeddings[0].metadata.k",
         ),
         api(
+            "metadata value a nested object",
+            "PUT",
+            upsert,
+            Some(r#"{"embeddings":[{"id":9,"data":[1,2,3],"metadata":{"k":{"a":"b"}}}]}"#),
+            400,
+            BAD,
+            "embeddings[0].metadata.k: expected a string, number, boolean or array of strings (objects do not nest)",
+        ),
+        api(
+            "metadata array holding a number",
+            "PUT",
+            upsert,
+            Some(r#"{"embeddings":[{"id":9,"data":[1,2,3],"metadata":{"k":["a",2]}}]}"#),
+            400,
+            BAD,
+            "embeddings[0].metadata.k[1]: expected a string",
+        ),
+        api(
+            "metadata number beyond f64",
+            "PUT",
+            upsert,
+            Some(r#"{"embeddings":[{"id":9,"data":[1,2,3],"metadata":{"k":-1e309}}]}"#),
+            400,
+            BAD,
+            "body: invalid JSON",
+        ),
+        api(
+            "metadata array past the byte limit",
+            "PUT",
+            upsert,
+            Some(&long_array),
+            400,
+            BAD,
+            "embeddings[0].metadata: at most 200 bytes",
+        ),
+        api(
+            "filter $contains of a number",
+            "POST",
+            search,
+            Some(r#"{"queryVector":[1,2,3],"k":1,"filter":{"tags":{"$contains":7}}}"#),
+            400,
+            BAD,
+            "filter.tags.$contains: expected a string",
+        ),
+        api(
             "queryVector null",
             "POST",
             search,
@@ -553,7 +601,7 @@ fn cases() -> Vec<Case> {
             Some(r#"{"searches":[{"queryVector":[1,2,3],"k":1,"filter":{"a":{"$in":"b"}}}]}"#),
             400,
             BAD,
-            "searches[0].filter.a.$in: expected an array of strings",
+            "searches[0].filter.a.$in: expected an array of strings, numbers or booleans",
         ),
         api(
             "dimensions null",

@@ -55,3 +55,5 @@ mod scan_paths;
 mod search_batch;
 /// Search results checked against a brute-force oracle.
 mod search_oracle;
+/// Typed metadata: numbers, booleans, arrays; returned as sent, filtered by type.
+mod typed_metadata;

@@ -108,14 +108,17 @@ fn embedding_bodies_name_the_bad_field_and_apply_nothing() {
         (r#"{"embeddings":[{"id":1,"data":[[1],2]}]}"#, "embeddings[0].data[0]: expected a number"),
         (r#"{"embeddings":[{"id":1,"data":[1,2],"metadata":"x"}]}"#, "embeddings[0].metadata: expected a JSON object"),
         (r#"{"embeddings":[{"id":1,"data":[1,2],"metadata":[]}]}"#, "embeddings[0].metadata: expected a JSON object"),
-        (r#"{"embeddings":[{"id":1,"data":[1,2],"metadata":{"n":1}}]}"#, "embeddings[0].metadata.n: expected a string"),
+        (
+            r#"{"embeddings":[{"id":1,"data":[1,2],"metadata":{"n":[1]}}]}"#,
+            "embeddings[0].metadata.n[0]: expected a string",
+        ),
         (
             r#"{"embeddings":[{"id":1,"data":[1,2],"metadata":{"a":"b","c":{"d":"e"}}}]}"#,
-            "embeddings[0].metadata.c: expected a string",
+            "embeddings[0].metadata.c: expected a string, number, boolean or array of strings (objects do not nest)",
         ),
         (
             r#"{"embeddings":[{"id":1,"data":[1,2],"metadata":{"n":null}}]}"#,
-            "embeddings[0].metadata.n: expected a string",
+            "embeddings[0].metadata.n: null is not a metadata value (leave the key out instead)",
         ),
     ];
     for endpoint in ["insert", "upsert"] {

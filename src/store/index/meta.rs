@@ -1,9 +1,10 @@
 //! The metadata index: for every key a filter has named, the rows that
-//! hold it, the rows of each of its values, and the rows of each value that
-//! reads as a number, in order of that number. Each set is a compressed
-//! bitmap of row numbers (`roaring`), so a filter is answered by set algebra
-//! over them (`matching`), in time and memory about proportional to what it
-//! matches.
+//! hold it, the rows of each of its values (filed by type: `Value::write_key`),
+//! the rows of each string its arrays hold, and the rows of each value that
+//! is or reads as a number, in order of that number. Each set is a
+//! compressed bitmap of row numbers (`roaring`), so a filter is answered by
+//! set algebra over them (`matching`), in time and memory about
+//! proportional to what it matches.
 //!
 //! A key is indexed the first time a filter names it (`index_keys`: one
 //! pass over the rows' metadata), and from then on follows the rows: `add`
@@ -20,29 +21,51 @@ use std::ops::Bound;
 
 use ahash::{AHashMap, AHashSet};
 use roaring::RoaringBitmap;
-use simd_json::{Buffers, Node, Tape};
+use simd_json::{Buffers, Node, StaticNode, Tape};
 
 use super::Text;
-use crate::store::filter::{number_of, Filter};
+use crate::store::filter::{number_of, Filter, Kind};
 
 /// The rows of one metadata key.
 #[derive(Default)]
 struct Key {
     /// Every row that holds the key.
     present: RoaringBitmap,
-    /// The rows of each value.
+    /// The rows of each value that is not an array, by `Value::write_key`.
     values: AHashMap<Box<str>, RoaringBitmap>,
-    /// The rows of each value that reads as a number, by `order_of` it
-    /// (values that read as the same number share a set).
+    /// The rows of each string an array value holds.
+    elements: AHashMap<Box<str>, RoaringBitmap>,
+    /// The rows of each value that is, or reads as, a number, by `order_of`
+    /// it (values that read as the same number share a set).
     numbers: BTreeMap<u64, RoaringBitmap>,
 }
 
 impl Key {
-    /// Applies `change` to the sets of a row whose value of this key is `value`.
-    fn apply(&mut self, value: &str, change: Change) {
+    /// Applies `change` to the sets of a row whose value of this key is
+    /// `value`; `scratch` holds the value's key meanwhile.
+    fn apply(&mut self, value: &Met<'_>, change: Change, scratch: &mut String) {
         change.apply(&mut self.present);
-        apply_to(&mut self.values, value, change);
-        if let Some(number) = number_of(value) {
+        let number = match value {
+            Met::Strings(elements) => {
+                for element in *elements {
+                    if let Node::String(element) = element {
+                        apply_to(&mut self.elements, element, change);
+                    }
+                }
+                return;
+            }
+            Met::Value(kind) => {
+                kind.write_key(scratch);
+                apply_to(&mut self.values, scratch, change);
+                match *kind {
+                    Kind::Str(s) => number_of(s),
+                    Kind::Int(n) => Some(n as f64),
+                    Kind::Float(x) => Some(x),
+                    Kind::Bool(_) => None,
+                }
+            }
+        };
+        if let Some(number) = number {
             let set = self.numbers.entry(order_of(number)).or_default();
             change.apply(set);
             if set.is_empty() {
@@ -56,11 +79,13 @@ impl Key {
 pub(super) struct MetaIndex {
     keys: AHashMap<Box<str>, Key>,
     reader: Reader,
+    /// A value's key in `Key::values`, written here (no allocation per value).
+    scratch: String,
 }
 
 impl Default for MetaIndex {
     fn default() -> MetaIndex {
-        MetaIndex { keys: AHashMap::new(), reader: Reader::default() }
+        MetaIndex { keys: AHashMap::new(), reader: Reader::default(), scratch: String::new() }
     }
 }
 
@@ -112,10 +137,10 @@ impl MetaIndex {
         if self.keys.is_empty() {
             return;
         }
-        let keys = &mut self.keys;
+        let (keys, scratch) = (&mut self.keys, &mut self.scratch);
         self.reader.pairs(metadata, |key, value| {
             if let Some(entry) = keys.get_mut(key) {
-                entry.apply(value, change);
+                entry.apply(&value, change, scratch);
             }
         });
     }
@@ -138,14 +163,14 @@ impl MetaIndex {
         for &key in &new {
             self.keys.insert(key.into(), Key::default());
         }
-        let keys = &mut self.keys;
+        let (keys, scratch) = (&mut self.keys, &mut self.scratch);
         for (row, text) in texts.iter().enumerate() {
             if text.is_empty() {
                 continue;
             }
             self.reader.pairs(text, |key, value| {
                 if new.contains(key) {
-                    keys.get_mut(key).expect("inserted above").apply(value, Change::Add(row as u32));
+                    keys.get_mut(key).expect("inserted above").apply(&value, Change::Add(row as u32), scratch);
                 }
             });
         }
@@ -164,13 +189,19 @@ impl MetaIndex {
         };
         match filter {
             Filter::All => Cow::Owned(all()),
-            Filter::Eq(key, value) => match self.key(key).and_then(|k| k.values.get(value)) {
+            Filter::Eq(key, value) => match self.key(key).and_then(|k| k.values.get(value.key())) {
                 Some(set) => Cow::Borrowed(set),
                 None => none(),
             },
             Filter::In(key, values) => {
                 let Some(key) = self.key(key) else { return none() };
-                let mut sets = values.iter().filter_map(|value| key.values.get(value));
+                let mut sets = values.iter().filter_map(|value| key.values.get(value.key()));
+                union(&mut sets)
+            }
+            Filter::Contains(key, value) => {
+                let Some(key) = self.key(key) else { return none() };
+                let Kind::Str(element) = value.kind() else { return none() };
+                let mut sets = [key.values.get(value.key()), key.elements.get(element)].into_iter().flatten();
                 union(&mut sets)
             }
             Filter::Exists(key) => match self.key(key) {
@@ -211,10 +242,11 @@ impl MetaIndex {
         }
     }
 
-    /// How many keys are indexed, and how many (key, value) pairs.
+    /// How many keys are indexed, and how many (key, value) pairs, array
+    /// elements included.
     #[cfg(test)]
     fn sizes(&self) -> (usize, usize) {
-        (self.keys.len(), self.keys.values().map(|key| key.values.len()).sum())
+        (self.keys.len(), self.keys.values().map(|key| key.values.len() + key.elements.len()).sum())
     }
 
     /// The key `key`'s sets; `None` if no row holds it.
@@ -274,6 +306,13 @@ fn order_range(low: Bound<f64>, high: Bound<f64>) -> Option<(Bound<u64>, Bound<u
     (!empty).then_some((low, high))
 }
 
+/// One metadata value as the reader meets it: a value, or an array's
+/// elements (strings: the decoder takes no other).
+enum Met<'a> {
+    Value(Kind<'a>),
+    Strings(&'a [Node<'a>]),
+}
+
 /// Reads the (key, value) pairs of a row's metadata text.
 struct Reader {
     buffers: Buffers,
@@ -289,18 +328,38 @@ impl Default for Reader {
 
 impl Reader {
     /// Calls `each` with every (key, value) pair of `metadata`, a JSON
-    /// object of strings as the decoder writes it.
-    fn pairs(&mut self, metadata: &[u8], mut each: impl FnMut(&str, &str)) {
+    /// object as the decoder writes it.
+    fn pairs(&mut self, metadata: &[u8], mut each: impl FnMut(&str, Met<'_>)) {
         self.text.clear();
         self.text.extend_from_slice(metadata);
         let mut tape = self.tape.take().unwrap_or_else(Tape::null).reset();
         let parsed = simd_json::fill_tape(&mut self.text, &mut self.buffers, &mut tape);
         debug_assert!(parsed.is_ok(), "stored metadata is valid JSON");
         if parsed.is_ok() {
-            for pair in tape.0.get(1..).unwrap_or_default().chunks_exact(2) {
-                if let [Node::String(key), Node::String(value)] = pair {
-                    each(key, value);
+            let nodes = &tape.0[..];
+            let mut at = 1;
+            while at + 1 < nodes.len() {
+                let Node::String(key) = nodes[at] else {
+                    debug_assert!(false, "stored metadata is an object of values");
+                    break;
+                };
+                let value = at + 1;
+                let (met, next) = match nodes[value] {
+                    Node::String(s) => (Some(Met::Value(Kind::Str(s))), value + 1),
+                    Node::Static(StaticNode::I64(n)) => (Some(Met::Value(Kind::Int(n))), value + 1),
+                    Node::Static(StaticNode::U64(n)) => (Some(Met::Value(Kind::unsigned(n))), value + 1),
+                    Node::Static(StaticNode::F64(x)) => (Some(Met::Value(Kind::number(x))), value + 1),
+                    Node::Static(StaticNode::Bool(b)) => (Some(Met::Value(Kind::Bool(b))), value + 1),
+                    Node::Array { count, .. } => {
+                        (Some(Met::Strings(&nodes[value + 1..value + 1 + count])), value + 1 + count)
+                    }
+                    Node::Object { count, .. } => (None, value + 1 + count),
+                    Node::Static(StaticNode::Null) => (None, value + 1),
+                };
+                if let Some(met) = met {
+                    each(key, met);
                 }
+                at = next;
             }
         }
         self.tape = Some(tape.reset());
@@ -310,6 +369,7 @@ impl Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::filter::Value;
 
     fn rows(set: &RoaringBitmap) -> Vec<u32> {
         set.iter().collect()
@@ -390,6 +450,57 @@ mod tests {
         assert_eq!(m(Filter::Or(vec![eq("t", "b"), eq("missing", "x"), eq("t", "c")])), [1, 2]);
         assert_eq!(m(Filter::And(vec![])), [0, 1, 2, 3]);
         assert_eq!(m(Filter::Or(vec![])), [] as [u32; 0]);
+    }
+
+    #[test]
+    fn values_match_by_type_and_arrays_by_element() {
+        let texts = [
+            r#"{"n":1,"b":true,"tags":["x","y","x"],"s":"1"}"#,
+            r#"{"n":1.5,"b":false,"tags":[],"s":"x"}"#,
+            r#"{"n":"1","tags":"x"}"#,
+            r#"{"n":9007199254740993,"b":"true","tags":["y"]}"#,
+            r#"{"n":-0.0,"tags":["1"]}"#,
+            r#"{"n":1.8446744073709552e19}"#,
+        ];
+        let (mut meta, _) = indexed(&texts, &["n", "b", "tags", "s"]);
+        let m = |meta: &MetaIndex, filter: Filter| rows(&meta.matching(&filter, 6));
+        let eq = |key: &str, kind: Kind<'_>| Filter::Eq(key.into(), Value::new(kind));
+        let contains = |key: &str, value: &str| Filter::Contains(key.into(), value.into());
+        assert_eq!(m(&meta, eq("n", Kind::Int(1))), [0], "the number 1, not the string \"1\"");
+        assert_eq!(m(&meta, eq("n", Kind::number(1.0))), [0], "1.0 is the number 1");
+        assert_eq!(m(&meta, eq("n", Kind::Str("1"))), [2]);
+        assert_eq!(m(&meta, eq("n", Kind::number(1.5))), [1]);
+        assert_eq!(m(&meta, eq("n", Kind::Int(0))), [4], "-0.0 is 0");
+        assert_eq!(m(&meta, eq("n", Kind::Int(9_007_199_254_740_993))), [3]);
+        assert_eq!(m(&meta, eq("n", Kind::Int(9_007_199_254_740_992))), [] as [u32; 0], "integers are exact");
+        assert_eq!(m(&meta, eq("n", Kind::unsigned(u64::MAX))), [5]);
+        assert_eq!(m(&meta, eq("b", Kind::Bool(true))), [0], "not the string \"true\"");
+        assert_eq!(m(&meta, eq("b", Kind::Bool(false))), [1]);
+        assert_eq!(
+            m(&meta, Filter::In("n".into(), [Kind::Int(1), Kind::Str("1"), Kind::Bool(true)].map(Value::new).to_vec())),
+            [0, 2]
+        );
+        assert_eq!(m(&meta, eq("tags", Kind::Str("x"))), [2], "an array equals no string");
+        assert_eq!(m(&meta, contains("tags", "x")), [0, 2], "an array holding it, or the string");
+        assert_eq!(m(&meta, contains("tags", "y")), [0, 3]);
+        assert_eq!(m(&meta, contains("tags", "1")), [4]);
+        assert_eq!(m(&meta, contains("s", "1")), [0]);
+        assert_eq!(m(&meta, contains("n", "1")), [2], "a number holds no string");
+        assert_eq!(m(&meta, Filter::Exists("tags".into())), [0, 1, 2, 3, 4], "an empty array is a value");
+        let range = |low, high| Filter::Range("n".into(), low, high);
+        assert_eq!(m(&meta, range(Bound::Included(1.0), Bound::Included(1.5))), [0, 1, 2], "numbers and decimals");
+        assert_eq!(m(&meta, range(Bound::Excluded(1e19), Bound::Unbounded)), [5]);
+        // Rows go and move: every set follows, repeated elements included.
+        meta.remove(0, texts[0].as_bytes());
+        meta.moved(5, 0, texts[5].as_bytes());
+        meta.moved(3, 5, texts[3].as_bytes());
+        assert_eq!(m(&meta, contains("tags", "x")), [2]);
+        assert_eq!(m(&meta, contains("tags", "y")), [5]);
+        assert_eq!(m(&meta, eq("n", Kind::unsigned(u64::MAX))), [0]);
+        for (row, text) in [(0, 5), (1, 1), (2, 2), (4, 4), (5, 3)] {
+            meta.remove(row, texts[text].as_bytes());
+        }
+        assert_eq!(meta.sizes(), (4, 0), "nothing is kept for rows that are gone");
     }
 
     #[test]
