@@ -18,6 +18,11 @@ SERVER_BIN  = target/native/release/quiver
 # environment under target/, reinstalled when the requirements change.
 PYTHON     ?= python3
 PYENV       = target/pyenv
+# The Python packages in clients/, each from a virtual environment of its own.
+CLIENTENV   = target/clientenv
+LANGCHAINENV = target/langchainenv
+LLAMAENV    = target/llamaindexenv
+CLIENTPINS  = clients/test-constraints.txt
 
 .PHONY: run build test lint bench bench-tools fuzz tools cargo-tools python-tools net-tools clean
 
@@ -38,10 +43,13 @@ build: cargo-tools
 # close the run, so that a pass which tested less says so.
 SKIPPED_BASELINE = target/skipped-tests-baseline.txt
 SKIPPED_NATIVE   = target/skipped-tests-native.txt
-test: tools net-tools $(PYENV)/.installed
+test: tools net-tools $(PYENV)/.installed $(CLIENTENV)/.installed $(LANGCHAINENV)/.installed $(LLAMAENV)/.installed
 	@mkdir -p target && rm -f $(SKIPPED_BASELINE) $(SKIPPED_NATIVE)
 	QUIVER_SKIPPED_TESTS=$(CURDIR)/$(SKIPPED_BASELINE) $(CARGO) test --locked
 	QUIVER_BIN=target/debug/quiver $(PYENV)/bin/python -m pytest -q tests/python
+	QUIVER_BIN=$(CURDIR)/target/debug/quiver $(CLIENTENV)/bin/python -m pytest -q clients/python/tests
+	QUIVER_BIN=$(CURDIR)/target/debug/quiver $(LANGCHAINENV)/bin/python -m pytest -q clients/langchain/tests
+	QUIVER_BIN=$(CURDIR)/target/debug/quiver $(LLAMAENV)/bin/python -m pytest -q clients/llama-index/tests
 	QUIVER_SKIPPED_TESTS=$(CURDIR)/$(SKIPPED_NATIVE) $(NATIVE) $(CARGO) test --locked --lib
 	@for build in baseline native; do \
 	  file=target/skipped-tests-$$build.txt; \
@@ -57,6 +65,28 @@ $(PYENV)/.installed: tests/python/requirements.txt
 	$(PYENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 	touch $@
 
+# The Python packages in clients/ are tested against the debug binary, each
+# in a virtual environment of its own (installed editable, so the tests run
+# the tree's code): the frameworks need a newer pytest than EigenDB's client
+# allows, and each package must stand on its declared dependencies alone.
+# The packages ask for lower bounds only; the test environments take the
+# versions in $(CLIENTPINS), so a release elsewhere never changes a run.
+CLIENTPIP = pip install --quiet --disable-pip-version-check -c $(CLIENTPINS)
+$(CLIENTENV)/.installed: clients/python/pyproject.toml $(CLIENTPINS)
+	$(PYTHON) -m venv $(CLIENTENV)
+	$(CLIENTENV)/bin/$(CLIENTPIP) -e './clients/python[test]'
+	touch $@
+
+$(LANGCHAINENV)/.installed: clients/python/pyproject.toml clients/langchain/pyproject.toml $(CLIENTPINS)
+	$(PYTHON) -m venv $(LANGCHAINENV)
+	$(LANGCHAINENV)/bin/$(CLIENTPIP) -e ./clients/python -e './clients/langchain[test]'
+	touch $@
+
+$(LLAMAENV)/.installed: clients/python/pyproject.toml clients/llama-index/pyproject.toml $(CLIENTPINS)
+	$(PYTHON) -m venv $(LLAMAENV)
+	$(LLAMAENV)/bin/$(CLIENTPIP) -e ./clients/python -e './clients/llama-index[test]'
+	touch $@
+
 # Formatting, clippy, and the documentation: it must build without a
 # warning (a broken link between items is one), private items included.
 lint: cargo-tools
@@ -67,9 +97,11 @@ lint: cargo-tools
 # The `exact` bench compares with FAISS, installed here from PyPI; it runs
 # twice, built for this CPU and as plain `cargo build` builds it.
 BENCHENV    = target/benchenv
-bench: cargo-tools python-tools bench-tools $(BENCHENV)/.installed
+bench: cargo-tools python-tools bench-tools $(BENCHENV)/.installed $(CLIENTENV)/.installed
 	$(NATIVE) $(CARGO) bench --locked
 	$(CARGO) bench --locked --bench exact
+	$(NATIVE) $(CARGO) build --release --locked
+	$(CLIENTENV)/bin/python benches/python_client.py $(SERVER_BIN)
 
 # The load bench's small-request rows run wrk against quiver and nginx:
 # installed here where apt-get can (as root on Debian); elsewhere those rows
