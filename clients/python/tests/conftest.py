@@ -130,6 +130,15 @@ def wire_client(server: Server) -> Iterator[Client]:
         yield c
 
 
+def counter(client: Client, labels: str, name: str = "quiver_requests_total") -> int:
+    """A counter from the server's metrics, e.g. ``counter(c, 'route="upsert",status="200"')`` (0 when never counted)."""
+    prefix = name + ("{" + labels + "}" if labels else "") + " "
+    for line in client.metrics().splitlines():
+        if line.startswith(prefix):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
 def free_port() -> int:
     """A port free a moment ago, for tests that must know it before a server takes it."""
     with socket.socket() as s:

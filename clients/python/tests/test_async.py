@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import AsyncIterator
 
 import httpx
@@ -167,3 +168,25 @@ async def test_nan_is_refused_before_sending(server: Server) -> None:
         with pytest.raises(ValueError):
             await client.upsert("docs", [[np.nan, 1.0]], ids=[1])
         assert (await client.stats("docs")).count == 0
+
+
+async def test_ids_repeated_across_batches_keep_their_last_row(server: Server, transport_kind: str) -> None:
+    rows = 8000
+    ids = np.arange(rows) % 500  # each id once in every batch of 500 rows
+    vectors = np.stack([np.arange(rows), np.zeros(rows)], 1).astype(np.float32)  # [position, 0]
+    async with connect(server, transport_kind) as client:
+        await client.create_index("dups", 2, "l2")
+        # Every other upsert waits 50 ms before it is sent: requests in flight
+        # together would reach the server out of order.
+        send, sent = client._exchange, itertools.count()
+
+        async def exchange(method: str, path: str, body: object) -> object:
+            if path.endswith("/upsert") and next(sent) % 2 == 0:
+                await asyncio.sleep(0.05)
+            return await send(method, path, body)  # type: ignore[arg-type]
+
+        client._exchange = exchange  # type: ignore[method-assign,assignment]
+        result = await client.upsert("dups", vectors, ids=ids, batch_rows=500, parallel=4)
+        assert result == WriteResult(rows, rows, [])
+        got = await client.retrieve("dups", range(500))
+    assert got.vectors[:, 0].tolist() == (np.arange(500) + rows - 500).tolist()

@@ -19,8 +19,10 @@ from quiver_vectors import (
     ReplyTooLargeError,
     RequestTooLargeError,
     RetryPolicy,
+    Search,
     Skipped,
     UnavailableError,
+    WriteResult,
 )
 from quiver_vectors import _protocol as P
 from quiver_vectors._errors import error_for
@@ -148,6 +150,43 @@ def test_metadata_is_one_mapping_or_none_per_row_and_values_pass_through() -> No
     }
 
 
+def test_metadata_values_are_checked_and_numpy_scalars_converted_before_sending() -> None:
+    given = {"i": np.int64(7), "f": np.float32(0.5), "b": np.bool_(True), "s": np.str_("x"), "t": ("a", "b")}
+    checked = P.as_metadata([given], 1)
+    assert checked == [{"i": 7, "f": 0.5, "b": True, "s": "x", "t": ("a", "b")}]
+    assert checked is not None and type(checked[0]["i"]) is int and type(checked[0]["f"]) is float
+    assert type(checked[0]["b"]) is bool
+    assert type(given["i"]) is np.int64  # the caller's mapping is left as it was
+    plain = {"s": "x", "n": -(2**63), "f": 1e300, "b": False, "l": []}
+    assert P.as_metadata([plain], 1)[0] is plain  # nothing to convert: not copied  # type: ignore[index]
+    bad = [
+        ({"k": None}, r"metadata\[1\]\['k'\]: None"),
+        ({"k": {"a": "b"}}, r"metadata\[1\]\['k'\]: dict"),
+        ({"k": {"a", "b"}}, r"metadata\[1\]\['k'\]: set"),
+        ({"k": ["a", 1]}, r"metadata\[1\]\['k'\]\[1\]: a list in metadata holds strings only"),
+        ({"k": [None]}, r"metadata\[1\]\['k'\]\[0\]"),
+        ({"k": 2**63}, r"metadata\[1\]\['k'\]: 9223372036854775808 does not fit"),
+        ({"k": np.uint64(2**64 - 1)}, r"does not fit"),
+        ({"k": float("nan")}, r"metadata\[1\]\['k'\]: nan is not finite"),
+        ({"k": np.float64("inf")}, r"is not finite"),
+        ({"k": b"bytes"}, r"bytes is not a metadata value"),
+        ({"k": np.datetime64("2020-01-01")}, r"NumPy datetime64"),
+        ({1: "a"}, r"metadata\[1\]: key 1 is a int, not a str"),
+    ]
+    for value, message in bad:
+        with pytest.raises(ValueError, match=message):
+            P.as_metadata([{"ok": "yes"}, value], 2)
+
+
+def test_checking_metadata_is_cheap_for_a_large_upload() -> None:
+    import time
+
+    rows = [{"title": f"t{i}", "year": 2000 + i % 30, "score": i / 7, "draft": i % 2 == 0} for i in range(100_000)]
+    started = time.perf_counter()
+    P.as_metadata(rows, len(rows))
+    assert time.perf_counter() - started < 0.5  # ~30 ms here; uploading these rows takes seconds
+
+
 # -- splitting uploads --------------------------------------------------------------------
 
 
@@ -174,6 +213,20 @@ def test_batches_cover_every_row_once_within_their_bounds(rows_max: int, bytes_m
     assert seen == list(range(1234))
 
 
+def test_an_upload_result_says_which_rows_the_server_answered_for() -> None:
+    skipped = [Skipped(7, "expected 2 dimensions, got 3")]
+    outcomes = [(500, 1000, 500, []), (0, 250, 249, skipped), (250, 500, 250, []), (1500, 2000, 500, [])]
+    error = error_for(400, "INVALID_REQUEST_BODY", "Bad request")
+    with pytest.raises(InvalidRequestError) as failed:
+        P.tally_writes(outcomes, 2000, error)
+    result = failed.value.result
+    assert result == WriteResult(2000, 1499, skipped, [(0, 1000), (1500, 2000)])
+    assert sum(hi - lo for lo, hi in result.stored_ranges) - len(result.skipped) == result.stored
+    # Built without ranges: all of the input when every row was answered for.
+    assert WriteResult(3, 2, skipped).stored_ranges == [(0, 3)]
+    assert WriteResult(3, 2, []).stored_ranges == [] and WriteResult(0, 0, []).stored_ranges == []
+
+
 def test_byte_bound_cuts_bodies_near_it() -> None:
     upload = P.Upload(np.random.default_rng(0).standard_normal((2000, 64), dtype=np.float32), np.arange(2000), None)
     sizes = [len(b.body) for b in P.iter_batches(upload, 100_000, 200_000, 256)]
@@ -197,6 +250,45 @@ def test_smaller_chunk_follows_what_the_server_names() -> None:
     assert P.smaller_chunk(reply, 100) == 7
     assert P.smaller_chunk(error_for(400, "REPLY_TOO_LARGE", "Reply too large", "no number"), 100) == 50
     assert P.smaller_chunk(error_for(500, "INDEX_NOT_FETCHED", "x"), 100) is None
+
+
+def test_a_search_batch_too_large_for_a_reply_is_cut_by_the_hits_that_fit() -> None:
+    # The server's descriptions, as written by src/api/error.rs.
+    def too_large(tail: str) -> QuiverError:
+        text = "the reply would take up to 700000 bytes, more than the 65536 one reply may (--reply-bytes-max); " + tail
+        return error_for(400, "REPLY_TOO_LARGE", "Reply too large", text)
+
+    fit_425 = too_large("ask for at most 425 hits in all (a smaller k, or fewer searches) per request")
+    assert P.fewer_searches(fit_425, [40] * 200) == 10  # hits in all, divided by k
+    assert P.fewer_searches(fit_425, [100, 300, 26, 1]) == 2  # each search its own k
+    assert P.fewer_searches(fit_425, [500, 1, 1]) == 1  # the first alone, once: fewer than k rows may match
+    assert P.fewer_searches(fit_425, [500]) is None
+    assert P.fewer_searches(fit_425, [1, 1, 1]) == 1  # "fits" all: the estimate moved; half
+    none_fit = too_large("not even one of the hits in all (a smaller k, or fewer searches) fits")
+    assert P.fewer_searches(none_fit, [10] * 50) is None  # no number of searches fits: at once
+    assert P.fewer_searches(error_for(400, "INVALID_REQUEST_BODY", "Bad", "x", "searches: expected 1 to 3 searches"), [1] * 9) == 3
+    ids_fit = too_large("ask for at most 7 ids per request")
+    assert P.smaller_chunk(ids_fit, 100) == 7
+    assert P.smaller_chunk(fit_425, 1000) == 500  # hits are not ids
+
+
+def test_search_batch_objects_take_their_own_options_or_the_calls() -> None:
+    plain = P.batch_searches(np.ones((2, 3)), 5, {"a": "b"}, True, False)
+    assert [(s["k"], s["filter"], s["include"]) for s in plain] == [(5, {"a": "b"}, ["score"])] * 2
+    own = P.batch_searches(
+        [Search([1, 2, 3]), Search(np.ones(3), 2, filter={}, with_scores=False, with_vectors=True)],
+        5,
+        {"a": "b"},
+        True,
+        False,
+    )
+    assert (own[0]["k"], own[0]["filter"], own[0]["include"]) == (5, {"a": "b"}, ["score"])
+    assert (own[1]["k"], own[1]["filter"], own[1]["include"]) == (2, {}, ["data"])
+    assert own[0]["queryVector"].dtype == np.float32
+    with pytest.raises(ValueError, match=r"searches\[1\].vector"):
+        P.batch_searches([Search([1.0]), Search([np.nan])], 1, None, True, False)
+    with pytest.raises(TypeError, match=r"searches\[1\]"):
+        P.batch_searches([Search([1.0]), [1.0]], 1, None, True, False)
 
 
 # -- envelopes and errors -------------------------------------------------------------------
@@ -278,6 +370,11 @@ def test_hits_are_ordered_by_rank_with_exact_float32_scores() -> None:
     assert hits[0].vector is not None and bits(hits[0].vector).tolist() == bits(np.array([1e-45, -0.0])).tolist()
     infinite = P.parse_hits({"nearest_neighbors": {"1": {"metadata": {}, "rank": 0, "score": None}}})
     assert infinite[0].score is None
+    # An infinite distance sorts last: a null after finite scores stays None (not NaN).
+    after = P.parse_hits(
+        {"nearest_neighbors": {"1": {"metadata": {}, "rank": 0, "score": 0.2}, "2": {"metadata": {}, "rank": 1, "score": None}}}
+    )
+    assert after[0].score == float(np.float32(0.2)) and after[1].score is None
 
 
 # -- retries ---------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from quiver_vectors import (
     Client,
     InvalidRequestError,
     QuiverConnectionError,
+    QuiverError,
     RetryPolicy,
     UnavailableError,
 )
@@ -140,7 +141,21 @@ def test_an_upload_that_fails_part_way_raises_with_what_was_stored(start_server:
             client.insert("docs", np.ones((15, 2)), ids=range(15), metadata=metadata, batch_rows=3, parallel=1)
         result = failed.value.result
         assert result.requested == 15 and result.stored == 9 and result.skipped == []
+        assert result.stored_ranges == [(0, 9)]
         assert client.stats("docs").count == 9
+
+
+def test_a_retrieve_that_fails_part_way_raises_with_the_rows_before_it(fakes: List[FakeServer]) -> None:
+    # 1,500 ids are asked in two requests: the first answers a row, the second fails.
+    row = {"embeddings": [{"id": 1, "data": [1.0, 2.0], "metadata": {"a": "b"}}]}
+    server = FakeServer(["ok", 500], ok_data=row)
+    fakes.append(server)
+    with Client(server.url, api_key=KEY, retry=QUICK) as client:
+        with pytest.raises(QuiverError) as failed:
+            client.retrieve("docs", range(1500))
+    got = failed.value.result
+    assert (got.ids, got.vectors.tolist(), got.metadata, got.missing) == ([1], [[1.0, 2.0]], [{"a": "b"}], [])
+    assert server.count == 2
 
 
 def test_async_retries_follow_the_same_rules(fakes: List[FakeServer]) -> None:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
-from conftest import KEY, Server
-from oracle import assert_hits_match, bits, random_float32_bits
+from conftest import KEY, Server, counter
+from oracle import assert_hits_match, bits, expected_ids, random_float32_bits
+
+from quiver_vectors import _protocol as P
 
 from quiver_vectors import (
     AuthenticationError,
@@ -19,6 +24,7 @@ from quiver_vectors import (
     IndexNotFoundError,
     InvalidRequestError,
     QuiverError,
+    Search,
     SearchError,
     Skipped,
     WriteResult,
@@ -167,8 +173,8 @@ def test_insert_and_upsert_report_skipped_items_instead_of_raising(client: Clien
 def test_an_insert_with_a_body_the_server_refuses_raises_with_its_detail(client: Client) -> None:
     client.create_index("docs", 2, "l2")
     with pytest.raises(InvalidRequestError) as refused:
-        client.insert("docs", [[1, 2]], ids=[1], metadata=[{"nested": {"a": "b"}}])
-    assert refused.value.detail is not None and refused.value.detail.startswith("embeddings[0].metadata.nested")
+        client.insert("docs", [[1, 2]], ids=[1], metadata=[{"text": "x" * 20_000}])  # past --metadata-bytes-max
+    assert refused.value.detail is not None and refused.value.detail.startswith("embeddings[0].metadata"), refused.value.detail
     assert refused.value.result == WriteResult(1, 0, [])
     assert client.stats("docs").count == 0
 
@@ -279,6 +285,20 @@ def test_vectors_round_trip_bit_exactly_through_the_server(client: Client) -> No
         assert bits(hit.vector) == bits(data[ids.tolist().index(hit.id)])
 
 
+def test_a_bad_metadata_value_fails_an_upload_before_any_request(client: Client) -> None:
+    client.create_index("docs", 2, "l2")
+    metadata = [{"n": i} for i in range(4000)]
+    metadata[3000] = {"n": {1, 2}}
+    with pytest.raises(ValueError, match=r"metadata\[3000\]\['n'\]: set is not a metadata value"):
+        client.upsert("docs", np.ones((4000, 2)), ids=range(4000), metadata=metadata, batch_rows=500, parallel=4)
+    assert client.stats("docs").count == 0
+    assert counter(client, 'route="upsert",status="200"') == 0
+    # NumPy scalars are sent as the values they hold.
+    given = {"i": np.int64(7), "f": np.float32(0.5), "b": np.bool_(True), "s": np.str_("x"), "l": ["a"]}
+    client.upsert("docs", [1.0, 2.0], ids=[1], metadata=[given])
+    assert client.retrieve("docs", [1]).metadata == [{"i": 7, "f": 0.5, "b": True, "s": "x", "l": ["a"]}]
+
+
 def test_a_value_past_the_numeric_domain_is_skipped_with_its_reason(client: Client) -> None:
     client.create_index("docs", 2, "l2")
     outcome = client.upsert("docs", np.array([[1e38, 0.0], [1.0, 2.0]], dtype=np.float32), ids=[1, 2])
@@ -373,6 +393,44 @@ def test_search_batch_longer_than_the_server_takes_is_sent_in_parts(client: Clie
         assert_hits_match(results[i], "l2", data, np.arange(40), queries[i], 2)
 
 
+def test_an_infinite_distance_scores_none(client: Client) -> None:
+    # bc scores sum|x - q| / sum|x + q|: for [-1, -1] and the query [1, 1], x + q is 0.
+    client.create_index("bray", 2, "bc")
+    client.upsert("bray", [[1.0, 2.0], [-1.0, -1.0]], ids=[1, 2])
+    expected = [(1, float(np.float32(0.2))), (2, None)]
+    assert [(h.id, h.score) for h in client.search("bray", [1.0, 1.0], k=2)] == expected
+    assert [(h.id, h.score) for h in client.search_batch("bray", [[1.0, 1.0]], k=2)[0]] == expected
+
+
+@pytest.mark.parametrize("metric", ["cosine", "l2"])
+def test_search_batch_takes_searches_with_options_of_their_own(client: Client, metric: str) -> None:
+    rows, dims = 1000, 12
+    rng = np.random.default_rng(17)
+    data = rng.standard_normal((rows, dims), dtype=np.float32)
+    langs = rng.choice(["en", "fr", "de"], rows)
+    client.create_index("vecs", dims, metric)
+    client.upsert("vecs", data, ids=np.arange(rows), metadata=[{"lang": str(lang)} for lang in langs])
+    ids, en, fr = np.arange(rows), langs == "en", langs == "fr"
+    q = rng.standard_normal((5, dims), dtype=np.float32)
+    searches = [
+        Search(q[0]),  # the call's k and filter
+        Search(q[1], 9),  # a k of its own
+        Search(q[2], 3, filter={"lang": "fr"}),  # a filter of its own
+        Search(q[3], filter={}, with_scores=False),  # every row, without scores
+        Search(q[4], 2, with_vectors=True),
+    ]
+    results = client.search_batch("vecs", searches, k=4, filter={"lang": "en"})
+    assert len(results) == 5
+    assert_hits_match(results[0], metric, data, ids, q[0], 4, mask=en)
+    assert_hits_match(results[1], metric, data, ids, q[1], 9, mask=en)
+    assert_hits_match(results[2], metric, data, ids, q[2], 3, mask=fr)
+    assert_hits_match(results[3], metric, data, ids, q[3], 4, with_scores=False)
+    assert_hits_match(results[4], metric, data, ids, q[4], 2, mask=en)
+    assert all(h.vector is not None and bits(h.vector) == bits(data[h.id]) for h in results[4])
+    assert all(h.vector is None for h in results[0])
+    assert results[2] == client.search("vecs", q[2], k=3, filter={"lang": "fr"})  # as each alone
+
+
 # -- scroll -----------------------------------------------------------------------------------------
 
 
@@ -425,6 +483,72 @@ def test_a_byte_bound_splits_an_upload_into_many_requests(client: Client) -> Non
     result = client.upsert("bulk", data.reshape(3, 1000, 32), ids=range(3000), batch_bytes=20_000, parallel=2)
     assert result.stored == 3000
     assert bits(client.retrieve("bulk", [0, 1999, 2999]).vectors) == bits(data[[0, 1999, 2999]])
+    # One request per body of at most 20,000 bytes: ~1 MB of JSON in all.
+    bodies = len(P.Upload(data, range(3000), None).body(0, 3000)) // 20_000
+    assert bodies >= 40
+    assert bodies <= counter(client, 'route="upsert",status="200"') < 2 * bodies
+
+
+def stall_every_other_upsert(client: Client) -> None:
+    """Makes requests sent together reach the server out of order: every other upsert waits 50 ms first."""
+    send = client._exchange
+    sent = itertools.count()
+
+    def exchange(method: str, path: str, body: object) -> object:
+        if path.endswith("/upsert") and next(sent) % 2 == 0:
+            time.sleep(0.05)
+        return send(method, path, body)  # type: ignore[arg-type]
+
+    client._exchange = exchange  # type: ignore[method-assign,assignment]
+
+
+def test_ids_repeated_across_batches_keep_their_last_row(client: Client) -> None:
+    rows = 8000
+    ids = np.arange(rows) % 500  # each id once in every batch of 500 rows
+    vectors = np.stack([np.arange(rows), np.zeros(rows)], 1).astype(np.float32)  # [position, 0]
+    client.create_index("dups", 2, "l2")
+    stall_every_other_upsert(client)
+    assert client.upsert("dups", vectors, ids=ids, batch_rows=500, parallel=4) == WriteResult(rows, rows, [])
+    last = np.arange(500) + rows - 500
+    assert client.retrieve("dups", range(500)).vectors[:, 0].tolist() == last.tolist()
+
+
+def test_one_client_shared_by_eight_threads_searching_and_writing_at_once(client: Client) -> None:
+    threads, rounds, rows, dims = 8, 3, 2000, 16
+    rng = np.random.default_rng(13)
+    base = rng.standard_normal((rows, dims), dtype=np.float32)
+    client.create_index("shared", dims, "l2")
+    client.upsert("shared", base, ids=range(rows), metadata=[{"part": "base"}] * rows)
+    queries = rng.standard_normal((threads, rounds, dims), dtype=np.float32)
+    # Each thread writes rows of its own; searches see the base rows alone,
+    # so their answers do not depend on how the writes interleave.
+    added = rng.standard_normal((threads, rounds * 100, dims), dtype=np.float32)
+    start = threading.Barrier(threads)
+    failures: list = []  # type: ignore[type-arg]
+
+    def work(t: int) -> None:
+        try:
+            start.wait(timeout=10)
+            for r in range(rounds):
+                hits = client.search("shared", queries[t, r], k=5, filter={"part": "base"})
+                assert [h.id for h in hits] == expected_ids("l2", base, range(rows), queries[t, r], 5)
+                first = 10_000 + t * 1_000 + r * 100
+                part = added[t, r * 100 : (r + 1) * 100]
+                assert client.upsert("shared", part, ids=range(first, first + 100), batch_rows=30, parallel=2).complete
+        except BaseException as exc:  # noqa: BLE001  (reported below, from the test's thread)
+            failures.append(exc)
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert not any(worker.is_alive() for worker in workers)
+    assert failures == []
+    assert client.stats("shared").count == rows + threads * rounds * 100
+    for t in range(threads):
+        got = client.retrieve("shared", range(10_000 + t * 1_000, 10_000 + t * 1_000 + rounds * 100))
+        assert bits(got.vectors) == bits(added[t])
 
 
 def test_progress_bar_counts_rows(client: Client, capsys: pytest.CaptureFixture[str]) -> None:

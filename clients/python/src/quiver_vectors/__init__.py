@@ -43,6 +43,7 @@ from ._types import (
     MetadataValue,
     Retrieved,
     Row,
+    Search,
     Skipped,
     WriteResult,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "Retrieved",
     "RetryPolicy",
     "Row",
+    "Search",
     "SearchError",
     "Skipped",
     "StorageError",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, List, Optional, Set, Tuple, TypeVar
+from typing import Any, AsyncIterator, Callable, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 import httpx
 
@@ -20,9 +20,8 @@ from . import _limits
 from . import _protocol as P
 from ._base import IDLE_CONNECTIONS_MAX, SOCKET_OPTIONS, _Core, transport_limits
 from ._errors import IndexExistsError, IndexNotFoundError, QuiverError
-from ._progress import Progress, open_progress
 from ._retry import RETRYABLE_STATUS, RETRYABLE_TRANSPORT_ERRORS, RetryPolicy
-from ._types import ClusterMember, ClusterStatus, Deleted, Health, Hit, IndexStats, Retrieved, Row, Skipped, WriteResult
+from ._types import ClusterMember, ClusterStatus, Deleted, Health, Hit, IndexStats, Retrieved, Row, Search, WriteResult
 from ._wire import AsyncWire, Content
 
 
@@ -96,10 +95,24 @@ class AsyncClient(_Core):
             await asyncio.sleep(delay)
             retry += 1
 
+    async def _drive(self, plan: "C.Plan[T]") -> T:
+        """Carries out a plan (see `_calls`): awaits each call it yields and sends it the result."""
+        send: Callable[[Any], C.Call[Any]] = plan.send
+        value: Any = None
+        while True:
+            try:
+                call = send(value)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            try:
+                value, send = await self._run(call), plan.send
+            except QuiverError as exc:
+                value, send = exc, plan.throw  # the plan may handle it; if not, it comes back out
+
     async def close(self) -> None:
         """Closes the kept-alive connections."""
         if self._wire is not None:
-            await self._wire.close()
+            self._wire.close()
         if self._transport is not None:
             await self._transport.aclose()
 
@@ -211,87 +224,50 @@ class AsyncClient(_Core):
         batch_bytes: int,
         parallel: int,
     ) -> WriteResult:
-        upload = P.Upload(vectors, ids, metadata)
-        if parallel < 1:
-            raise ValueError("parallel must be at least 1")
-        bar = open_progress(progress, len(upload), op)
-        outcomes: List[P.Outcome] = []
+        upload = C.Uploader(op, name, vectors, ids, metadata, progress, batch_rows, batch_bytes, parallel)
         error: Optional[QuiverError] = None
-        batches = P.iter_batches(upload, batch_rows, batch_bytes, _limits.UPLOAD_PIECE_ROWS_MAX)
         loop = asyncio.get_running_loop()
         pending: Set["asyncio.Future[None]"] = set()
+
+        def encoded() -> "asyncio.Future[Optional[P.Batch]]":
+            return loop.run_in_executor(None, next, upload.batches, None)
+
         try:
-            first = await loop.run_in_executor(None, next, batches, None)
-            second = await loop.run_in_executor(None, next, batches, None) if first is not None else None
+            first = await encoded()
+            second = await encoded() if first is not None else None
             if second is None:
                 # One request (the common small write): awaited here, as no
                 # other request of this upload can run beside it.
                 if first is not None:
                     try:
-                        await self._send_batch(op, name, upload, first, outcomes, bar)
+                        await self._drive(upload.send(first))
                     except QuiverError as exc:
                         error = exc
-                return P.tally_writes(outcomes, len(upload), error)
-            ready = [first, second]
-            while True:
-                while len(pending) >= parallel and error is None:
-                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            else:
+                lanes = upload.lanes()
+                batch: Optional[P.Batch] = first
+                later: List[P.Batch] = [second]
+                while batch is not None:
+                    while len(pending) >= lanes and error is None:
+                        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                        error = P.first_error(done, error)
+                    if error is not None:
+                        break  # send nothing more; let what is in flight finish
+                    pending.add(asyncio.ensure_future(self._drive(upload.send(batch))))
+                    # The next batch is encoded while this one is sent.
+                    batch = later.pop() if later else await encoded()
+                if pending:
+                    done, pending = await asyncio.wait(pending)
                     error = P.first_error(done, error)
-                if error is not None:
-                    break  # send nothing more; let what is in flight finish
-                batch = ready.pop(0) if ready else await loop.run_in_executor(None, next, batches, None)
-                if batch is None:
-                    break
-                pending.add(asyncio.ensure_future(self._send_batch(op, name, upload, batch, outcomes, bar)))
-            if pending:
-                done, pending = await asyncio.wait(pending)
-                error = P.first_error(done, error)
         finally:
             for task in pending:  # only when the upload itself was cancelled
                 task.cancel()
-            bar.close()
-        return P.tally_writes(outcomes, len(upload), error)
-
-    async def _send_batch(
-        self, op: str, name: str, upload: P.Upload, batch: P.Batch, outcomes: List[P.Outcome], bar: Progress
-    ) -> None:
-        try:
-            stored, skipped = await self._run(C.write(op, name, batch.body, len(batch)))
-        except QuiverError as exc:
-            # Past a server limit (413, or fewer items per request): the
-            # same rows again, in smaller requests. Nothing of a refused
-            # request was stored, so this is safe for insert too.
-            size = P.smaller_chunk(exc, len(batch))
-            if size is None:
-                raise
-            for lo in range(batch.lo, batch.hi, size):
-                hi = min(lo + size, batch.hi)
-                await self._send_batch(op, name, upload, P.Batch(lo, hi, upload.body(lo, hi)), outcomes, bar)
-            return
-        outcomes.append((batch.lo, stored, skipped))
-        bar.advance(len(batch))
+            upload.close()
+        return upload.result(error)
 
     async def delete(self, name: str, ids: P.IdsLike) -> Deleted:
         """Deletes rows by id: the ids deleted, and those skipped (missing) with why. See `Client.delete`."""
-        id_list = P.as_ids(ids)
-        deleted: List[int] = []
-        skipped: List[Skipped] = []
-        size, pos = _limits.DELETE_BATCH_IDS_MAX, 0
-        while pos < len(id_list):
-            chunk = id_list[pos : pos + size]
-            try:
-                part_deleted, part_skipped = await self._run(C.delete_ids(name, chunk))
-            except QuiverError as exc:
-                smaller = P.smaller_chunk(exc, len(chunk))
-                if smaller is None:
-                    exc.result = Deleted(deleted, skipped)
-                    raise
-                size = smaller
-                continue
-            deleted += part_deleted
-            skipped += part_skipped
-            pos += len(chunk)
-        return Deleted(deleted, skipped)
+        return await self._drive(C.delete_plan(name, P.as_ids(ids)))
 
     async def delete_by_filter(self, name: str, filter: P.Filter) -> int:
         """Deletes every row the filter matches (``{}``: every row), as one write; returns how many."""
@@ -319,7 +295,7 @@ class AsyncClient(_Core):
     async def search_batch(
         self,
         name: str,
-        vectors: P.VectorsLike,
+        vectors: Union[P.VectorsLike, Sequence[Search]],
         k: int = 10,
         *,
         filter: Optional[P.Filter] = None,
@@ -327,45 +303,13 @@ class AsyncClient(_Core):
         with_vectors: bool = False,
         consistency: Optional[str] = None,
     ) -> List[List[Hit]]:
-        """One search per vector, run together by the server; results in the order of `vectors`."""
-        queries = P.as_matrix(vectors)
-        include = P.include_list(with_scores, with_vectors)
-        results: List[List[Hit]] = []
-        size, pos = _limits.SEARCH_BATCH_MAX, 0
-        while pos < len(queries):
-            part = queries[pos : pos + size]
-            call = C.search_batch(name, part, k, include, filter, consistency or self.consistency)
-            try:
-                answered = await self._run(call)
-            except QuiverError as exc:
-                smaller = P.smaller_chunk(exc, len(part))
-                if smaller is None:
-                    raise
-                size = smaller
-                continue
-            results += answered
-            pos += len(part)
-        return results
+        """Many searches, run together by the server; results in the order asked. See `Client.search_batch`."""
+        searches = P.batch_searches(vectors, k, filter, with_scores, with_vectors)
+        return await self._drive(C.search_batch_plan(name, searches, consistency or self.consistency))
 
     async def retrieve(self, name: str, ids: P.IdsLike, *, consistency: Optional[str] = None) -> Retrieved:
-        """Rows by id, in the order asked, vectors exactly as stored; missing ids listed, not raised."""
-        id_list = P.as_ids(ids)
-        parts: List[C.RetrievedPart] = []
-        size, pos = _limits.RETRIEVE_BATCH_IDS_MAX, 0
-        while pos < len(id_list):
-            chunk = id_list[pos : pos + size]
-            try:
-                parts.append(await self._run(C.retrieve(name, chunk, consistency or self.consistency)))
-            except QuiverError as exc:
-                # Rows too long for the reply limit, or more ids than the
-                # server takes: ask for fewer.
-                smaller = P.smaller_chunk(exc, len(chunk))
-                if smaller is None:
-                    raise
-                size = smaller
-                continue
-            pos += len(chunk)
-        return P.join_retrieved(parts)
+        """Rows by id, in the order asked, vectors exactly as stored; missing ids listed, not raised. See `Client.retrieve`."""
+        return await self._drive(C.retrieve_plan(name, P.as_ids(ids), consistency or self.consistency))
 
     async def scroll(
         self,

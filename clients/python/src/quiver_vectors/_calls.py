@@ -4,19 +4,27 @@ Each public method of the sync and async clients makes its calls here and
 hands them to its own I/O loop (`Client._run`, `AsyncClient._run`), so the two
 clients cannot drift apart in what they send or how they read it, and the
 decision "may this be retried" is made once, next to the request it is about.
+
+A method that needs several requests (an upload, a long delete, retrieve or
+search batch) is written once here as a *plan*: a generator that yields
+`Call`s and is sent each one's result (or has its `QuiverError` thrown in).
+`Client._drive` carries a plan out with blocking calls, `AsyncClient._drive`
+with awaited ones; neither client wraps the other.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Generator, Generic, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import orjson
 
 import numpy as np
 
+from . import _limits
 from . import _protocol as P
-from ._errors import QuiverConnectionError
-from ._types import ClusterMember, ClusterStatus, Health, Hit, IndexStats, Row, Skipped
+from ._errors import QuiverConnectionError, QuiverError
+from ._progress import open_progress
+from ._types import ClusterMember, ClusterStatus, Deleted, Health, Hit, IndexStats, Retrieved, Row, Skipped, WriteResult
 
 
 T = TypeVar("T")
@@ -158,12 +166,9 @@ def _hits(reply: P.Reply) -> List[Hit]:
     return P.parse_hits(reply.data)
 
 
-def search_batch(
-    name: str, queries: np.ndarray, k: int, include: Optional[List[str]], filter: Any, consistency: Optional[str]
-) -> "Call[List[List[Hit]]]":
+def search_batch(name: str, searches: List[Dict[str, Any]], consistency: Optional[str]) -> "Call[List[List[Hit]]]":
     path = P.with_consistency(P.embeddings_path(name, "search-batch"), consistency)
-    body = P.search_batch_body(queries, k, include, filter)
-    return Call("POST", path, body, True, lambda r: P.parse_search_batch(r.data))
+    return Call("POST", path, P.search_batch_body(searches), True, lambda r: P.parse_search_batch(r.data))
 
 
 def retrieve(name: str, ids: Sequence[int], consistency: Optional[str]) -> "Call[RetrievedPart]":
@@ -172,9 +177,9 @@ def retrieve(name: str, ids: Sequence[int], consistency: Optional[str]) -> "Call
 
 
 def delete_ids(name: str, ids: Sequence[int]) -> "Call[Tuple[List[int], List[Skipped]]]":
-    # Idempotent: a second attempt deletes nothing more. If the first was
-    # applied and its answer lost, the retry reports those ids as skipped
-    # ("does not exist"): the rows are gone either way.
+    # Retried (see _retry): a second attempt deletes nothing more. If the
+    # first was applied and its answer lost, the retry reports those ids as
+    # skipped ("does not exist"): the rows are gone either way.
     return Call(
         "DELETE",
         P.embeddings_path(name, "delete"),
@@ -186,6 +191,8 @@ def delete_ids(name: str, ids: Sequence[int]) -> "Call[Tuple[List[int], List[Ski
 
 
 def delete_filter(name: str, filter: Any) -> "Call[int]":
+    # Retried (see _retry): if the first attempt was applied and its answer
+    # lost, the count is of the retry alone (0, or rows written in between).
     return Call("DELETE", P.embeddings_path(name, "delete"), P.filter_body(filter), True, lambda r: r.data["deleted"])
 
 
@@ -196,3 +203,154 @@ def scroll(
     body = P.scroll_body(limit, after, filter, with_vectors)
     return Call("POST", path, body, True, lambda r: P.parse_scroll(r.data))
 
+
+# -- Plans: methods of several requests -------------------------------------------------------
+
+Plan = Generator["Call[Any]", Any, T]
+
+
+def in_parts(
+    lo: int,
+    hi: int,
+    size: int,
+    call_for: Callable[[int, int], "Call[Any]"],
+    answered: Callable[[int, int, Any], None],
+    fewer: Callable[[QuiverError, int, int], Optional[int]],
+) -> "Plan[None]":
+    """Items lo..hi sent in order, as calls of at most `size` items; `answered(lo, hi, result)` for each.
+
+    A call the server refuses for a limit of its own is sent again with
+    fewer items, `fewer(error, lo, hi)` of them, and later calls keep the
+    smaller size; when `fewer` gives None the error is raised.
+    """
+    pos = lo
+    while pos < hi:
+        end = min(pos + size, hi)
+        try:
+            result = yield call_for(pos, end)
+        except QuiverError as exc:
+            smaller = fewer(exc, pos, end)
+            if smaller is None:
+                raise
+            size = smaller
+            continue
+        answered(pos, end, result)
+        pos = end
+
+
+def _by_count(error: QuiverError, lo: int, hi: int) -> Optional[int]:
+    return P.smaller_chunk(error, hi - lo)
+
+
+def _gather(
+    total: int,
+    size: int,
+    call_for: Callable[[int, int], "Call[Any]"],
+    join: Callable[[List[Any]], T],
+    fewer: Callable[[QuiverError, int, int], Optional[int]] = _by_count,
+) -> "Plan[T]":
+    """The results of items 0..total asked in parts, joined; a failure carries those before it as `result`."""
+    parts: List[Any] = []
+    try:
+        yield from in_parts(0, total, size, call_for, lambda lo, hi, part: parts.append(part), fewer)
+    except QuiverError as exc:
+        exc.result = join(parts)
+        raise
+    return join(parts)
+
+
+def _join_deleted(parts: List[Tuple[List[int], List[Skipped]]]) -> Deleted:
+    return Deleted([i for part in parts for i in part[0]], [s for part in parts for s in part[1]])
+
+
+def _join_lists(parts: List[List[Any]]) -> List[Any]:
+    return [item for part in parts for item in part]
+
+
+def delete_plan(name: str, ids: List[int]) -> "Plan[Deleted]":
+    return _gather(len(ids), _limits.DELETE_BATCH_IDS_MAX, lambda lo, hi: delete_ids(name, ids[lo:hi]), _join_deleted)
+
+
+def retrieve_plan(name: str, ids: List[int], consistency: Optional[str]) -> "Plan[Retrieved]":
+    return _gather(
+        len(ids),
+        _limits.RETRIEVE_BATCH_IDS_MAX,
+        lambda lo, hi: retrieve(name, ids[lo:hi], consistency),
+        P.join_retrieved,
+    )
+
+
+def search_batch_plan(name: str, searches: List[Dict[str, Any]], consistency: Optional[str]) -> "Plan[List[List[Hit]]]":
+    ks = [search["k"] for search in searches]
+    return _gather(
+        len(searches),
+        _limits.SEARCH_BATCH_MAX,
+        lambda lo, hi: search_batch(name, searches[lo:hi], consistency),
+        _join_lists,
+        lambda error, lo, hi: P.fewer_searches(error, ks[lo:hi]),
+    )
+
+
+class Uploader:
+    """One insert or upsert: its rows, checked; the plans that send them; what the server answered.
+
+    The client takes its `batches` (bodies encoded as they are asked for),
+    carries out `send(batch)` for each, at most `lanes()` at once, then
+    `close()`s it and returns `result(error)`. Several threads may carry out
+    its plans at once.
+    """
+
+    def __init__(
+        self,
+        op: str,
+        name: str,
+        vectors: Any,
+        ids: Any,
+        metadata: Any,
+        progress: bool,
+        batch_rows: int,
+        batch_bytes: int,
+        parallel: int,
+    ) -> None:
+        if parallel < 1:
+            raise ValueError("parallel must be at least 1")
+        self.op = op
+        self.name = name
+        self.rows = P.Upload(vectors, ids, metadata)
+        self.parallel = parallel
+        self.batches: Iterator[P.Batch] = P.iter_batches(self.rows, batch_rows, batch_bytes, _limits.UPLOAD_PIECE_ROWS_MAX)
+        self.outcomes: List[P.Outcome] = []  # appended from several threads: list.append is atomic
+        self.bar = open_progress(progress, len(self.rows), op)  # last: nothing above may fail with a bar open
+
+    def lanes(self) -> int:
+        """Requests that may be in flight at once, for an upload of more than one.
+
+        One when an id repeats: requests in flight together are applied in any
+        order, and the row sent last must be the one kept, as it is within
+        one request.
+        """
+        return 1 if self.parallel == 1 or self.rows.has_repeats() else self.parallel
+
+    def send(self, batch: P.Batch) -> "Plan[None]":
+        """Sends one batch; past a server limit (413, `--items-max`), in smaller parts.
+
+        Nothing of a refused request was stored, so sending its rows again is
+        safe for insert too.
+        """
+
+        def call_for(lo: int, hi: int) -> "Call[Tuple[int, List[Skipped]]]":
+            body = batch.body if (lo, hi) == (batch.lo, batch.hi) else self.rows.body(lo, hi)
+            return write(self.op, self.name, body, hi - lo)
+
+        return in_parts(batch.lo, batch.hi, len(batch), call_for, self._answered, _by_count)
+
+    def _answered(self, lo: int, hi: int, outcome: Tuple[int, List[Skipped]]) -> None:
+        self.outcomes.append((lo, hi, outcome[0], outcome[1]))
+        self.bar.advance(hi - lo)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def result(self, error: Optional[QuiverError]) -> WriteResult:
+        """What was stored; with `error`, raises it carrying that as `result`."""
+        return P.tally_writes(self.outcomes, len(self.rows), error)

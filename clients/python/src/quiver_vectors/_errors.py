@@ -30,9 +30,11 @@ class QuiverError(Exception):
         description: `error.description`: a string, or one string per item.
         detail: for a malformed body, exactly what is wrong with it, e.g.
             ``"k: expected an integer from 1 to 10000"``.
-        result: for an upload sent as several requests that failed part-way,
-            what the requests answered before the failure (a `WriteResult`);
-            otherwise None.
+        result: for a call sent as several requests that failed part-way,
+            what the requests answered before the failure: a `WriteResult`
+            for an insert or upsert (its `stored_ranges` say which rows are
+            stored), a `Deleted` for a delete, a `Retrieved` for a retrieve,
+            the results so far for a search batch; otherwise None.
     """
 
     def __init__(

@@ -34,8 +34,8 @@ UPLOAD_PIECE_ROWS_MAX = 256
 
 #: Ids in one retrieve request. Replies are bounded by the server's
 #: `--reply-bytes-max` (32 MiB by default): 1,000 rows of 768 dimensions are
-#: about 9 MB. A larger vector answers 400 REPLY_TOO_LARGE and the client
-#: halves the request until it fits.
+#: about 9 MB. Longer rows answer 400 REPLY_TOO_LARGE, naming how many ids
+#: fit, and the client asks for that many at a time.
 RETRIEVE_BATCH_IDS_MAX = 1_000
 
 #: Ids in one delete request: bodies of ids are small, and the server takes
@@ -52,8 +52,9 @@ SEARCH_BATCH_MAX = 1_024
 
 # -- Connections, timeouts, retries ------------------------------------------------
 
-#: Whole-request timeout. Large uploads and searches over big indexes take
-#: seconds, not minutes; a request stuck longer than this is better failed.
+#: Timeout of one request, from sending it to the last byte of its answer.
+#: Large uploads and searches over big indexes take seconds, not minutes; a
+#: request stuck longer than this is better failed.
 TIMEOUT_S = 60.0
 
 #: Connecting to a server on a working network takes milliseconds; a server

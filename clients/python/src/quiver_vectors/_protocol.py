@@ -17,6 +17,7 @@ twice float32's precision, so that double rounding cannot change the value.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -41,6 +42,7 @@ from ._types import (
     Metadata,
     Retrieved,
     Row,
+    Search,
     Skipped,
     WriteResult,
 )
@@ -200,15 +202,15 @@ def as_matrix(vectors: VectorsLike) -> np.ndarray:
     return array
 
 
-def as_query(vector: VectorsLike) -> np.ndarray:
+def as_query(vector: VectorsLike, what: str = "vector") -> np.ndarray:
     """One query vector as a C-contiguous 1-D float32 array, every value finite."""
-    array = _as_float32(vector, "vector")
+    array = _as_float32(vector, what)
     if array.ndim == 2 and array.shape[0] == 1:
         array = array[0]
     if array.ndim != 1:
-        raise ValueError(f"vector: expected one vector (1-D), got shape {array.shape}")
+        raise ValueError(f"{what}: expected one vector (1-D), got shape {array.shape}")
     array = np.ascontiguousarray(array)
-    _check_finite(array, "vector")
+    _check_finite(array, what)
     return array
 
 
@@ -274,11 +276,12 @@ def as_ids(ids: IdsLike, count: Optional[int] = None) -> List[int]:
 
 
 def as_metadata(metadata: Any, count: int) -> Optional[List[Optional[Metadata]]]:
-    """Metadata per row (a mapping or None each), or None for none at all.
+    """Metadata per row (a mapping or None each), or None for none at all; every value checked.
 
-    Values are passed through as JSON: strings today, and numbers, booleans
-    and lists of strings on servers with typed metadata; the server says what
-    it does not take.
+    A value is what the server stores (see `check_metadata_value`); anything
+    else raises `ValueError` naming the row and key, here, before any request
+    is sent: an upload cut into requests must not fail part-way through for a
+    value its encoder or the server would refuse.
     """
     if metadata is None:
         return None
@@ -290,13 +293,73 @@ def as_metadata(metadata: Any, count: int) -> Optional[List[Optional[Metadata]]]
         raise ValueError(f"metadata: {len(metadata)} entries for {count} vectors")
     rows: List[Optional[Metadata]] = []
     for i, entry in enumerate(metadata):
-        if entry is None or type(entry) is dict:
-            rows.append(entry)
-        elif isinstance(entry, Mapping):
-            rows.append(dict(entry))  # the encoder writes dicts only
-        else:
-            raise TypeError(f"metadata[{i}]: expected a mapping or None, got {type(entry).__name__}")
+        if entry is None:
+            rows.append(None)
+            continue
+        copied = type(entry) is not dict
+        if copied:
+            if not isinstance(entry, Mapping):
+                raise TypeError(f"metadata[{i}]: expected a mapping or None, got {type(entry).__name__}")
+            entry = dict(entry)  # the encoder writes dicts only
+        converted: Optional[Dict[str, Any]] = None
+        # The common values (str, bool, an int or a float in range) are
+        # checked inline: this loop runs for every row of an upload.
+        for key, value in entry.items():
+            kind = type(value)
+            if type(key) is str and (
+                kind is str
+                or kind is bool
+                or (kind is int and ID_MIN <= value <= ID_MAX)
+                or (kind is float and math.isfinite(value))
+            ):
+                continue
+            if type(key) is not str:
+                raise ValueError(f"metadata[{i}]: key {key!r} is a {type(key).__name__}, not a str")
+            checked = check_metadata_value(value, i, key)
+            if checked is not value:
+                if converted is None:
+                    converted = entry if copied else dict(entry)  # the caller's mapping is left as it was
+                converted[key] = checked
+        rows.append(entry if converted is None else converted)
     return rows
+
+
+def check_metadata_value(value: Any, row: int, key: Any) -> Any:
+    """A metadata value as sent, or `ValueError` naming its row and key.
+
+    What the server stores: a string, a boolean, a number (an integer as a
+    64-bit signed one; a float finite, as JSON has no NaN or infinity and the
+    encoder would write them as null), or a list of strings. NumPy scalars are
+    converted to the Python value they hold. Not None (the server refuses
+    null: leave the key out), nor mappings, sets or other lists.
+    """
+    place = f"metadata[{row}][{key!r}]"
+    if isinstance(value, np.generic) and not isinstance(value, np.str_):
+        if isinstance(value, (np.bool_, np.integer, np.floating)):
+            value = value.item()
+        else:
+            raise ValueError(f"{place}: NumPy {type(value).__name__} is not a metadata value")
+    if isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, int):
+        if not ID_MIN <= value <= ID_MAX:
+            raise ValueError(f"{place}: {value} does not fit a 64-bit signed integer")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{place}: {value} is not finite (JSON has no NaN or infinity)")
+        return value
+    if isinstance(value, (list, tuple)):
+        for j, item in enumerate(value):
+            if not isinstance(item, str):
+                raise ValueError(f"{place}[{j}]: a list in metadata holds strings only, not {type(item).__name__}")
+        return value
+    if value is None:
+        raise ValueError(f"{place}: None is not a metadata value (leave the key out instead)")
+    raise ValueError(
+        f"{place}: {type(value).__name__} is not a metadata value "
+        "(expected a string, number, boolean or list of strings)"
+    )
 
 
 # -- Uploads ------------------------------------------------------------------------------
@@ -333,7 +396,11 @@ class Upload:
 
     def body(self, lo: int, hi: int) -> bytes:
         """The request body for rows lo..hi."""
-        return b'{"embeddings":' + self.items(lo, hi) + b"}"
+        return join_body([self.items(lo, hi)])
+
+    def has_repeats(self) -> bool:
+        """Whether an id appears more than once (the server keeps the last one it is sent)."""
+        return len(set(self.ids)) < len(self.ids)
 
 
 class Batch:
@@ -352,6 +419,21 @@ class Batch:
 
 _BODY_HEAD = b'{"embeddings":['
 _BODY_TAIL = b"]}"
+
+
+def join_body(pieces: List[bytes]) -> bytes:
+    """The request body holding the items of `pieces`, each a JSON array from `Upload.items`.
+
+    Joined once (head, each piece without its brackets, commas, tail): one
+    copy of the bytes, no second encoding.
+    """
+    parts: List[Any] = [_BODY_HEAD]
+    for piece in pieces:
+        if len(parts) > 1:
+            parts.append(b",")
+        parts.append(memoryview(piece)[1:-1])  # no copy
+    parts.append(_BODY_TAIL)
+    return b"".join(parts)
 
 
 def iter_batches(upload: Upload, rows_max: int, bytes_max: int, piece_rows_max: int) -> Iterator[Batch]:
@@ -376,29 +458,23 @@ def iter_batches(upload: Upload, rows_max: int, bytes_max: int, piece_rows_max: 
     pieces_per_body = -(-rows_max // min(piece_rows_max, rows_max, by_bytes))
     piece_rows = max(1, -(-rows_max // pieces_per_body))
 
-    # The body is joined once from its pieces (head, pieces without their
-    # brackets, commas, tail): one copy of its bytes.
-    parts: List[Any] = [_BODY_HEAD]
+    pieces: List[bytes] = []
     lo = rows = 0
-    size = len(_BODY_HEAD) + len(_BODY_TAIL)
+    size = len(_BODY_HEAD) + len(_BODY_TAIL)  # of the body joined from `pieces`
     for start in range(0, total, piece_rows):
         stop = min(start + piece_rows, total)
         piece = upload.items(start, stop)
-        inner = memoryview(piece)[1:-1]  # without its brackets; no copy
-        if rows and (rows + (stop - start) > rows_max or size + len(inner) + 1 > bytes_max):
-            parts.append(_BODY_TAIL)
-            yield Batch(lo, start, b"".join(parts))
-            parts, lo, rows, size = [_BODY_HEAD], start, 0, len(_BODY_HEAD) + len(_BODY_TAIL)
-        if rows:
-            parts.append(b",")
-        parts.append(inner)
+        if rows and (rows + (stop - start) > rows_max or size + len(piece) - 1 > bytes_max):
+            yield Batch(lo, start, join_body(pieces))
+            pieces, lo, rows, size = [], start, 0, len(_BODY_HEAD) + len(_BODY_TAIL)
+        pieces.append(piece)
         rows += stop - start
-        size += len(inner) + 1
-    parts.append(_BODY_TAIL)
-    yield Batch(lo, total, b"".join(parts))
+        size += len(piece) - 1  # without its brackets, with a comma
+    yield Batch(lo, total, join_body(pieces))
 
 
-Outcome = Tuple[int, int, List[Skipped]]  # a request's first row, rows stored, rows skipped
+#: One answered request of an upload: its rows lo..hi, how many were stored, those skipped.
+Outcome = Tuple[int, int, int, List[Skipped]]
 
 
 def first_error(done: Any, error: Optional[QuiverError]) -> Optional[QuiverError]:
@@ -417,11 +493,17 @@ def first_error(done: Any, error: Optional[QuiverError]) -> Optional[QuiverError
 
 
 def tally_writes(outcomes: List[Outcome], requested: int, error: Optional[QuiverError]) -> WriteResult:
-    """The result of an upload from its requests' outcomes; with an error, raises it carrying them."""
+    """The result of an upload from its answered requests; with an error, raises it carrying the result."""
     outcomes.sort(key=lambda o: o[0])
-    stored = sum(o[1] for o in outcomes)
-    skipped = [s for o in outcomes for s in o[2]]
-    result = WriteResult(requested, stored, skipped)
+    ranges: List[Tuple[int, int]] = []
+    for lo, hi, _, _ in outcomes:
+        if ranges and ranges[-1][1] == lo:
+            ranges[-1] = (ranges[-1][0], hi)
+        else:
+            ranges.append((lo, hi))
+    stored = sum(o[2] for o in outcomes)
+    skipped = [s for o in outcomes for s in o[3]]
+    result = WriteResult(requested, stored, skipped, ranges)
     if error is not None:
         error.result = result
         raise error
@@ -463,10 +545,37 @@ def search_body(query: np.ndarray, k: int, include: Optional[List[str]], filter:
     return dumps(search_object(query, k, include, filter))
 
 
-def search_batch_body(
-    queries: np.ndarray, k: int, include: Optional[List[str]], filter: Optional[Filter]
-) -> bytes:
-    return dumps({"searches": [search_object(q, k, include, filter) for q in queries]})
+def batch_searches(
+    searches: Union[VectorsLike, Sequence[Search]],
+    k: int,
+    filter: Optional[Filter],
+    with_scores: bool,
+    with_vectors: bool,
+) -> List[Dict[str, Any]]:
+    """The search objects of a search batch, ready to encode: one per vector, or one per `Search`.
+
+    A `Search`'s options left None take the call's.
+    """
+    if isinstance(searches, (list, tuple)) and any(isinstance(s, Search) for s in searches):
+        objects = []
+        for i, s in enumerate(searches):
+            if not isinstance(s, Search):
+                raise TypeError(f"searches[{i}]: expected a Search like the others, got {type(s).__name__}")
+            include = include_list(
+                with_scores if s.with_scores is None else s.with_scores,
+                with_vectors if s.with_vectors is None else s.with_vectors,
+            )
+            query = as_query(s.vector, f"searches[{i}].vector")
+            objects.append(
+                search_object(query, k if s.k is None else s.k, include, filter if s.filter is None else s.filter)
+            )
+        return objects
+    include = include_list(with_scores, with_vectors)
+    return [search_object(q, k, include, filter) for q in as_matrix(searches)]  # type: ignore[arg-type]
+
+
+def search_batch_body(searches: List[Dict[str, Any]]) -> bytes:
+    return dumps({"searches": searches})
 
 
 def ids_body(ids: Sequence[int]) -> bytes:
@@ -498,7 +607,13 @@ _COUNT_LIMITS = (
     re.compile(r"(?:embeddings|ids): at most (\d+) per request"),
     re.compile(r"searches: expected 1 to (\d+) searches"),
 )
-_REPLY_FITS = re.compile(r"ask for at most (\d+) (?:ids|hits)")
+# The server's REPLY_TOO_LARGE descriptions: "...; ask for at most N ids per
+# request" (retrieve), "...; ask for at most N hits in all (a smaller k, or
+# fewer searches) per request" (search batch), "...; not even one of the ...
+# fits" when N would be 0.
+_IDS_FIT = re.compile(r"ask for at most (\d+) ids")
+_HITS_FIT = re.compile(r"ask for at most (\d+) hits in all")
+_NONE_FITS = "not even one of the"
 
 
 def smaller_chunk(error: QuiverError, size: int) -> Optional[int]:
@@ -508,7 +623,9 @@ def smaller_chunk(error: QuiverError, size: int) -> Optional[int]:
     of `size` items that meets one is sent again smaller: the number the
     server names where it names one (`--items-max`, `--search-batch-max`, how
     many ids fit a reply), else half (a body past `--body-bytes-max`, a reply
-    past `--reply-bytes-max`). None when smaller would not help.
+    past `--reply-bytes-max`: the server's figure is from the average row, so
+    even "not even one fits" may not hold for every row). None when smaller
+    would not help.
     """
     if size <= 1:
         return None
@@ -520,13 +637,43 @@ def smaller_chunk(error: QuiverError, size: int) -> Optional[int]:
                 return limit if 1 <= limit < size else None
         return None
     if isinstance(error, ReplyTooLargeError):
-        match = _REPLY_FITS.search(str(error.description or ""))
+        match = _IDS_FIT.search(str(error.description or ""))
         if match is not None and 1 <= int(match.group(1)) < size:
             return int(match.group(1))
         return size // 2
     if isinstance(error, RequestTooLargeError):
         return size // 2
     return None
+
+
+def fewer_searches(error: QuiverError, ks: Sequence[int]) -> Optional[int]:
+    """How many of a refused request's searches (with these `k`s) to send in one request, or None.
+
+    A reply too large names the hits that fit in all, not searches: the
+    searches sent are those whose k's add up to at most that. When the server
+    says not even one hit fits, no number of searches does: None, at once.
+    When the first search's k alone is more than fit, that search is tried
+    alone once (it fits if fewer than k rows match), and raises if refused.
+    Other refusals are as `smaller_chunk`.
+    """
+    if not isinstance(error, ReplyTooLargeError):
+        return smaller_chunk(error, len(ks))
+    description = str(error.description or "")
+    match = _HITS_FIT.search(description)
+    if match is None:
+        return None if _NONE_FITS in description else smaller_chunk(error, len(ks))
+    room = int(match.group(1))
+    count = 0
+    for k in ks:
+        room -= k
+        if room < 0:
+            break
+        count += 1
+    if count >= len(ks):  # the server's estimate moved between its checks
+        count = len(ks) // 2
+    if count == 0:
+        return 1 if len(ks) > 1 else None
+    return count
 
 
 # -- Results out -------------------------------------------------------------------------
@@ -550,11 +697,12 @@ def parse_hits(data: Any) -> List[Hit]:
     # The server writes hits in rank order; a JSON object promises no order,
     # so the order is taken from the ranks, not from the text.
     hits.sort(key=_rank)
-    if hits and hits[0].score is not None:
+    scores = [h.score for h in hits]
+    if scores and scores[0] is not None and None not in scores:
         # Scores are float32 on the server: make each Python float exactly it.
-        for hit, score in zip(hits, np.array([h.score for h in hits], dtype=np.float32).tolist()):
+        for hit, score in zip(hits, np.array(scores, dtype=np.float32).tolist()):
             hit.score = score
-    elif any(h.score is not None for h in hits):  # an infinite distance first: null
+    else:  # none asked for, or an infinite distance (null): None stays None
         for hit in hits:
             if hit.score is not None:
                 hit.score = float(np.float32(hit.score))

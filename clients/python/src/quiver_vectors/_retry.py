@@ -1,13 +1,22 @@
 """When a failed call is sent again, and after how long.
 
-Only idempotent calls are retried: a read, a search, an upsert (the same rows
-again leave the same state), a delete by ids or by filter (deleting again
-deletes nothing more). An insert is not: if its first attempt was applied but
-the answer was lost, a second one reports the rows as already existing, and
-the caller would be told the opposite of what happened. Creating or deleting
-an index is not retried for the same reason (the second attempt answers
-"exists" or "does not exist"), nor are changes of cluster membership, which
-can take a minute and whose 503 means "still under way".
+Only calls that may be sent twice are retried: a read, a search, an upsert
+(the same rows again leave the same state), and deletes, with what a second
+attempt means spelled out. A delete by ids deletes nothing more; if the first
+attempt was applied and its answer lost, the retry reports those ids as
+skipped ("does not exist") though the call deleted them. A delete by filter
+deletes what the filter matches when the retry arrives: if the first attempt
+was applied, that is nothing (the count returned is then 0, not the rows the
+call deleted) or rows written in between by others, which the caller did not
+ask to delete when they did not yet exist. Callers for whom that matters turn
+retries off (`RetryPolicy(retries_max=0)`).
+
+An insert is not retried: if its first attempt was applied but the answer was
+lost, a second one reports the rows as already existing, and the caller would
+be told the opposite of what happened. Creating or deleting an index is not
+retried for the same reason (the second attempt answers "exists" or "does not
+exist"), nor are changes of cluster membership, which can take a minute and
+whose 503 means "still under way".
 
 What is retried: a connection that failed or broke (the server restarting, a
 kept-alive connection closed under us) and 503 (too many connections, a

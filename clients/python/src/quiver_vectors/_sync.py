@@ -12,7 +12,7 @@ from __future__ import annotations
 import concurrent.futures as futures
 import itertools
 import time
-from typing import Any, Iterator, List, Optional, Set, Tuple, TypeVar
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 import httpx
 
@@ -21,9 +21,8 @@ from . import _limits
 from . import _protocol as P
 from ._base import IDLE_CONNECTIONS_MAX, SOCKET_OPTIONS, _Core, transport_limits
 from ._errors import IndexExistsError, IndexNotFoundError, QuiverError
-from ._progress import Progress, open_progress
 from ._retry import RETRYABLE_STATUS, RETRYABLE_TRANSPORT_ERRORS, RetryPolicy
-from ._types import ClusterMember, ClusterStatus, Deleted, Health, Hit, IndexStats, Retrieved, Row, Skipped, WriteResult
+from ._types import ClusterMember, ClusterStatus, Deleted, Health, Hit, IndexStats, Retrieved, Row, Search, WriteResult
 from ._wire import Content, SyncWire
 
 
@@ -37,7 +36,11 @@ class Client(_Core):
         url: the server, e.g. ``"http://127.0.0.1:8080"``; default ``$QUIVER_URL``,
             else ``http://127.0.0.1:8080``.
         api_key: the key sent in ``X-Service-API-Key``; default ``$QUIVER_API_KEY``.
-        timeout_s: the longest a request may take (connecting: at most 10 s).
+        timeout_s: the longest one request may take, from sending it to the
+            last byte of its answer (connecting takes at most 10 s more). A
+            call of several requests (an upload, a long retrieve) gives each
+            its own; a retried request gets a new one for each attempt, the
+            backoffs between them bounded by `retry`.
         retry: how idempotent calls are retried (`RetryPolicy`).
         consistency: in a cluster, ``"local"`` reads from the asked node
             without confirming with the leader; default: linearizable.
@@ -107,6 +110,20 @@ class Client(_Core):
                 return C.finish(call, status, content)  # raises the 503's error
             time.sleep(delay)
             retry += 1
+
+    def _drive(self, plan: "C.Plan[T]") -> T:
+        """Carries out a plan (see `_calls`): runs each call it yields and sends it the result."""
+        send: Callable[[Any], C.Call[Any]] = plan.send
+        value: Any = None
+        while True:
+            try:
+                call = send(value)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            try:
+                value, send = self._run(call), plan.send
+            except QuiverError as exc:
+                value, send = exc, plan.throw  # the plan may handle it; if not, it comes back out
 
     def close(self) -> None:
         """Closes the kept-alive connections."""
@@ -221,12 +238,17 @@ class Client(_Core):
         `vectors`: one vector (1-D) or a batch (any shape whose last axis is
         the dimensions), of any real dtype (sent as float32); `ids`: one int
         per vector; `metadata`: None, or one mapping (or None) per vector.
+        Metadata values are checked before anything is sent (`ValueError`).
         Sent as requests of at most `batch_rows` rows and about `batch_bytes`
-        bytes, `parallel` at a time; a request the server finds too large
-        (413) is split in half and sent again. Rows the server skips (wrong
-        length, outside the numeric domain) are listed in the result, not
-        raised. A failed request raises, with what was stored before it in
-        the exception's `result`.
+        bytes, `parallel` at a time (one at a time, in order, when an id
+        repeats, so that its last row wins as within one request); a request
+        past a server limit (413, `--items-max`) is sent again in smaller
+        parts. Rows the server skips (wrong length, outside the numeric
+        domain) are listed in the result, not raised. A failed request
+        raises; nothing more is sent, the requests in flight finish, and the
+        exception's `result` is the `WriteResult` of every request answered,
+        whose `stored_ranges` say which rows are stored (the others can be
+        sent again).
         """
         return self._upload("upsert", name, vectors, ids, metadata, progress, batch_rows, batch_bytes, parallel)
 
@@ -242,84 +264,45 @@ class Client(_Core):
         batch_bytes: int,
         parallel: int,
     ) -> WriteResult:
-        upload = P.Upload(vectors, ids, metadata)
-        if parallel < 1:
-            raise ValueError("parallel must be at least 1")
-        bar = open_progress(progress, len(upload), op)
-        outcomes: List[P.Outcome] = []
+        upload = C.Uploader(op, name, vectors, ids, metadata, progress, batch_rows, batch_bytes, parallel)
         error: Optional[QuiverError] = None
-        batches = P.iter_batches(upload, batch_rows, batch_bytes, _limits.UPLOAD_PIECE_ROWS_MAX)
-        first, second = next(batches, None), next(batches, None)
         try:
+            first, second = next(upload.batches, None), next(upload.batches, None)
             if second is None:
                 # One request (the common small write): sent from this
                 # thread, without starting a pool.
                 if first is not None:
                     try:
-                        self._send_batch(op, name, upload, first, outcomes, bar)
+                        self._drive(upload.send(first))
                     except QuiverError as exc:
                         error = exc
-                return P.tally_writes(outcomes, len(upload), error)
-            assert first is not None
-            with futures.ThreadPoolExecutor(parallel, thread_name_prefix="quiver-upload") as pool:
-                pending: Set["futures.Future[None]"] = set()
-                for batch in itertools.chain((first, second), batches):
-                    while len(pending) >= parallel and error is None:
-                        done, pending = futures.wait(pending, return_when=futures.FIRST_COMPLETED)
-                        error = P.first_error(done, error)
-                    if error is not None:
-                        break  # send nothing more; let what is in flight finish
-                    pending.add(pool.submit(self._send_batch, op, name, upload, batch, outcomes, bar))
-                error = P.first_error(futures.wait(pending)[0], error)
+            else:
+                assert first is not None
+                lanes = upload.lanes()
+                with futures.ThreadPoolExecutor(lanes, thread_name_prefix="quiver-upload") as pool:
+                    pending: Set["futures.Future[None]"] = set()
+                    # Each batch is encoded (by this loop taking it) while the
+                    # ones before it are sent.
+                    for batch in itertools.chain((first, second), upload.batches):
+                        while len(pending) >= lanes and error is None:
+                            done, pending = futures.wait(pending, return_when=futures.FIRST_COMPLETED)
+                            error = P.first_error(done, error)
+                        if error is not None:
+                            break  # send nothing more; let what is in flight finish
+                        pending.add(pool.submit(self._drive, upload.send(batch)))
+                    error = P.first_error(futures.wait(pending)[0], error)
         finally:
-            bar.close()
-        return P.tally_writes(outcomes, len(upload), error)
-
-    def _send_batch(
-        self, op: str, name: str, upload: P.Upload, batch: P.Batch, outcomes: List[P.Outcome], bar: Progress
-    ) -> None:
-        try:
-            stored, skipped = self._run(C.write(op, name, batch.body, len(batch)))
-        except QuiverError as exc:
-            # Past a server limit (413, or fewer items per request): the
-            # same rows again, in smaller requests. Nothing of a refused
-            # request was stored, so this is safe for insert too.
-            size = P.smaller_chunk(exc, len(batch))
-            if size is None:
-                raise
-            for lo in range(batch.lo, batch.hi, size):
-                hi = min(lo + size, batch.hi)
-                self._send_batch(op, name, upload, P.Batch(lo, hi, upload.body(lo, hi)), outcomes, bar)
-            return
-        outcomes.append((batch.lo, stored, skipped))  # list.append is atomic
-        bar.advance(len(batch))
+            upload.close()
+        return upload.result(error)
 
     def delete(self, name: str, ids: P.IdsLike) -> Deleted:
         """Deletes rows by id: the ids deleted, and those skipped (missing) with why.
 
         Missing ids are not an error. Sent in requests of at most 10,000 ids;
         a failed request raises, with what was deleted before it in the
-        exception's `result`.
+        exception's `result` (a `Deleted`).
         """
-        id_list = P.as_ids(ids)
-        deleted: List[int] = []
-        skipped: List[Skipped] = []
-        size, pos = _limits.DELETE_BATCH_IDS_MAX, 0
-        while pos < len(id_list):
-            chunk = id_list[pos : pos + size]
-            try:
-                part_deleted, part_skipped = self._run(C.delete_ids(name, chunk))
-            except QuiverError as exc:
-                smaller = P.smaller_chunk(exc, len(chunk))
-                if smaller is None:
-                    exc.result = Deleted(deleted, skipped)
-                    raise
-                size = smaller
-                continue
-            deleted += part_deleted
-            skipped += part_skipped
-            pos += len(chunk)
-        return Deleted(deleted, skipped)
+        return self._drive(C.delete_plan(name, P.as_ids(ids)))
 
     def delete_by_filter(self, name: str, filter: P.Filter) -> int:
         """Deletes every row the filter matches (``{}``: every row), as one write; returns how many."""
@@ -347,7 +330,7 @@ class Client(_Core):
     def search_batch(
         self,
         name: str,
-        vectors: P.VectorsLike,
+        vectors: Union[P.VectorsLike, Sequence[Search]],
         k: int = 10,
         *,
         filter: Optional[P.Filter] = None,
@@ -355,45 +338,26 @@ class Client(_Core):
         with_vectors: bool = False,
         consistency: Optional[str] = None,
     ) -> List[List[Hit]]:
-        """One search per vector, run together by the server; results in the order of `vectors`."""
-        queries = P.as_matrix(vectors)
-        include = P.include_list(with_scores, with_vectors)
-        results: List[List[Hit]] = []
-        size, pos = _limits.SEARCH_BATCH_MAX, 0
-        while pos < len(queries):
-            part = queries[pos : pos + size]
-            call = C.search_batch(name, part, k, include, filter, consistency or self.consistency)
-            try:
-                answered = self._run(call)
-            except QuiverError as exc:
-                smaller = P.smaller_chunk(exc, len(part))
-                if smaller is None:
-                    raise
-                size = smaller
-                continue
-            results += answered
-            pos += len(part)
-        return results
+        """Many searches, run together by the server; results in the order asked.
+
+        `vectors`: one search per vector, each with `k`, `filter` and what to
+        include as given here; or a list of `Search`, each with options of its
+        own (an option it leaves None is taken from here). Sent as requests
+        of at most 1,024 searches, fewer when the server's limits say so; a
+        failed request raises, with the results before it in the exception's
+        `result`.
+        """
+        searches = P.batch_searches(vectors, k, filter, with_scores, with_vectors)
+        return self._drive(C.search_batch_plan(name, searches, consistency or self.consistency))
 
     def retrieve(self, name: str, ids: P.IdsLike, *, consistency: Optional[str] = None) -> Retrieved:
-        """Rows by id, in the order asked, vectors exactly as stored; missing ids listed, not raised."""
-        id_list = P.as_ids(ids)
-        parts: List[C.RetrievedPart] = []
-        size, pos = _limits.RETRIEVE_BATCH_IDS_MAX, 0
-        while pos < len(id_list):
-            chunk = id_list[pos : pos + size]
-            try:
-                parts.append(self._run(C.retrieve(name, chunk, consistency or self.consistency)))
-            except QuiverError as exc:
-                # Rows too long for the reply limit, or more ids than the
-                # server takes: ask for fewer.
-                smaller = P.smaller_chunk(exc, len(chunk))
-                if smaller is None:
-                    raise
-                size = smaller
-                continue
-            pos += len(chunk)
-        return P.join_retrieved(parts)
+        """Rows by id, in the order asked, vectors exactly as stored; missing ids listed, not raised.
+
+        Sent as requests of at most 1,000 ids, fewer when a reply would pass
+        the server's limit; a failed request raises, with the rows fetched
+        before it in the exception's `result` (a `Retrieved`).
+        """
+        return self._drive(C.retrieve_plan(name, P.as_ids(ids), consistency or self.consistency))
 
     def scroll(
         self,

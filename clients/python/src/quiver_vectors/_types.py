@@ -9,7 +9,7 @@ one 2-D array (`Retrieved.vectors`) and each row's vector is a view of it.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -104,14 +104,35 @@ class Skipped(_Slotted):
 
 
 class WriteResult(_Slotted):
-    """What an insert or upsert did: `stored` of `requested` rows, the rest `skipped`."""
+    """What an insert or upsert did: `stored` of `requested` rows, the rest `skipped` or not sent.
 
-    __slots__ = ("requested", "stored", "skipped")
+    `stored_ranges` says which rows the server answered for, as positions in
+    the input: sorted, merged ``(lo, hi)`` pairs, each meaning rows
+    ``lo..hi-1``. Every row in them is stored unless listed in `skipped`, so
+    `stored` is their total length less the skipped rows. Rows outside them
+    were not stored: their request failed, or was never sent after another
+    failed (the exception's `result` is then this object), so resending those
+    rows alone finishes the upload.
 
-    def __init__(self, requested: int, stored: int, skipped: List[Skipped]) -> None:
+    Constructed without `stored_ranges`, it is the whole input when every row
+    was answered for (``stored + len(skipped) == requested``), else empty.
+    """
+
+    __slots__ = ("requested", "stored", "skipped", "stored_ranges")
+
+    def __init__(
+        self,
+        requested: int,
+        stored: int,
+        skipped: List[Skipped],
+        stored_ranges: Optional[List[Tuple[int, int]]] = None,
+    ) -> None:
+        if stored_ranges is None:
+            stored_ranges = [(0, requested)] if requested and stored + len(skipped) == requested else []
         self.requested = requested
         self.stored = stored
         self.skipped = skipped
+        self.stored_ranges = stored_ranges
 
     @property
     def complete(self) -> bool:
@@ -153,6 +174,32 @@ class Deleted(_Slotted):
     def __init__(self, deleted: List[int], skipped: List[Skipped]) -> None:
         self.deleted = deleted
         self.skipped = skipped
+
+
+class Search(_Slotted):
+    """One search of a `search_batch` with options of its own.
+
+    An option left None takes the value `search_batch` was called with (its
+    `k`, `filter`, `with_scores`, `with_vectors`); to search every row when
+    the call has a filter, give ``filter={}``.
+    """
+
+    __slots__ = ("vector", "k", "filter", "with_scores", "with_vectors")
+
+    def __init__(
+        self,
+        vector: Any,
+        k: Optional[int] = None,
+        *,
+        filter: Optional[Mapping[str, Any]] = None,
+        with_scores: Optional[bool] = None,
+        with_vectors: Optional[bool] = None,
+    ) -> None:
+        self.vector = vector
+        self.k = k
+        self.filter = filter
+        self.with_scores = with_scores
+        self.with_vectors = with_vectors
 
 
 class IndexStats(_Slotted):

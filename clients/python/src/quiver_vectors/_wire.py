@@ -11,11 +11,22 @@ the errors callers see are the same whichever way a request went. Anything
 else (https, a proxy, a transport the caller passes) goes through httpx.
 
 What it does: one request at a time per connection; an idle pool of
-connections reused while younger than the keep-alive expiry and not readable
-(a readable idle connection was closed by the server, or holds bytes nobody
-asked for, and is dropped rather than reused); a timeout on every socket
-operation; a connection whose exchange failed in any way is closed, never
-reused.
+connections reused while younger than the keep-alive expiry and still open
+with nothing to read (`reusable`); a deadline of `timeout_s` for the whole
+exchange of a request and its answer; an answer the server sent before it
+read the whole request (a 413, then closing) is read and returned, as httpx
+does; a connection whose exchange failed in any way is closed, never reused.
+Sockets are non-blocking throughout: the sync path waits with poll() up to
+the deadline, rather than with Python's socket timeouts, which take a system
+call to set before each operation and a poll before each send.
+
+The sync and async paths share everything but the waiting: the pool, the
+check of an idle connection, the sending of a request in one or two pieces,
+and the reading of a reply (`read_reply`, a generator that says where the
+next bytes go and is told how many came). The async path's transport
+receives straight into the buffers `read_reply` gives (`_Receiver`, a
+buffered protocol), so a reply is read as it arrives, even one sent before
+the request was whole.
 """
 
 from __future__ import annotations
@@ -25,24 +36,35 @@ import select
 import socket
 import threading
 import time
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Generator, List, Optional, Tuple, Union
 
 import httpx
 
 #: A reply head larger than this is not quiver's (its heads are ~100 bytes).
 HEAD_BYTES_MAX = 64 * 1024
 
-#: Read size while waiting for a head (a body is then read whole into its own
-#: buffer); under the allocator's mmap threshold, so a read costs no mmap.
-RECV_BYTES = 64 * 1024
+#: Each connection's receive buffer, which a head must fit in; a small reply
+#: arrives whole in it, a larger body is then read into a buffer of its own.
+#: Under the allocator's mmap threshold, so allocating it costs no mmap.
+RECV_BYTES = HEAD_BYTES_MAX
 
 #: Bodies up to this size are sent in the same send as their head (one system
 #: call, one TCP segment for a search); larger ones are sent after it, uncopied.
 JOIN_BODY_BYTES_MAX = 64 * 1024
 
+#: How long to wait for an answer after sending a request failed. A server
+#: that answers before reading a whole body (413) sends the answer before it
+#: closes, so the answer is already there when the sending fails; the wait
+#: only bounds a connection that broke without one.
+EARLY_REPLY_WAIT_S = 1.0
+
 #: A reply body: a large one is read into a bytearray, which orjson reads as
 #: it is (no copy into bytes).
 Content = Union[bytes, bytearray]
+
+#: Reads a reply: yields where the next bytes go, is sent how many came (0:
+#: the connection closed), returns (status, body, keep the connection).
+ReplyReader = Generator[memoryview, int, Tuple[int, Content, bool]]
 
 
 def request_head(method: str, target: str, host: str, headers: bytes, body_len: Optional[int]) -> bytes:
@@ -91,24 +113,104 @@ def parse_head(head: bytes) -> Tuple[int, Optional[int], bool]:
     return status, length, keep
 
 
-# -- Sync ---------------------------------------------------------------------------------------
+def read_reply(buffer: bytearray) -> ReplyReader:
+    """Reads one reply into `buffer` (a connection's) and, for a larger body, a buffer of its own."""
+    view = memoryview(buffer)
+    got = 0
+    while True:
+        n = yield view[got:]
+        if n == 0:
+            raise httpx.RemoteProtocolError("the server closed the connection without a complete reply")
+        got += n
+        end = buffer.find(b"\r\n\r\n", max(0, got - n - 3), got)
+        if end >= 0:
+            break
+        if got == len(buffer):
+            raise httpx.RemoteProtocolError("reply head too large")
+    status, length, keep = parse_head(bytes(view[:end]))
+    start = end + 4
+    if length is None:  # the body runs to the end of the connection
+        parts = [bytes(view[start:got])]
+        while True:
+            n = yield view
+            if n == 0:
+                return status, b"".join(parts), False
+            parts.append(bytes(view[:n]))
+    if got - start > length:
+        raise httpx.RemoteProtocolError("more bytes than the reply's Content-Length")
+    if got - start == length:
+        return status, bytes(view[start:got]), keep
+    content = bytearray(length)
+    content[: got - start] = view[start:got]
+    body = memoryview(content)
+    filled = got - start
+    while filled < length:
+        n = yield body[filled:]
+        if n == 0:
+            raise httpx.RemoteProtocolError("the server closed the connection in the middle of a reply")
+        filled += n
+    return status, content, keep
+
+
+def _pieces(head: bytes, body: Optional[bytes]) -> Tuple[bytes, ...]:
+    """What to send: a small body joined to its head, a large one after it, uncopied."""
+    if body is None:
+        return (head,)
+    if len(body) <= JOIN_BODY_BYTES_MAX:
+        return (head + body,)
+    return (head, body)
+
+
+def reusable(sock: socket.socket) -> bool:
+    """Whether an idle kept-alive connection (a non-blocking socket) can carry a request.
+
+    One peek at the socket, which works for any descriptor (``select`` fails
+    past 1024) and sees what the server did while the connection was idle:
+    nothing to read, it is open (usable); the end of the stream, the server
+    closed it; bytes nobody asked for, it is in no state to reuse.
+    """
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False  # closed (b""), or bytes nobody asked for
 
 
 class _Connection:
-    __slots__ = ("sock", "idle_since")
+    """A socket to the server and its receive buffer."""
+
+    __slots__ = ("sock", "buffer", "idle_since", "_polls")
 
     def __init__(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
         self.sock = sock
+        self.buffer = bytearray(RECV_BYTES)
         self.idle_since = 0.0
+        self._polls: Optional[Tuple[Any, Any]] = None  # (readable, writable), made at the first wait
 
-    def usable(self, now: float, expiry_s: float) -> bool:
-        if now - self.idle_since > expiry_s:
-            return False
-        try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
-        except (OSError, ValueError):
-            return False
-        return not readable
+    def wait(self, writing: bool, deadline: float) -> None:
+        """Returns once the socket can be read (or written); past `deadline`, raises `socket.timeout`."""
+        left = deadline - time.monotonic()
+        if left > 0:
+            if not hasattr(select, "poll"):  # Windows, whose select() takes any socket
+                readers, writers = ([], [self.sock]) if writing else ([self.sock], [])
+                if any(select.select(readers, writers, [], left)):
+                    return
+            else:
+                if self._polls is None:
+                    readable, writable = select.poll(), select.poll()
+                    readable.register(self.sock, select.POLLIN)
+                    writable.register(self.sock, select.POLLOUT)
+                    self._polls = (readable, writable)
+                if self._polls[writing].poll(left * 1000):
+                    return
+        raise socket.timeout("timed out")
+
+    def usable(self) -> bool:
+        return reusable(self.sock)
 
     def close(self) -> None:
         try:
@@ -117,7 +219,7 @@ class _Connection:
             pass
 
 
-class SyncWire:
+class _Wire:
     """Kept-alive connections to one host:port, safe to share between threads."""
 
     def __init__(
@@ -133,45 +235,32 @@ class SyncWire:
         self._lock = threading.Lock()
         self._closed = False
 
-    def _acquire(self) -> _Connection:
+    def _take_idle(self) -> Optional[_Connection]:
+        """The newest idle connection that can be reused; the others found on the way are closed."""
         now = time.monotonic()
-        with self._lock:
-            while self._idle:
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return None
                 connection = self._idle.pop()
-                if connection.usable(now, self.expiry_s):
-                    return connection
-                connection.close()
-        try:
-            sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
-        except socket.timeout as exc:
-            raise httpx.ConnectTimeout(f"connecting to {self.host}:{self.port}: {exc}") from exc
-        except OSError as exc:
-            raise httpx.ConnectError(f"connecting to {self.host}:{self.port}: {exc}") from exc
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(self.timeout_s)
-        return _Connection(sock)
+            if now - connection.idle_since <= self.expiry_s and connection.usable():
+                return connection
+            connection.close()
 
-    def _release(self, connection: _Connection) -> None:
-        connection.idle_since = time.monotonic()
-        with self._lock:
-            if not self._closed and len(self._idle) < self.idle_max:
-                self._idle.append(connection)
-                return
+    def _done(self, connection: _Connection, keep: bool) -> None:
+        if keep:
+            connection.idle_since = time.monotonic()
+            with self._lock:
+                if not self._closed and len(self._idle) < self.idle_max:
+                    self._idle.append(connection)
+                    return
         connection.close()
 
-    def exchange(self, head: bytes, body: Optional[bytes]) -> Tuple[int, Content]:
-        """Sends one request and reads its reply: (status, body)."""
-        connection = self._acquire()
-        try:
-            status, content, keep = _roundtrip(connection.sock, head, body)
-        except BaseException:
-            connection.close()
-            raise
-        if keep:
-            self._release(connection)
-        else:
-            connection.close()
-        return status, content
+    def _connect_error(self, exc: BaseException) -> httpx.TransportError:
+        where = f"connecting to {self.host}:{self.port}"
+        if isinstance(exc, (socket.timeout, asyncio.TimeoutError)):
+            return httpx.ConnectTimeout(f"{where}: timed out")
+        return httpx.ConnectError(f"{where}: {exc}")
 
     def close(self) -> None:
         with self._lock:
@@ -181,182 +270,239 @@ class SyncWire:
             connection.close()
 
 
-def _roundtrip(sock: socket.socket, head: bytes, body: Optional[bytes]) -> Tuple[int, Content, bool]:
+def _write_error(exc: BaseException) -> httpx.TransportError:
+    if isinstance(exc, socket.timeout):
+        return httpx.WriteTimeout(f"sending the request: {exc}")
+    return httpx.WriteError(f"sending the request: {exc}")
+
+
+def _read_error(exc: BaseException) -> httpx.TransportError:
+    if isinstance(exc, socket.timeout):
+        return httpx.ReadTimeout(f"waiting for the reply: {exc}")
+    return httpx.ReadError(f"reading the reply: {exc}")
+
+
+# -- Sync ---------------------------------------------------------------------------------------
+
+
+class SyncWire(_Wire):
+    def exchange(self, head: bytes, body: Optional[bytes]) -> Tuple[int, Content]:
+        """Sends one request and reads its reply, within `timeout_s` in all: (status, body)."""
+        connection = self._take_idle() or self._connect()
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            status, content, keep = _roundtrip(connection, head, body, deadline)
+        except BaseException:
+            connection.close()
+            raise
+        self._done(connection, keep)
+        return status, content
+
+    def _connect(self) -> _Connection:
+        try:
+            return _Connection(socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s))
+        except OSError as exc:
+            raise self._connect_error(exc) from exc
+
+
+def _roundtrip(connection: _Connection, head: bytes, body: Optional[bytes], deadline: float) -> Tuple[int, Content, bool]:
     try:
-        if body is None:
-            sock.sendall(head)
-        elif len(body) <= JOIN_BODY_BYTES_MAX:
-            sock.sendall(head + body)
-        else:
-            sock.sendall(head)
-            sock.sendall(body)
-    except socket.timeout as exc:
-        raise httpx.WriteTimeout(f"sending the request: {exc}") from exc
+        for piece in _pieces(head, body):
+            _send(connection, piece, deadline)
     except OSError as exc:
-        raise httpx.WriteError(f"sending the request: {exc}") from exc
+        if isinstance(exc, socket.timeout):
+            raise _write_error(exc) from exc
+        try:
+            early = min(deadline, time.monotonic() + EARLY_REPLY_WAIT_S)
+            status, content, _ = _receive(connection, read_reply(connection.buffer), early)
+        except httpx.TransportError:
+            raise _write_error(exc) from exc
+        return status, content, False  # the server closed it, or is closing it
+    return _receive(connection, read_reply(connection.buffer), deadline)
+
+
+def _send(connection: _Connection, data: bytes, deadline: float) -> None:
     try:
-        buffer = b""
+        sent = connection.sock.send(data)  # a small request goes whole, at once
+    except BlockingIOError:
+        sent = 0
+    view = memoryview(data)[sent:]
+    while view:
+        connection.wait(True, deadline)
+        try:
+            view = view[connection.sock.send(view) :]
+        except BlockingIOError:
+            continue
+
+
+def _receive(connection: _Connection, reader: ReplyReader, deadline: float) -> Tuple[int, Content, bool]:
+    try:
+        into = next(reader)
         while True:
-            chunk = sock.recv(RECV_BYTES)
-            if not chunk:
-                raise httpx.RemoteProtocolError("the server closed the connection without a complete reply")
-            buffer += chunk
-            end = buffer.find(b"\r\n\r\n")
-            if end >= 0:
-                break
-            if len(buffer) > HEAD_BYTES_MAX:
-                raise httpx.RemoteProtocolError("reply head too large")
-        status, length, keep = parse_head(buffer[:end])
-        rest = buffer[end + 4 :]
-        if length is None:
-            return status, rest + _read_to_end(sock), False
-        if len(rest) > length:
-            raise httpx.RemoteProtocolError("more bytes than the reply's Content-Length")
-        if len(rest) == length:
-            return status, rest, keep
-        content = bytearray(length)
-        content[: len(rest)] = rest
-        view = memoryview(content)
-        got = len(rest)
-        while got < length:
-            n = sock.recv_into(view[got:])
-            if n == 0:
-                raise httpx.RemoteProtocolError("the server closed the connection in the middle of a reply")
-            got += n
-        return status, content, keep
-    except socket.timeout as exc:
-        raise httpx.ReadTimeout(f"waiting for the reply: {exc}") from exc
-    except httpx.TransportError:
-        raise
+            # Waiting first: right after a request, its answer is not there yet.
+            connection.wait(False, deadline)
+            try:
+                n = connection.sock.recv_into(into)
+            except BlockingIOError:
+                continue
+            try:
+                into = reader.send(n)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
     except OSError as exc:
-        raise httpx.ReadError(f"reading the reply: {exc}") from exc
-
-
-def _read_to_end(sock: socket.socket) -> bytes:
-    parts: List[bytes] = []
-    while True:
-        chunk = sock.recv(RECV_BYTES)
-        if not chunk:
-            return b"".join(parts)
-        parts.append(chunk)
+        raise _read_error(exc) from exc
 
 
 # -- Async --------------------------------------------------------------------------------------
 
 
-class _AsyncConnection:
-    __slots__ = ("reader", "writer", "loop", "idle_since")
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, loop: Any) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.loop = loop
-        self.idle_since = 0.0
-
-    def usable(self, now: float, expiry_s: float, loop: Any) -> bool:
-        # A connection belongs to the event loop that opened it; one left
-        # from another loop (a test's, a script's earlier asyncio.run) is dropped.
-        return (
-            self.loop is loop
-            and now - self.idle_since <= expiry_s
-            and not self.reader.at_eof()
-            and not self.writer.is_closing()
-        )
-
-    def close(self) -> None:
-        try:
-            self.writer.close()
-        except (OSError, RuntimeError):  # RuntimeError: its loop is closed
-            pass
-
-
-class AsyncWire:
-    """Kept-alive asyncio connections to one host:port."""
-
-    def __init__(
-        self, host: str, port: int, timeout_s: float, connect_timeout_s: float, expiry_s: float, idle_max: int
-    ) -> None:
-        self.host = host
-        self.port = port
-        self.timeout_s = timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self.expiry_s = expiry_s
-        self.idle_max = idle_max
-        self._idle: List[_AsyncConnection] = []
-        self._closed = False
-
-    async def _acquire(self) -> _AsyncConnection:
-        loop = asyncio.get_running_loop()
-        now = time.monotonic()
-        while self._idle:
-            connection = self._idle.pop()
-            if connection.usable(now, self.expiry_s, loop):
-                return connection
-            connection.close()
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, limit=HEAD_BYTES_MAX), self.connect_timeout_s
-            )
-        except asyncio.TimeoutError as exc:
-            raise httpx.ConnectTimeout(f"connecting to {self.host}:{self.port}: timed out") from exc
-        except OSError as exc:
-            raise httpx.ConnectError(f"connecting to {self.host}:{self.port}: {exc}") from exc
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return _AsyncConnection(reader, writer, loop)
-
-    def _release(self, connection: _AsyncConnection) -> None:
-        connection.idle_since = time.monotonic()
-        if not self._closed and len(self._idle) < self.idle_max:
-            self._idle.append(connection)
-        else:
-            connection.close()
+class AsyncWire(_Wire):
+    """As `SyncWire`, awaited."""
 
     async def exchange(self, head: bytes, body: Optional[bytes]) -> Tuple[int, Content]:
-        connection = await self._acquire()
+        loop = asyncio.get_running_loop()
+        connection = self._take_idle() or await self._connect(loop)
+        assert isinstance(connection, _AsyncConnection)
         try:
-            status, content, keep = await asyncio.wait_for(_async_roundtrip(connection, head, body), self.timeout_s)
+            reply = connection.receiver.expect(loop, read_reply(connection.buffer))
+            for piece in _pieces(head, body):
+                connection.transport.write(piece)
+            status, content, keep = await asyncio.wait_for(reply, self.timeout_s)
         except asyncio.TimeoutError as exc:
             connection.close()
             raise httpx.ReadTimeout("no complete reply within the timeout") from exc
         except BaseException:
             connection.close()
             raise
-        if keep:
-            self._release(connection)
-        else:
-            connection.close()
+        self._done(connection, keep)
         return status, content
 
-    async def close(self) -> None:
-        self._closed = True
-        idle, self._idle = self._idle, []
-        for connection in idle:
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> "_AsyncConnection":
+        try:
+            sock = await asyncio.wait_for(_async_connect(loop, self.host, self.port), self.connect_timeout_s)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise self._connect_error(exc) from exc
+        connection = _AsyncConnection(sock, loop)
+        try:
+            await loop.create_connection(lambda: connection.receiver, sock=sock)
+        except BaseException:
             connection.close()
+            raise
+        return connection
 
 
-async def _async_roundtrip(connection: _AsyncConnection, head: bytes, body: Optional[bytes]) -> Tuple[int, bytes, bool]:
-    reader, writer = connection.reader, connection.writer
-    try:
-        if body is not None and len(body) <= JOIN_BODY_BYTES_MAX:
-            writer.write(head + body)
+class _Receiver(asyncio.BufferedProtocol):
+    """Receives one connection's replies: the transport reads into the buffers of the reply being read.
+
+    Between exchanges nothing is expected: bytes or the end of the stream
+    then mark the connection broken, never to be reused.
+    """
+
+    def __init__(self, idle_buffer: bytearray) -> None:
+        self.transport: Optional[asyncio.Transport] = None
+        self.broken = False
+        self._idle = memoryview(idle_buffer)
+        self._reader: Optional[ReplyReader] = None
+        self._into = self._idle
+        self._reply: "Optional[asyncio.Future[Tuple[int, Content, bool]]]" = None
+
+    def expect(self, loop: asyncio.AbstractEventLoop, reader: ReplyReader) -> "asyncio.Future[Tuple[int, Content, bool]]":
+        """The reply `reader` reads from the bytes that come next."""
+        self._reader, self._into = reader, next(reader)
+        self._reply = loop.create_future()
+        return self._reply
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._into
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._feed(nbytes)
+
+    def eof_received(self) -> bool:
+        self._feed(0)
+        return False  # the transport closes
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if exc is None:
+            self._feed(0)
         else:
-            writer.write(head)
-            if body is not None:
-                writer.write(body)
-        await writer.drain()
-    except OSError as exc:
-        raise httpx.WriteError(f"sending the request: {exc}") from exc
+            self._end(_read_error(exc))
+        self.broken = True
+
+    def _feed(self, nbytes: int) -> None:
+        if self._reader is None:
+            self.broken = True  # bytes nobody asked for, or the end of the stream
+            return
+        try:
+            self._into = self._reader.send(nbytes)
+        except StopIteration as done:
+            self._end(done.value)
+        except httpx.TransportError as exc:
+            self._end(exc)
+
+    def _end(self, outcome: Any) -> None:
+        reply, self._reply, self._reader, self._into = self._reply, None, None, self._idle
+        if reply is None or reply.done():  # no exchange, or it was given up (cancelled, timed out)
+            return
+        if isinstance(outcome, BaseException):
+            reply.set_exception(outcome)
+        else:
+            reply.set_result(outcome)
+
+
+class _AsyncConnection(_Connection):
+    """A connection of the async path: its socket is read by the event loop's transport."""
+
+    __slots__ = ("receiver", "loop")
+
+    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(sock)
+        self.receiver = _Receiver(self.buffer)
+        self.loop = loop
+
+    @property
+    def transport(self) -> asyncio.Transport:
+        assert self.receiver.transport is not None
+        return self.receiver.transport
+
+    def usable(self) -> bool:
+        # The transport reads while the event loop runs, and marks what it
+        # sees; the socket holds what arrived while the loop was busy. A
+        # connection belongs to the loop that opened it.
+        return self.loop is asyncio.get_running_loop() and not self.receiver.broken and reusable(self.sock)
+
+    def close(self) -> None:
+        transport = self.receiver.transport
+        if transport is not None:
+            try:
+                transport.close()
+                return
+            except RuntimeError:  # its event loop is closed
+                pass
+        super().close()
+
+
+async def _async_connect(loop: asyncio.AbstractEventLoop, host: str, port: int) -> socket.socket:
     try:
-        head_bytes = await reader.readuntil(b"\r\n\r\n")
-        status, length, keep = parse_head(head_bytes[:-4])
-        if length is None:
-            return status, await reader.read(), False
-        return status, await reader.readexactly(length), keep
-    except asyncio.IncompleteReadError as exc:
-        raise httpx.RemoteProtocolError("the server closed the connection without a complete reply") from exc
-    except asyncio.LimitOverrunError as exc:
-        raise httpx.RemoteProtocolError("reply head too large") from exc
-    except OSError as exc:
-        raise httpx.ReadError(f"reading the reply: {exc}") from exc
+        # A numeric address (the usual case) is read without a lookup, which
+        # the loop would otherwise run in a thread.
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        addresses = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    failure: Optional[OSError] = None
+    for family, kind, proto, _, address in addresses:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            failure = exc
+        except BaseException:
+            sock.close()
+            raise
+    raise failure or OSError(f"no address for {host}")
