@@ -18,7 +18,9 @@ in one run measures:
 (c) search latency on (b)'s 100,000 x 768 index, k=10 with scores: the median of
     200 searches through a raw keep-alive socket sending pre-encoded requests,
     and of the same 200 through `Client.search`, in alternating blocks of 10
-    back-to-back searches; the difference (target <= 0.3 ms).
+    back-to-back searches; the difference (target <= 0.3 ms); and, for
+    comparison, the same client on httpx's transport (`transport=`), which
+    https uses.
 
 Prints a table. Takes a minute or two and about 3 GB of memory.
 """
@@ -35,6 +37,7 @@ import tempfile
 import threading
 import time
 
+import httpx
 import numpy as np
 import orjson
 
@@ -204,12 +207,16 @@ def main() -> None:
             raw = RawSearcher(host, int(port), "client")
             requests = [raw.request_bytes(q) for q in queries]
             expected = [expected_ids(raw.search(r)) for r in requests]  # also warms the index up
+            # The same client on httpx's transport (what https and a custom
+            # transport use): the cost the default http:// path avoids.
+            through_httpx = Client(f"http://{address}", api_key=KEY, transport=httpx.HTTPTransport())
             for query in queries[:WARMUP_SEARCHES]:
                 client.search("client", query, k=K)
+                through_httpx.search("client", query, k=K)
             # Blocks of back-to-back searches, raw and client in turn (ABAB),
             # so each way sees the same conditions: one search right after the
             # last one, and the machine's drift spread over both.
-            raw_ms, client_ms, block_medians = [], [], []
+            raw_ms, client_ms, httpx_ms, block_medians = [], [], [], []
             measured = list(range(WARMUP_SEARCHES, WARMUP_SEARCHES + SEARCHES))
             for block in range(BLOCKS):
                 part = measured[block::BLOCKS]
@@ -224,10 +231,16 @@ def main() -> None:
                     hits = client.search("client", queries[i], k=K)
                     client_block.append((time.perf_counter() - t0) * 1e3)
                     assert [h.id for h in hits] == expected[i]
+                for i in part:
+                    t0 = time.perf_counter()
+                    hits = through_httpx.search("client", queries[i], k=K)
+                    httpx_ms.append((time.perf_counter() - t0) * 1e3)
+                    assert [h.id for h in hits] == expected[i]
                 raw_ms += raw_block
                 client_ms += client_block
                 block_medians.append((statistics.median(raw_block), statistics.median(client_block)))
             client.close()
+            through_httpx.close()
         finally:
             stop_server(process)
 
@@ -240,6 +253,8 @@ def main() -> None:
     print(f"{'     seconds for all rows, best run':<44}{raw_s:>12.2f}{client_s:>12.2f}")
     print(f"{'     seconds, each run':<44}{' '.join(f'{t:.2f}' for t in raw_runs_s):>12}{' '.join(f'{t:.2f}' for t in client_runs_s):>12}")
     print(f"{'(c) search k=10, median of 200, ms':<44}{raw_med:>12.3f}{client_med:>12.3f}{client_med - raw_med:>+11.3f} ms{'<= 0.3':>10}")
+    httpx_med = statistics.median(httpx_ms)
+    print(f"{'(c) the same, client on httpx transport, ms':<44}{raw_med:>12.3f}{httpx_med:>12.3f}{httpx_med - raw_med:>+11.3f} ms{'(info)':>10}")
     block_diffs = sorted(c - r for r, c in block_medians)
     print(
         f"{'     blocks of 10: median diff (p10..p90)':<44}{'':>24}{statistics.median(block_diffs):>+11.3f} ms"
