@@ -1,92 +1,43 @@
-"""Starts the real quiver binary once for the tests; each test gets a fresh index.
+"""Starts the real quiver binary once for the tests (`quiver_vectors.testing`); each test gets a fresh index.
 
-The binary is `$QUIVER_BIN`, else the repository's debug build
-(`../../../target/debug/quiver` from this folder). The server listens on
-127.0.0.1 on a free port (`--port 0`; the address is read from the
-"listening on" line of its log) with a temporary data directory. Every wait is
-bounded: a server that does not start in time fails the run instead of
-hanging it.
+The binary is `$QUIVER_BIN`, else the repository's debug build. The server
+listens on 127.0.0.1 on a free port, with a temporary data directory; a
+server that does not start in time fails the run instead of hanging it.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import queue
-import subprocess
-import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional
 
 import pytest
-from quiver_vectors import Client, RetryPolicy
+from quiver_vectors import Client, RetryPolicy, testing
 
 from llama_index.vector_stores.quiver import QuiverVectorStore
 
 KEY = "llama-index-quiver-test-key-0123456789"
-BINARY = os.environ.get(
-    "QUIVER_BIN", str(Path(__file__).resolve().parent / ".." / ".." / ".." / "target" / "debug" / "quiver")
-)
-START_TIMEOUT_S = 30.0
+BINARY = testing.binary(Path(__file__).resolve().parents[3] / "target" / "debug" / "quiver")
 CLIENT_TIMEOUT_S = 20.0
 TEST_RETRY = RetryPolicy(retries_max=2, backoff_s=0.02, backoff_max_s=0.1, time_max_s=1.0)
 
 
-class Server:
-    """One quiver process on 127.0.0.1."""
+class Server(testing.Server):
+    """One quiver process on 127.0.0.1, whose clients have the tests' timeout and retries."""
 
-    def __init__(self, data_dir: Path) -> None:
-        if not os.path.exists(BINARY):
-            pytest.fail(f"no quiver binary at {BINARY}: build it, or set QUIVER_BIN")
-        self.key = KEY
-        self.log: List[str] = []
-        self.process = subprocess.Popen(
-            [BINARY, "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir), "--api-key", KEY],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        lines: "queue.Queue[Optional[str]]" = queue.Queue()
-
-        def pump() -> None:
-            # Keeps reading the log so the server never blocks on a full pipe.
-            assert self.process.stderr is not None
-            for line in self.process.stderr:
-                self.log.append(line)
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self.stop()
-                pytest.fail("quiver did not start listening in time:\n" + "".join(self.log))
-            if line is None:
-                pytest.fail("quiver exited before listening:\n" + "".join(self.log))
-            if "listening on " in line:
-                self.url = "http://" + line.split("listening on ")[1].split(",")[0].strip()
-                break
-
-    def client(self) -> Client:
-        return Client(self.url, api_key=self.key, timeout_s=CLIENT_TIMEOUT_S, retry=TEST_RETRY)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(timeout=10)
-        if self.process.stderr is not None:
-            self.process.stderr.close()
+    def client(self, **kwargs: Any) -> Client:
+        kwargs.setdefault("timeout_s", CLIENT_TIMEOUT_S)
+        kwargs.setdefault("retry", TEST_RETRY)
+        return super().client(**kwargs)
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = Server(tmp_path_factory.mktemp("quiver") / "data")
+    running = Server(tmp_path_factory.mktemp("quiver") / "data", binary=BINARY, key=KEY)
     yield running
-    alive = running.process.poll() is None
-    running.stop()
+    alive = running.alive()
+    running.kill()
     assert alive, "quiver died during the tests:\n" + "".join(running.log)
 
 

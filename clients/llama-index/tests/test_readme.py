@@ -9,29 +9,20 @@ interpreter.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 from quiver_vectors import Client
+from quiver_vectors.testing import readme_snippet
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 
 
-def snippet(importing: str) -> str:
-    """The README's one python block that imports from `importing`."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    found = [block for block in blocks if f"from {importing} import" in block]
-    assert len(found) == 1, f"expected one README block importing {importing}, found {len(found)}"
-    return found[0]
-
-
 def test_the_readme_snippet_runs_as_written(server) -> None:  # type: ignore[no-untyped-def]
     env = dict(os.environ, QUIVER_URL=server.url, QUIVER_API_KEY=server.key)
-    run = subprocess.run(
-        [sys.executable, "-c", snippet("llama_index.vector_stores.quiver")], env=env, capture_output=True, text=True, timeout=120
-    )
+    code = readme_snippet(README, "llama_index.vector_stores.quiver")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     # Both nodes, each with its text, typed metadata and a score.
     assert run.stdout.count("NodeWithScore(") == 2, run.stdout

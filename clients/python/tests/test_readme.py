@@ -15,25 +15,17 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from conftest import Server
+
+from quiver_vectors.testing import readme_snippet
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 
 
-def snippet(importing: str) -> str:
-    """The README's one python block that imports `importing`."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    found = [block for block in blocks if f"from {importing} import" in block]
-    assert len(found) == 1, f"expected one README block importing {importing}, found {len(found)}"
-    return found[0]
-
-
 def test_the_readme_snippet_runs_as_written(server: Server) -> None:
     env = dict(os.environ, QUIVER_URL=server.url, QUIVER_API_KEY=server.key)
-    run = subprocess.run(
-        [sys.executable, "-c", snippet("quiver_vectors")], env=env, capture_output=True, text=True, timeout=120
-    )
+    code = readme_snippet(README, "quiver_vectors")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     # The three nearest rows from 2020 on, by a brute-force cosine oracle.
     vectors = np.random.default_rng(0).random((10_000, 384), dtype=np.float32).astype(np.float64)
