@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import uuid
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -19,16 +18,12 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 from langchain_core.vectorstores.utils import maximal_marginal_relevance
-from quiver_vectors import AsyncClient, Client, Hit, IndexNotFoundError
+from quiver_vectors import AsyncClient, Client, Hit
 from quiver_vectors import string_ids as S
 
 from . import _metadata as M
 
 Filter = Dict[str, Any]
-
-#: quiver's rule for index names; checked here so that a bad name fails at
-#: construction, not as an "index does not exist" on every read.
-_INDEX_NAME = re.compile(r"[a-z0-9-]{3,}")
 
 #: Metrics whose score is a similarity (larger is nearer); the others are distances.
 _SIMILARITIES = ("cosine", "ip")
@@ -114,12 +109,7 @@ class QuiverVectorStore(VectorStore):
         slot_hash: S.SlotHash = S.blake2b_slot,
         probes_max: int = S.PROBES_MAX,
     ) -> None:
-        if not isinstance(index_name, str) or not _INDEX_NAME.fullmatch(index_name):
-            raise ValueError(
-                f"index_name {index_name!r}: quiver index names are 3 to 32 characters of a-z, 0-9 and '-'"
-            )
-        if probes_max < 1:
-            raise ValueError("probes_max must be at least 1")
+        S.check_store(index_name, probes_max)
         self.embedding = embedding
         self.index_name = index_name
         self.slot_hash = slot_hash
@@ -127,18 +117,7 @@ class QuiverVectorStore(VectorStore):
         self._requested_metric = metric
         self._p = p
         self._metric: Optional[str] = None  # known once the index is
-        self._owns_clients = client is None and async_client is None
-        self._client: Optional[Client] = None
-        self._async_client: Optional[AsyncClient] = async_client
-        if isinstance(client, AsyncClient):
-            if async_client is not None:
-                raise ValueError("client is an AsyncClient and async_client is given too: pass one of each kind")
-            self._async_client = client
-        elif client is not None:
-            self._client = client
-        if self._owns_clients:
-            self._client = Client(url, api_key)
-            self._async_client = AsyncClient(url, api_key)
+        self._client, self._async_client, self._owns_clients = S.clients(client, async_client, url, api_key)
 
     # -- Clients ---------------------------------------------------------------------------------
 
@@ -193,27 +172,9 @@ class QuiverVectorStore(VectorStore):
 
         Asks the server until the index is seen once; then remembers it.
         """
-        if self._metric is not None:
-            return True
-        try:
-            stats = yield S.Call("stats", self.index_name)
-        except IndexNotFoundError:
-            if dimensions is None:
-                return False
-            metric = self._requested_metric or "cosine"
-            # exist_ok: another writer may create it first; stats then says what it is.
-            yield S.Call("create_index", self.index_name, dimensions, metric, p=self._p, exist_ok=True)
-            stats = yield S.Call("stats", self.index_name)
-        if self._requested_metric is not None and stats.metric != self._requested_metric:
-            raise ValueError(
-                f"index {self.index_name!r} exists with metric {stats.metric!r}, not {self._requested_metric!r}"
-            )
-        if dimensions is not None and stats.dimensions != dimensions:
-            raise ValueError(
-                f"index {self.index_name!r} has {stats.dimensions} dimensions; the embeddings have {dimensions}"
-            )
-        self._metric = stats.metric
-        return True
+        if self._metric is None:
+            self._metric = yield from S.index_ready(self.index_name, dimensions, self._requested_metric, self._p)
+        return self._metric is not None
 
     # -- Writes --------------------------------------------------------------------------------------
 

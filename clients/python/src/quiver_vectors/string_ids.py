@@ -54,10 +54,11 @@ a thread.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any, Callable, Dict, Generator, Iterable, List, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
-from quiver_vectors import QuiverError, Row
+from quiver_vectors import AsyncClient, Client, IndexNotFoundError, QuiverError, Row
 
 T = TypeVar("T")
 
@@ -281,6 +282,63 @@ def _overwrite(
     by_row = dict(zip(rows, docs))
     for skipped in result.skipped:
         failures[doc_ids[_sent(by_row, skipped.id, skipped.reason)]] = skipped.reason
+
+
+#: quiver's rule for index names; a store checks it when it is made, so that a
+#: bad name fails there, not as "no such index" on every read.
+INDEX_NAME = re.compile(r"[a-z0-9-]{3,}")
+
+
+def check_store(index_name: Any, probes_max: int) -> None:
+    """Refuses a store's index name or probe count that could never work."""
+    if not isinstance(index_name, str) or not INDEX_NAME.fullmatch(index_name):
+        raise ValueError(f"index_name {index_name!r}: quiver index names are 3 to 32 characters of a-z, 0-9 and '-'")
+    if probes_max < 1:
+        raise ValueError("probes_max must be at least 1")
+
+
+def clients(
+    client: "Client | AsyncClient | None",
+    async_client: Optional[AsyncClient],
+    url: Optional[str],
+    api_key: Optional[str],
+) -> "tuple[Optional[Client], Optional[AsyncClient], bool]":
+    """A store's sync and async clients, and whether the store made them (and closes them).
+
+    `client` may be either kind; given neither, both are made from `url`
+    and `api_key` (default ``$QUIVER_URL``, ``$QUIVER_API_KEY``).
+    """
+    if client is None and async_client is None:
+        return Client(url, api_key), AsyncClient(url, api_key), True
+    if isinstance(client, AsyncClient):
+        if async_client is not None:
+            raise ValueError("client is an AsyncClient and an async client is given too: pass one of each kind")
+        return None, client, False
+    return client, async_client, False
+
+
+def index_ready(
+    index: str, dimensions: Optional[int], metric: Optional[str], p: Optional[float]
+) -> "Plan[Optional[str]]":
+    """The index's metric, or None if it does not exist and `dimensions` is None.
+
+    Given `dimensions`, a missing index is created with them and `metric`
+    (default cosine). An index that exists must have `metric` (when given)
+    and `dimensions` (when given).
+    """
+    try:
+        stats = yield Call("stats", index)
+    except IndexNotFoundError:
+        if dimensions is None:
+            return None
+        # exist_ok: another writer may create it first; stats then says what it is.
+        yield Call("create_index", index, dimensions, metric or "cosine", p=p, exist_ok=True)
+        stats = yield Call("stats", index)
+    if metric is not None and stats.metric != metric:
+        raise ValueError(f"index {index!r} exists with metric {stats.metric!r}, not {metric!r}")
+    if dimensions is not None and stats.dimensions != dimensions:
+        raise ValueError(f"index {index!r} has {stats.dimensions} dimensions; the embeddings have {dimensions}")
+    return str(stats.metric)
 
 
 def _slot(slot_hash: SlotHash, doc_id: str, probe: int) -> int:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -38,17 +37,13 @@ from llama_index.core.vector_stores.types import (
     VectorStoreQueryResult,
 )
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
-from quiver_vectors import AsyncClient, Client, Hit, IndexNotFoundError
+from quiver_vectors import AsyncClient, Client, Hit
 from quiver_vectors import string_ids as S
 
 from ._filters import QuiverFilter, all_of, to_quiver
 
 ID_KEY = "_li_id"
 REF_DOC_KEY = "ref_doc_id"
-
-#: quiver's rule for index names; checked here so that a bad name fails at
-#: construction, not as an "index does not exist" on every read.
-_INDEX_NAME = re.compile(r"[a-z0-9-]{3,}")
 
 #: Candidates fetched per result for an MMR query, unless the query says
 #: otherwise (``mmr_prefetch_factor=``): enough choice for diversity at a
@@ -136,25 +131,10 @@ class QuiverVectorStore(BasePydanticVectorStore):
         probes_max: int = S.PROBES_MAX,
         **kwargs: Any,
     ) -> None:
-        if not isinstance(index_name, str) or not _INDEX_NAME.fullmatch(index_name):
-            raise ValueError(
-                f"index_name {index_name!r}: quiver index names are 3 to 32 characters of a-z, 0-9 and '-'"
-            )
-        if probes_max < 1:
-            raise ValueError("probes_max must be at least 1")
+        S.check_store(index_name, probes_max)
         super().__init__(index_name=index_name, metric=metric, p=p, probes_max=probes_max, **kwargs)
         self._slot_hash = slot_hash
-        self._owns_clients = client is None and aclient is None
-        if isinstance(client, AsyncClient):
-            if aclient is not None:
-                raise ValueError("client is an AsyncClient and aclient is given too: pass one of each kind")
-            self._aclient = client
-        else:
-            self._client = client
-            self._aclient = aclient
-        if self._owns_clients:
-            self._client = Client(url, api_key)
-            self._aclient = AsyncClient(url, api_key)
+        self._client, self._aclient, self._owns_clients = S.clients(client, aclient, url, api_key)
 
     @classmethod
     def class_name(cls) -> str:
@@ -201,25 +181,9 @@ class QuiverVectorStore(BasePydanticVectorStore):
 
     def _ready(self, dimensions: Optional[int]) -> "S.Plan[bool]":
         """Whether the index exists, creating it when `dimensions` is given."""
-        if self._index_metric is not None:
-            return True
-        try:
-            stats = yield S.Call("stats", self.index_name)
-        except IndexNotFoundError:
-            if dimensions is None:
-                return False
-            metric = self.metric or "cosine"
-            # exist_ok: another writer may create it first; stats then says what it is.
-            yield S.Call("create_index", self.index_name, dimensions, metric, p=self.p, exist_ok=True)
-            stats = yield S.Call("stats", self.index_name)
-        if self.metric is not None and stats.metric != self.metric:
-            raise ValueError(f"index {self.index_name!r} exists with metric {stats.metric!r}, not {self.metric!r}")
-        if dimensions is not None and stats.dimensions != dimensions:
-            raise ValueError(
-                f"index {self.index_name!r} has {stats.dimensions} dimensions; the embeddings have {dimensions}"
-            )
-        self._index_metric = stats.metric
-        return True
+        if self._index_metric is None:
+            self._index_metric = yield from S.index_ready(self.index_name, dimensions, self.metric, self.p)
+        return self._index_metric is not None
 
     # -- Writes ------------------------------------------------------------------------------------
 
