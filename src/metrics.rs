@@ -350,8 +350,9 @@ mod tests {
         ] {
             assert!(text.contains(expected), "missing {expected:?} in\n{text}");
         }
-        // 4 code bytes and 8 of scale and bound, where the CPU runs the pass.
-        let codes = if crate::store::cpu::paths().int8().is_some() { 12 } else { 0 };
+        // 4 code bytes, 8 of scale and bound and 8 of the centred norm and
+        // offset product, where the CPU runs the pass.
+        let codes = if crate::store::cpu::paths().int8().is_some() { 20 } else { 0 };
         assert!(text.contains(&format!("quiver_index_code_bytes{{index=\"docs\"}} {codes}\n")), "{text}");
     }
 

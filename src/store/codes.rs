@@ -12,47 +12,105 @@
 //!
 //! # The codes
 //! For a vector `v` of `n` values with largest magnitude `m > 0`, the scale
-//! `a` is the least f32 not below `m / 127` (at least f32's smallest
+//! `a` is the least f32 not below `m / L` (at least f32's smallest
 //! positive value), and the code `c_i` is `v_i / a` rounded to the nearest
-//! integer, clamped to [-127, 127]. The residual `e = v - a c` is computed
-//! exactly in f64 (a value minus a product of 24 and 8 significant bits,
-//! both within 2^9 of each other's exponent, fits in f64's 53), and `r`, an
-//! upper bound on its Euclidean norm, is kept rounded up. A zero vector has
-//! scale 0, codes 0 and `r = 0`.
+//! integer, clamped to [-L, L]. Rows take `L = 127`; queries the most their
+//! kernel multiplies exactly (`Kernel::query_levels`): 127, or 63 for
+//! AVX2's `vpmaddubsw`, whose pairs of products must stay below 2^15. A
+//! query's residual `f = v - b d` is computed exactly in f64 (a value minus
+//! a product of 24 and 8 significant bits, both within 2^9 of each other's
+//! exponent, fits in f64's 53), and `r_q`, an upper bound on its Euclidean
+//! norm, is kept rounded up. A zero vector has scale 0, codes 0 and `r = 0`.
+//!
+//! # Centred codes
+//! Rows that share a large common part (image patches, all positive and
+//! alike) would spend their 8 bits on it. So a row `x` is coded as `y = x -
+//! μ`, for an offset `μ` (f32 values) the index keeps: each dimension's
+//! median over its rows (`Codes::centre`). Each `y_i` is computed in f64,
+//! off `x_i - μ_i` by at most 2^-53 of itself; the residual `e = (x - μ) -
+//! a c` is bounded by `r_x`, from the residuals computed in f64 plus 2^-50
+//! of `|y|` for those roundings, and `|x - μ|` by `n_x`, both rounded up.
+//! Each row also keeps `t_x`, `μ . y` rounded to nearest f32: within
+//! `2^-24 |t_x|` of itself and `(n + 4) 2^-52 |μ| n_x` of `μ . (x - μ)`.
+//! Any `μ` is sound, zero among them (an index not yet centred).
+//!
+//! A query is coded the same way from `λμ`, for `λ` the power of two nearest
+//! `q . μ / |μ|^2` (0 where that is not positive, or `λμ` not exact in
+//! f32): the multiple of `μ` nearest the query, so that a query scaled to
+//! unit norm (cosine, ip) is centred as well as one drawn like the rows.
+//! Its code `d`, scale `b`, residual bound `r_q` and `n_q >= |q - λμ|` come
+//! as a row's do.
 //!
 //! # Why a ruled-out row cannot belong in the answer
-//! Let `q` be the query with scale `b`, code `d` and residual `f = q - b d`
-//! (norm at most `r_q`), and `x` a row with `a`, `c`, `e` (norm at most
-//! `r_x`). `C = sum c_i d_i` is computed exactly, in integers (the kernels
-//! sum `(c_i + 128) d_i`, at most 255 x 127 x 65,536 < 2^31 in magnitude:
-//! indexes of more dimensions keep no codes).
-//! Exactly, in real numbers,
+//! Let `q` be the query, and `x` a row, with their codes as above. `C = sum
+//! c_i d_i` is computed exactly, in integers (the kernels sum `(c_i + 128)
+//! d_i`, at most 255 x 127 x 65,536 < 2^31 in magnitude, and take away `128
+//! sum d_i`: indexes of more dimensions keep no codes). Exactly, in real
+//! numbers, with `f = (q - λμ) - b d`,
 //!
-//! `s = q . x = a b C + b (d . e) + f . x`,
+//! `s = q . x = q . μ + λ μ . (x - μ) + a b C + b (d . e) + f . (x - μ)`,
 //!
-//! and by Cauchy-Schwarz, with `|b d| <= |q| + |f|`,
-//! `|s - a b C| <= (|q| + r_q) r_x + |x| r_q =: E`, where `|q|`, `|x|` are
-//! the norms' upper bounds the bfloat16 pass also uses (infinite above
-//! 2^60, which makes every bound infinite and rules nothing out).
+//! and by Cauchy-Schwarz, with `|b d| <= n_q + r_q`,
+//! `|s - q . μ - λ t_x - a b C| <= (n_q + r_q) r_x + R n_x =: E`, where `R
+//! = r_q + |λ| (n + 4) 2^-52 |μ|` (the second term for `t_x`; its `2^-24`
+//! is the margin's, below). `q . μ` is summed in f64 from exact products,
+//! rounded to an f32 `t_q`, and `ε_q` bounds how far `t_q` is from it
+//! (`Codes::offset_product`). `|q|` and `|x|` below are the norms' upper
+//! bounds the bfloat16 pass also uses (infinite above 2^60, which makes
+//! every bound infinite and rules nothing out).
 //!
 //! The f32 kernel's score `s_f` is within `g sum|q_i x_i| + A`, at most
 //! `g |q||x| + A`, of `s`, where `g = kernels::relative_error(n)` (the
 //! kernels' error model, stated and argued there: `m 2^-24 / (1 - m 2^-24)`
 //! for at most `m = n / 4 + 64` roundings), and `A = (2n + 64) 2^-149`
-//! covers results that fall among f32's subnormals. For l2 the kernel sums `(q_i - x_i)^2`, non-negative terms
-//! each off by at most `3 x 2^-24` of itself, so that
-//! `d_f >= d (1 - g - 2^-20) - A` with `d = |q|^2 + |x|^2 - 2 s`.
+//! covers results that fall among f32's subnormals. For l2 the kernel sums
+//! `(q_i - x_i)^2`, non-negative terms each off by at most `3 x 2^-24` of
+//! itself, so that `d_f >= d (1 - g - 2^-20) - A` with `d = |q|^2 + |x|^2 -
+//! 2 s`.
 //!
-//! The bounds are evaluated in f64, where nothing overflows or underflows
-//! for f32 inputs, each off by at most a few 2^-53 of the magnitudes summed;
-//! a surplus of `2^-40` of those magnitudes (`kernels::BOUND_SURPLUS`)
-//! covers it. So:
-//! - cosine and ip: `s_f <= S = a b C + E + g |q||x| + A` (plus the
-//!   surplus); `S` is rounded up to f32 and mapped to a distance exactly as
-//!   `s_f` is (`screen::distance`, or a negation): the map is monotone, so
-//!   the result is no farther than the row's exact distance;
-//! - l2: `d_f >= (|q|^2 + |x|^2 - 2 (a b C + E)) (1 - g - 2^-20) - A`, less
-//!   the surplus, with the squared norms rounded down.
+//! So, with `T = t_q + ε_q + λ t_x + a b C + E`:
+//! - cosine and ip: `s_f <= S = T + g |q||x| + A`; `S` is mapped to a
+//!   distance exactly as `s_f` is (`screen::distance`, or a negation): the
+//!   map is monotone, so the result is no farther than the row's exact
+//!   distance;
+//! - l2: `d_f >= (|q|^2 + |x|^2 - 2 T) (1 - g - 2^-20) - A`, and `d_f >= 0`
+//!   (a sum of squares).
+//!
+//! # Evaluated in f32, a vector of rows at a time
+//! The bound is computed for every pair, so it must cost a few vector
+//! instructions, not the kernel's products: it is evaluated in f32, eight
+//! rows to a register, each operation rounded once (Rust neither fuses nor
+//! reorders them). The query's terms are kept rounded the safe way: `b` and
+//! `λ` exactly, `P = n_q + r_q`, `R` and `G` (`g |q|` for cosine and ip, 0
+//! for l2) rounded up, `|q|^2` down. With `u = 2^-24`, per pair:
+//! - `o_x = λ t_x` is exact (`λ` a power of two) but for a subnormal result;
+//!   `p = (a C) b` passes through three roundings (`C` to f32 among them):
+//!   within `3.01 u |abC|` of `abC`; `e = (p + t_q) + o_x` two more, within
+//!   `2.01 u (|p| + |t_q| + |o_x|)`; `o = (P r_x + R n_x) + G |x|` five, all
+//!   of non-negative terms: within `4.01 u o`; `s = e + o` one more. With
+//!   `t_x`'s own `u |o_x|`, `s >= abC + t_q + λ μ . y + (true o) - 6.1 u (|p|
+//!   + |o_x| + o) - 3.1 u |t_q|`.
+//! - The margin `m = (|p| + |o_x| + o) 2^-19` is at least `31.99 u (|p| +
+//!   |o_x| + o)`, and `s + m` loses at most `1.0001 u (|p| + |t_q| + |o_x| +
+//!   o)` to its rounding: the sum stays above the exact one less `4.2 u
+//!   |t_q|` by `24 u (|p| + |o_x| + o)`, which also pays for the rounding
+//!   of the last addition, of `A_q = 2 A + 2^-140 + 2 ε_q + 2^-21 |t_q|`
+//!   (rounded up), whose last term pays for the `4.2 u |t_q|`.
+//! - Subnormal results are off by at most 2^-150 each, absolutely, in a
+//!   dozen operations: far less than the `A + 2^-140` that `A_q` adds beyond
+//!   `A`. So the ceiling `e + o + m + A_q`, as computed, is at least `S`
+//!   (for l2, at least `T`).
+//! - l2 takes `|x|^2 >= X (1 - 2^-19)` for `X = |x| |x|` rounded (the norm
+//!   bound is within 2^-22 of `|x|`), and subtracts `(|q|^2 + X + 2
+//!   |ceiling|) 2^-17` from `|q|^2 + X - 2 ceiling`: 128 u of those
+//!   magnitudes pay for `X`'s 32 u and the four roundings. The result, at
+//!   most `d`, times `1 - g - 2^-17` (rounded down), less `A_q`, rounded, is
+//!   at most `d (1 - g - 2^-20) - A` when non-negative, and otherwise below
+//!   `d_f >= 0`.
+//! - An overflow gives an infinite ceiling (nothing ruled out) or an
+//!   infinity less an infinity, or an infinity times 0: NaN, which rules
+//!   nothing out either; norm bounds are infinite above 2^60, and below that
+//!   no product overflows.
 //!
 //! A row is ruled out only when that nearest possible distance is strictly
 //! farther than the farthest its search keeps: its exact distance is at
@@ -66,6 +124,7 @@
 use super::aligned::Aligned;
 use super::cpu::{Int8, Kernel};
 use super::kernels::{f32_at_least, relative_error, BOUND_SURPLUS};
+
 use super::screen;
 
 pub mod floors;
@@ -88,6 +147,10 @@ pub const BLOCK: usize = 32;
 /// Rows a kernel scores at a time: each load of the query feeds four rows.
 pub const ROWS: usize = 4;
 
+/// Rows `Lanes::rules_out` decides at a time: one f32 register's
+/// lanes of bounds, one i32 register's of products.
+pub const LANES: usize = 8;
+
 /// What a `Kernel` computes: `C`, the products of the codes.
 impl Kernel {
     /// Queries a batch scores together against each `ROWS` rows
@@ -98,6 +161,40 @@ impl Kernel {
             Int8::Vnni512 => 4,
             Int8::Vnni256 | Int8::Avx2 => 2,
         }
+    }
+
+    /// The largest query code this kernel multiplies exactly: `vpdpbusd`
+    /// sums each product in 32 bits; AVX2's `vpmaddubsw` sums pairs of
+    /// products of a row's stored byte (up to 255) and the query's code in
+    /// 16 bits, saturating: `2 x 255 x 63 = 32,130` fits, `2 x 255 x 127`
+    /// would not.
+    pub fn query_levels(self) -> i8 {
+        match self.isa() {
+            Int8::Vnni512 | Int8::Vnni256 => 127,
+            Int8::Avx2 => 63,
+        }
+    }
+
+    /// Whether this kernel decides `LANES` consecutive rows at once, their
+    /// products and bounds in registers (`Lanes`): AVX2's.
+    pub fn has_lanes(self) -> bool {
+        self.isa() == Int8::Avx2
+    }
+
+    /// This kernel's lanes over `codes`, whose rows have norm bounds `norms`
+    /// and (cosine) scales `row_scales`, if it has lanes (`has_lanes`).
+    pub fn lanes<'a>(self, codes: &'a Codes, (norms, row_scales): (&'a [f32], &'a [f32])) -> Option<Lanes<'a>> {
+        if !self.has_lanes() {
+            return None;
+        }
+        assert_eq!(codes.grid, Grid::Fitted, "products of fitted codes");
+        let rows = codes.len();
+        // Every row, and whole blocks past the last: within the slack.
+        assert!(rows * codes.dims + SLACK <= codes.bytes.len() && SLACK >= 32);
+        let terms =
+            [&codes.scales[..], &codes.residuals, &codes.centred_norms, &codes.offset_products, norms, row_scales];
+        assert!(terms.iter().all(|terms| terms.len() == rows), "a term per row");
+        Some(Lanes { kernel: self, bytes: &codes.bytes, dims: codes.dims, rows, terms })
     }
 
     /// `C` of the query `code` with each of `rows` of `codes`, wherever
@@ -125,6 +222,7 @@ impl Kernel {
         let read = dims.next_multiple_of(SLACK);
         assert!(starts.iter().all(|&start| start + read <= bytes.len()));
         assert!(queries.iter().all(|code| code.dims == dims && code.signs.len() == read));
+        assert!(queries.iter().all(|code| code.levels <= self.query_levels()), "a query code this kernel multiplies");
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a `Kernel` exists only where the CPU has its
         // instructions (`Kernel::on_this_cpu`); the loads stay inside
@@ -134,10 +232,7 @@ impl Kernel {
             let raw: [[i32; R]; Q] = match self.isa() {
                 Int8::Vnni512 => x86::dots_vnni512(bytes, starts, signs, dims),
                 Int8::Vnni256 => x86::dots_vnni256(bytes, starts, signs, dims),
-                Int8::Avx2 => {
-                    let magnitudes = queries.map(|code| &code.magnitude[..]);
-                    return x86::dots_avx2(bytes, starts, magnitudes, signs, dims);
-                }
+                Int8::Avx2 => x86::dots_avx2(bytes, starts, signs, dims),
             };
             // The rows' offset of 128 added 128 sum(d).
             let mut out = raw;
@@ -145,6 +240,64 @@ impl Kernel {
                 *out = out.map(|raw| raw - 128 * code.sum);
             }
             out
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("no kernel is available off x86-64")
+    }
+}
+
+/// A kernel's lanes over one index's codes (`Kernel::lanes`): the rows'
+/// codes and terms, checked once for a scan, so that deciding `LANES` rows
+/// costs one check.
+pub struct Lanes<'a> {
+    kernel: Kernel,
+    bytes: &'a [u8],
+    dims: usize,
+    rows: usize,
+    /// Per row: its code's scale, residual bound, `|x - μ|`, `μ . (x - μ)`,
+    /// norm bound and (cosine) scale.
+    terms: [&'a [f32]; 6],
+}
+
+/// One query's side of `Lanes::rules_out`, checked once (`Lanes::query`).
+pub struct LaneQuery<'a> {
+    signs: &'a [i8],
+    sum: i32,
+    terms: QueryTerms,
+}
+
+impl<'a> Lanes<'a> {
+    /// Query `q` of `bounds`, whose code is `code`, made ready.
+    pub fn query(&self, code: &'a QueryCode, bounds: &Bounds, q: usize) -> LaneQuery<'a> {
+        assert!(q < QUERIES_MAX, "a query of the tile");
+        assert!(code.dims == self.dims && code.signs.len() == self.dims.next_multiple_of(SLACK));
+        assert!(code.levels <= self.kernel.query_levels(), "a query code this kernel multiplies");
+        LaneQuery { signs: &code.signs, sum: code.sum, terms: bounds.of_query(q) }
+    }
+
+    /// Which of the `LANES` rows from `row` `query` rules out against
+    /// `threshold`, bit `r` for row `row + r`: `dots_tile` and
+    /// `Bounds::rules_out` in one pass, the products summed in one go and
+    /// the bounds in lanes, the same operations in the same order as
+    /// `Bounds::rules_out`, so the same answer.
+    #[inline(always)]
+    pub fn rules_out(&self, query: &LaneQuery, row: usize, threshold: f32) -> u32 {
+        assert!(row + LANES <= self.rows, "whole lanes of rows");
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: only `Int8::Avx2` has lanes, and a `Kernel` exists only
+        // where the CPU has its instructions (`Kernel::on_this_cpu`); every
+        // row's code and whole blocks past it lie in `bytes`, the query's
+        // code is padded to whole blocks, and every term has a value per
+        // row (asserted in `Kernel::lanes` and `Lanes::query`), so the
+        // loads of rows `row..row + LANES` stay inside them.
+        unsafe {
+            x86::rules_out_lanes_avx2(
+                (self.bytes, row, self.dims),
+                (query.signs, query.sum),
+                self.terms,
+                query.terms,
+                threshold,
+            )
         }
         #[cfg(not(target_arch = "x86_64"))]
         unreachable!("no kernel is available off x86-64")
@@ -184,7 +337,13 @@ const CHUNK: usize = 64;
 
 /// Codes `v` on `grid`, handing the codes of each `CHUNK` values to `put`
 /// with the first one's position.
-fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, &[i8])) -> Encoded {
+fn encode(v: &[f32], grid: Grid, put: impl FnMut(usize, &[i8])) -> Encoded {
+    encode_in(v, grid, 127, put)
+}
+
+/// `encode` with codes from `-levels` to `levels` (the module doc's `L`).
+fn encode_in(v: &[f32], grid: Grid, levels: i8, mut put: impl FnMut(usize, &[i8])) -> Encoded {
+    let top = f64::from(levels);
     // The largest magnitude by the bits: for values that are not NaN the
     // order of `|x|`'s bits as integers is the order of `|x|`.
     let largest = f32::from_bits(v.iter().fold(0u32, |m, x| m.max(x.to_bits() & 0x7fff_ffff)));
@@ -193,7 +352,7 @@ fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, &[i8])) -> Encoded {
             v.chunks(CHUNK).enumerate().for_each(|(c, chunk)| put(c * CHUNK, &[0; CHUNK][..chunk.len()]));
             return Encoded { scale: 0.0, sum: 0, residual: 0.0 };
         }
-        Grid::Fitted => f32_at_least(f64::from(largest) / 127.0).max(f32::from_bits(1)),
+        Grid::Fitted => f32_at_least(f64::from(largest) / top).max(f32::from_bits(1)),
         Grid::PowersOfTwo { .. } => power_of_two_at_least(f32_at_least(f64::from(largest) / 127.0)),
         Grid::Logarithmic { .. } => unreachable!("levels are coded by `ratios::encode`"),
     };
@@ -210,7 +369,7 @@ fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, &[i8])) -> Encoded {
     let mut residuals = [0.0f64; CHUNK];
     for (c, chunk) in v.chunks(CHUNK).enumerate() {
         for ((&x, code), residual) in chunk.iter().zip(&mut codes).zip(&mut residuals) {
-            let rounded = round_half_away((f64::from(x) / scale).clamp(-127.0, 127.0));
+            let rounded = round_half_away((f64::from(x) / scale).clamp(-top, top));
             *residual = f64::from(x) - scale * rounded;
             *code = integer_of(rounded);
         }
@@ -231,6 +390,99 @@ fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, &[i8])) -> Encoded {
         norm.sums = [squares.iter().sum(); 2];
     }
     Encoded { scale: scale as f32, sum, residual: f32_at_least(norm.norm()) }
+}
+
+/// The fewest rows an index is centred at (`Codes::wants_centre`): below, a
+/// median says little, and recoding costs as much as the rows.
+const CENTRE_ROWS_MIN: usize = 64;
+
+/// The most: past it the offset of the rows so far stands, so that no insert
+/// ever recodes more than this many rows (about a tenth of a second at 768
+/// dimensions, once in the index's life).
+const CENTRE_ROWS_MAX: usize = 1 << 16;
+
+/// Rows an offset is taken from at most (`offset_of`): evenly spread over
+/// the index.
+const OFFSET_SAMPLE_ROWS: usize = 1 << 12;
+
+/// The offset the codes of `vectors` (row after row, `dims` each) are
+/// taken from: each dimension's median, over at most `OFFSET_SAMPLE_ROWS`
+/// rows spread evenly; zero without rows. Any offset keeps the bound
+/// sound. The median moves rows that share a common part (image patches)
+/// to around zero, as the mean would, but a few rows of huge values do not
+/// drag it away from all the others, as they would the mean.
+fn offset_of(dims: usize, vectors: &[f32]) -> Vec<f32> {
+    let rows = vectors.len() / dims;
+    if rows == 0 {
+        return vec![0.0; dims];
+    }
+    let sample: Vec<usize> = (0..rows).step_by(rows.div_ceil(OFFSET_SAMPLE_ROWS)).collect();
+    let mut column = Vec::with_capacity(sample.len());
+    (0..dims)
+        .map(|i| {
+            column.clear();
+            column.extend(sample.iter().map(|&row| vectors[row * dims + i]));
+            let middle = column.len() / 2;
+            *column.select_nth_unstable_by(middle, f32::total_cmp).1
+        })
+        .collect()
+}
+
+/// A vector's centred code on the fitted grid (`Centred`): the code, with
+/// codes from `-levels` to `levels`, of `y = x - μ` for the `offset` `μ`
+/// (the module doc's "Centred codes"), each `y_i` computed in f64 and so
+/// rounded at most once, with a residual bound that covers that rounding;
+/// `|x - μ|`, rounded up; and `μ . y`, rounded to nearest. Hands the codes
+/// to `put` as `encode` does.
+fn encode_centred(v: &[f32], offset: &[f32], levels: i8, mut put: impl FnMut(usize, &[i8])) -> Centred {
+    let top = f64::from(levels);
+    let centred = |(&x, &m): (&f32, &f32)| f64::from(x) - f64::from(m);
+    let largest = v.iter().zip(offset).map(centred).fold(0.0f64, |m, y| m.max(y.abs()));
+    if largest == 0.0 {
+        v.chunks(CHUNK).enumerate().for_each(|(c, chunk)| put(c * CHUNK, &[0; CHUNK][..chunk.len()]));
+        let code = Encoded { scale: 0.0, sum: 0, residual: 0.0 };
+        return Centred { code, norm: 0.0, offset_product: 0.0 };
+    }
+    let scale = f32_at_least(largest / top).max(f32::from_bits(1));
+    let step = f64::from(scale);
+    // Eight partial sums each of `e_i^2` and `y_i^2`, as `encode` keeps.
+    let (mut squares, mut centred_squares, mut product) = ([0.0f64; 8], [0.0f64; 8], 0.0f64);
+    let (mut sum, mut codes) = (0, [0i8; CHUNK]);
+    for (c, (chunk, offsets)) in v.chunks(CHUNK).zip(offset.chunks(CHUNK)).enumerate() {
+        for (i, pair) in chunk.iter().zip(offsets).enumerate() {
+            let y = centred(pair);
+            let rounded = round_half_away((y / step).clamp(-top, top));
+            let e = y - step * rounded;
+            codes[i] = integer_of(rounded);
+            squares[i % 8] += e * e;
+            centred_squares[i % 8] += y * y;
+            product += f64::from(*pair.1) * y;
+        }
+        let n = chunk.len();
+        sum += codes[..n].iter().map(|&code| i32::from(code)).sum::<i32>();
+        put(c * CHUNK, &codes[..n]);
+    }
+    // A sum of n squares is off by at most n 2^-53 of itself (n <= 2^16),
+    // its root by half that: 2^-30 more covers both.
+    let margin = 1.0 + 2f64.powi(-30);
+    let residual = squares.iter().sum::<f64>().sqrt() * margin;
+    let norm = centred_squares.iter().sum::<f64>().sqrt() * margin;
+    // `y_i` is off `x_i - μ_i` by at most 2^-53 of itself, and `e_i` off
+    // `y_i - a c_i` by 2^-53 of itself: 2^-50 of `|y|` covers both.
+    let code = Encoded { scale, sum, residual: f32_at_least(residual + norm * 2f64.powi(-50)) };
+    Centred { code, norm: f32_at_least(norm), offset_product: product as f32 }
+}
+
+/// What `encode_centred` finds of a vector besides its codes.
+#[derive(Clone, Copy, Debug)]
+struct Centred {
+    code: Encoded,
+    /// `|x - μ|`, rounded up.
+    norm: f32,
+    /// `μ . y`, rounded to nearest: within `2^-24` of itself and `(n + 4)
+    /// 2^-52 |μ||x - μ|` of `μ . (x - μ)` (each product and sum off by at
+    /// most 2^-53 of the magnitudes, and `y` off `x - μ` by 2^-52 of `|y|`).
+    offset_product: f32,
 }
 
 /// `x` (at most 127 in magnitude) rounded to the nearest integer, halves
@@ -355,15 +607,6 @@ pub fn stored(code: i8) -> u8 {
     (code as u8) ^ 0x80
 }
 
-/// An f32 not below `x`, without a branch: `x` nudged up by 2^-23 of
-/// itself and 2^-148, then rounded to nearest (off by at most 2^-24 of
-/// itself, or 2^-150 among the subnormals), so never below `x`; infinite
-/// above f32's range.
-#[inline(always)]
-fn f32_above(x: f64) -> f32 {
-    (x + x.abs() * 2f64.powi(-23) + 2f64.powi(-148)) as f32
-}
-
 /// The codes of an index's rows, row `r` at `bytes[r * stride..]` (each
 /// offset by 128, `stored`), with its scale and residual bound.
 #[derive(Debug)]
@@ -384,6 +627,15 @@ pub struct Codes {
     signs: Vec<u8>,
     scales: Vec<f32>,
     residuals: Vec<f32>,
+    /// Fitted only: the offset `μ` the rows' codes are taken from (the
+    /// module doc, "Centred codes"), zero until the index is first
+    /// `centre`d, and each row's `|x - μ|`, rounded up.
+    offset: Vec<f32>,
+    centred_norms: Vec<f32>,
+    /// Fitted only: each row's `μ . (x - μ)`, rounded to nearest (`Centred`).
+    offset_products: Vec<f32>,
+    /// `|μ|`, rounded up.
+    offset_norm: f32,
     /// Powers of two and logarithmic only: how many rows have each exponent
     /// field (`exponent_of`), so that a search codes its query only for
     /// those.
@@ -410,6 +662,10 @@ impl Codes {
             signs: Vec::new(),
             scales: Vec::new(),
             residuals: Vec::new(),
+            offset: if grid == Grid::Fitted { vec![0.0; dims] } else { Vec::new() },
+            centred_norms: Vec::new(),
+            offset_products: Vec::new(),
+            offset_norm: 0.0,
             exponents,
             negatives: 0,
         })
@@ -428,10 +684,89 @@ impl Codes {
         }
         codes.scales.reserve_exact(rows);
         codes.residuals.reserve_exact(rows);
+        if grid == Grid::Fitted {
+            codes.centred_norms.reserve_exact(rows);
+            codes.offset_products.reserve_exact(rows);
+            codes.set_offset(offset_of(dims, vectors));
+        }
         for v in vectors.chunks_exact(dims) {
             codes.push(v);
         }
         Some(codes)
+    }
+
+    /// Whether the rows' offset should be taken afresh (`centre`), now that
+    /// there are as many rows as there are: at every power of two from
+    /// `CENTRE_ROWS_MIN` to `CENTRE_ROWS_MAX` rows, so that an index filled
+    /// a batch at a time gets the median of its first rows, refined as it grows.
+    pub fn wants_centre(&self) -> bool {
+        let rows = self.len();
+        self.grid == Grid::Fitted && rows.is_power_of_two() && (CENTRE_ROWS_MIN..=CENTRE_ROWS_MAX).contains(&rows)
+    }
+
+    /// Takes the rows' median as the offset (`offset_of`), and codes every row (`vectors`,
+    /// row after row, as coded so far) afresh from it.
+    pub fn centre(&mut self, vectors: &[f32]) {
+        assert_eq!(self.grid, Grid::Fitted, "only products' codes are centred");
+        assert_eq!(vectors.len(), self.len() * self.dims, "a vector per row");
+        self.set_offset(offset_of(self.dims, vectors));
+        for (row, v) in vectors.chunks_exact(self.dims).enumerate() {
+            self.set(row, v);
+        }
+    }
+
+    /// `λ` for `query` (the module doc, "Centred codes"): the power of two
+    /// nearest `q . μ / |μ|^2`, the multiple of `μ` nearest the query, so
+    /// that a query scaled to unit norm (cosine, ip) centres as well as one
+    /// from the rows' own distribution; 0 where `q . μ <= 0`, or where `λμ`
+    /// is not exact in f32 (it leaves f32's normal range). Leaves `λμ` in
+    /// `offset`.
+    fn offset_scale_for(&self, query: &[f32], offset: &mut Vec<f32>) -> f32 {
+        let (product, _) = self.offset_product(query);
+        let squared: f64 = self.offset.iter().map(|&m| f64::from(m) * f64::from(m)).sum();
+        let ratio = f64::from(product) / squared;
+        let scale = if ratio > 0.0 && ratio.is_finite() { 2f64.powi(ratio.log2().round() as i32) } else { 0.0 };
+        offset.clear();
+        offset.extend(self.offset.iter().map(|&m| (scale * f64::from(m)) as f32));
+        let exact = offset.iter().zip(&self.offset).all(|(&o, &m)| f64::from(o) == scale * f64::from(m));
+        if exact && scale as f32 as f64 == scale {
+            scale as f32
+        } else {
+            offset.iter_mut().for_each(|o| *o = 0.0);
+            0.0
+        }
+    }
+
+    fn set_offset(&mut self, offset: Vec<f32>) {
+        let squares: f64 = offset.iter().map(|&m| f64::from(m) * f64::from(m)).sum();
+        self.offset_norm = f32_at_least(squares.sqrt() * (1.0 + BOUND_SURPLUS));
+        self.offset = offset;
+    }
+
+    /// The offset the rows are coded from (fitted grid only).
+    pub fn offset(&self) -> &[f32] {
+        &self.offset
+    }
+
+    /// `|μ|`, rounded up.
+    pub fn offset_norm(&self) -> f32 {
+        self.offset_norm
+    }
+
+    /// `q . μ` rounded to the nearest f32, and a bound on how far that is
+    /// from the exact product, rounded up (the module doc, "Centred
+    /// codes"): each product of two f32s is exact in f64, and a sum of `n`
+    /// of them is off by at most `n 2^-53` of their magnitudes.
+    pub fn offset_product(&self, query: &[f32]) -> (f32, f32) {
+        let (mut sum, mut magnitudes) = (0.0f64, 0.0f64);
+        for (&q, &m) in query.iter().zip(&self.offset) {
+            let product = f64::from(q) * f64::from(m);
+            sum += product;
+            magnitudes += product.abs();
+        }
+        let rounded = sum as f32;
+        let off = (self.dims + 2) as f64 * 2f64.powi(-53) * magnitudes + (f64::from(rounded) - sum).abs();
+        (rounded, f32_at_least(off * (1.0 + BOUND_SURPLUS)))
     }
 
     fn len(&self) -> usize {
@@ -485,6 +820,10 @@ impl Codes {
         // take back.
         self.scales.push(0.0);
         self.residuals.push(0.0);
+        if self.grid == Grid::Fitted {
+            self.centred_norms.push(0.0);
+            self.offset_products.push(0.0);
+        }
         self.set(self.len() - 1, v);
     }
 
@@ -496,6 +835,13 @@ impl Codes {
         let encoded = if let Grid::Logarithmic { signs } = self.grid {
             let signs = if signs { &mut self.signs[row * stride / 8..(row + 1) * stride / 8] } else { &mut [][..] };
             Encoded { scale: ratios::encode(v, out, signs), sum: 0, residual: 0.0 }
+        } else if self.grid == Grid::Fitted {
+            let centred = encode_centred(v, &self.offset, 127, |at, codes| {
+                out[at..at + codes.len()].iter_mut().zip(codes).for_each(|(o, &code)| *o = stored(code))
+            });
+            self.centred_norms[row] = centred.norm;
+            self.offset_products[row] = centred.offset_product;
+            centred.code
         } else {
             out[dims..].fill(stored(0));
             encode(v, self.grid, |at, codes| {
@@ -540,6 +886,10 @@ impl Codes {
         }
         self.scales.swap_remove(row);
         self.residuals.swap_remove(row);
+        if self.grid == Grid::Fitted {
+            self.centred_norms.swap_remove(row);
+            self.offset_products.swap_remove(row);
+        }
     }
 
     /// Asks for the codes of `rows` rows from `row` (those there are) to
@@ -574,7 +924,8 @@ impl Codes {
     /// Bytes held per row, for the memory formula.
     pub fn bytes_per_row(&self) -> usize {
         let signs = if self.grid == (Grid::Logarithmic { signs: true }) { self.stride / 8 } else { 0 };
-        self.stride + signs + 8
+        let centred = if self.grid == Grid::Fitted { 8 } else { 0 };
+        self.stride + signs + 8 + centred
     }
 }
 
@@ -584,34 +935,42 @@ impl Codes {
 #[derive(Debug, Default)]
 pub struct QueryCode {
     dims: usize,
-    /// `d_i`: `vpdpbusd`'s signed operand, and AVX2's `vpsignb`'s.
+    /// `d_i`: the signed operand of `vpdpbusd` and `vpmaddubsw`.
     signs: Vec<i8>,
-    /// `|d_i|`, for AVX2's `vpmaddubsw`.
-    magnitude: Vec<u8>,
+    /// The most `|d_i|` may be (`Kernel::query_levels`).
+    levels: i8,
     sum: i32,
     scale: f32,
     residual: f32,
+    /// `|q - λμ|`, rounded up.
+    centred_norm: f32,
+    /// `λ`: the multiple of the rows' offset this code is taken from.
+    offset_scale: f32,
+    /// `λμ`, its buffer kept.
+    offset: Vec<f32>,
 }
 
 impl QueryCode {
-    /// The code of `query`.
-    pub fn of(query: &[f32]) -> QueryCode {
+    /// The code of `query` for `kernel`, against the offset of `rows`.
+    pub fn of(query: &[f32], kernel: Kernel, rows: &Codes) -> QueryCode {
         let mut code = QueryCode::default();
-        code.encode(query);
+        code.encode(query, kernel, rows);
         code
     }
 
-    /// Makes this the code of `query`, in the buffers it has.
-    pub fn encode(&mut self, query: &[f32]) {
+    /// Makes this the code of `query - λμ` for `kernel`, `μ` the offset of
+    /// `rows` (the module doc, "Centred codes"), in the buffers it has.
+    pub fn encode(&mut self, query: &[f32], kernel: Kernel, rows: &Codes) {
+        assert_eq!(query.len(), rows.offset.len(), "an offset value per dimension");
+        self.offset_scale = rows.offset_scale_for(query, &mut self.offset);
         let padded = query.len().next_multiple_of(SLACK);
         self.signs.clear();
         self.signs.resize(padded, 0);
-        let signs = &mut self.signs;
-        let Encoded { scale, sum, residual } =
-            encode(query, Grid::Fitted, |at, d| signs[at..at + d.len()].copy_from_slice(d));
-        self.magnitude.clear();
-        self.magnitude.extend(self.signs.iter().map(|d| d.unsigned_abs()));
-        (self.dims, self.sum, self.scale, self.residual) = (query.len(), sum, scale, residual);
+        let (signs, levels) = (&mut self.signs, kernel.query_levels());
+        let centred = encode_centred(query, &self.offset, levels, |at, d| signs[at..at + d.len()].copy_from_slice(d));
+        let Encoded { scale, sum, residual } = centred.code;
+        (self.dims, self.levels, self.sum, self.scale, self.residual) = (query.len(), levels, sum, scale, residual);
+        self.centred_norm = centred.norm;
     }
 
     /// The query's codes.
@@ -655,60 +1014,134 @@ pub const QUERIES_MAX: usize = 4;
 
 /// The queries' side of the bound for a tile of up to `QUERIES_MAX`
 /// queries of one index, field by field, so that a tile's pairs take each
-/// field of its queries in one load.
+/// field of its queries in one load; in f32, rounded the safe way (the
+/// module doc, "Evaluated in f32").
 #[derive(Clone, Copy, Debug)]
 pub struct Bounds {
     shape: Shape,
-    /// `b`, as f64.
-    scale: [f64; QUERIES_MAX],
-    /// `|q| + r_q` and `r_q` (upper bounds).
-    query_plus: [f64; QUERIES_MAX],
-    query_residual: [f64; QUERIES_MAX],
-    /// `g |q|`, with `|q|` an upper bound.
-    relative_norm: [f64; QUERIES_MAX],
+    /// `b`.
+    scale: [f32; QUERIES_MAX],
+    /// `P = |q| + r_q`, rounded up: it multiplies the row's residual bound.
+    per_residual: [f32; QUERIES_MAX],
+    /// `R = r_q + (n + 4) 2^-52 |μ|`, rounded up: it multiplies the row's
+    /// `|x - μ|` (the second term for the row's `μ . (x - μ)`).
+    per_centred: [f32; QUERIES_MAX],
+    /// `G`, rounded up: it multiplies the row's norm bound. `g |q|` for
+    /// cosine and ip; 0 for l2, whose kernel error is a factor.
+    per_norm: [f32; QUERIES_MAX],
+    /// `q . μ`, rounded to nearest (`Codes::offset_product`).
+    offset_product: [f32; QUERIES_MAX],
+    /// `λ`, which multiplies the row's `μ . (x - μ)`.
+    offset_scale: [f32; QUERIES_MAX],
     /// `|q|^2`, rounded down (l2).
-    query_squared: [f64; QUERIES_MAX],
+    query_squared: [f32; QUERIES_MAX],
     /// The query's scale in cosine's distance.
     query_scale: [f32; QUERIES_MAX],
-    /// `g`, and `A`: the index's dimensions fix them.
-    relative: f64,
-    absolute: f64,
+    /// l2: `1 - g - 2^-17`, rounded down.
+    shrink: f32,
+    /// `A_q = 2 A + 2^-140 + 2 ε_q + 2^-21 |q . μ|`, rounded up.
+    absolute: [f32; QUERIES_MAX],
+}
+
+/// One query's side of `Bounds`, as `Lanes::rules_out` takes it.
+#[derive(Clone, Copy, Debug)]
+struct QueryTerms {
+    shape: Shape,
+    scale: f32,
+    per_residual: f32,
+    per_centred: f32,
+    per_norm: f32,
+    offset_product: f32,
+    offset_scale: f32,
+    query_squared: f32,
+    query_scale: f32,
+    shrink: f32,
+    absolute: f32,
+}
+
+/// The bound's margin for its own roundings (the module doc): `2^-19` of
+/// the magnitudes it sums, and l2's `2^-17`.
+const MARGIN: f32 = 1.0 / (1u32 << 19) as f32;
+const L2_MARGIN: f32 = 1.0 / (1u32 << 17) as f32;
+
+/// The greatest f32 not above `x`.
+fn f32_at_most(x: f64) -> f32 {
+    -f32_at_least(-x)
 }
 
 impl Bounds {
     /// For `queries` (at most `QUERIES_MAX`, their `squared_norms` from
     /// `kernels::squared_norm`, `query_scales` their scales in cosine's
-    /// distance).
-    pub fn new(shape: Shape, queries: &[QueryCode], squared_norms: &[f64], query_scales: &[f32]) -> Bounds {
+    /// distance, `offset_products` their `Codes::offset_product`, and the
+    /// rows' `|μ|` at most `offset_norm`).
+    pub fn new(
+        shape: Shape,
+        queries: &[QueryCode],
+        (squared_norms, query_scales): (&[f64], &[f32]),
+        (offset_products, offset_norm): (&[(f32, f32)], f32),
+    ) -> Bounds {
         assert!(queries.len() <= QUERIES_MAX);
         assert!(queries.len() == squared_norms.len() && queries.len() == query_scales.len());
+        assert!(queries.len() == offset_products.len());
         let dims = queries.first().map_or(0, |code| code.dims);
         let relative = relative_error(dims);
+        let absolute = 2.0 * (2 * dims + 64) as f64 * 2f64.powi(-149) + 2f64.powi(-140);
         let mut bounds = Bounds {
             shape,
             scale: [0.0; QUERIES_MAX],
-            query_plus: [0.0; QUERIES_MAX],
-            query_residual: [0.0; QUERIES_MAX],
-            relative_norm: [0.0; QUERIES_MAX],
+            per_residual: [0.0; QUERIES_MAX],
+            per_centred: [0.0; QUERIES_MAX],
+            per_norm: [0.0; QUERIES_MAX],
+            offset_product: [0.0; QUERIES_MAX],
+            offset_scale: [0.0; QUERIES_MAX],
             query_squared: [0.0; QUERIES_MAX],
             query_scale: [0.0; QUERIES_MAX],
-            relative,
-            absolute: (2 * dims + 64) as f64 * 2f64.powi(-149),
+            shrink: f32_at_most(1.0 - relative - 2f64.powi(-17)),
+            absolute: [f32_at_least(absolute); QUERIES_MAX],
         };
-        for (q, ((code, &squared_norm), &query_scale)) in
-            queries.iter().zip(squared_norms).zip(query_scales).enumerate()
+        for (q, (((code, &squared_norm), &query_scale), &(product, off))) in
+            queries.iter().zip(squared_norms).zip(query_scales).zip(offset_products).enumerate()
         {
             assert_eq!(code.dims, dims, "one index's queries");
             let norm = f64::from(screen::norm_bound_of(squared_norm));
             let residual = f64::from(code.residual);
-            bounds.scale[q] = f64::from(code.scale);
-            bounds.query_plus[q] = norm + residual;
-            bounds.query_residual[q] = residual;
-            bounds.relative_norm[q] = relative * norm;
-            bounds.query_squared[q] = squared_norm * (1.0 - BOUND_SURPLUS);
+            // Each sum of two f64s is off by at most 2^-53 of itself: the
+            // surplus covers it before the rounding up.
+            let up = |x: f64| f32_at_least(x * (1.0 + BOUND_SURPLUS));
+            bounds.scale[q] = code.scale;
+            bounds.per_residual[q] = up(f64::from(code.centred_norm) + residual);
+            let lambda = f64::from(code.offset_scale);
+            let rows_offset = lambda * (dims + 4) as f64 * 2f64.powi(-52) * f64::from(offset_norm);
+            bounds.offset_scale[q] = code.offset_scale;
+            bounds.per_centred[q] = up(residual + rows_offset);
+            bounds.per_norm[q] = match shape {
+                Shape::Cosine | Shape::Ip => up(relative * norm),
+                Shape::L2 => 0.0,
+            };
+            bounds.offset_product[q] = product;
+            let offset = 2.0 * f64::from(off) + f64::from(product.abs()) * 2f64.powi(-21);
+            bounds.absolute[q] = up(absolute + offset);
+            bounds.query_squared[q] = f32_at_most(squared_norm * (1.0 - BOUND_SURPLUS));
             bounds.query_scale[q] = query_scale;
         }
         bounds
+    }
+
+    /// Query `q`'s terms alone, for `Lanes::rules_out`.
+    fn of_query(&self, q: usize) -> QueryTerms {
+        QueryTerms {
+            shape: self.shape,
+            scale: self.scale[q],
+            per_residual: self.per_residual[q],
+            per_centred: self.per_centred[q],
+            per_norm: self.per_norm[q],
+            offset_product: self.offset_product[q],
+            offset_scale: self.offset_scale[q],
+            query_squared: self.query_squared[q],
+            query_scale: self.query_scale[q],
+            shrink: self.shrink,
+            absolute: self.absolute[q],
+        }
     }
 
     /// Which of `R` rows of `codes`, with norm bounds `norms` and (cosine)
@@ -716,8 +1149,7 @@ impl Bounds {
     /// (infinite where query `q` keeps nothing yet) from the first `Q`
     /// queries whatever their exact scores, given the integer products
     /// `dots[q]` (`C`): bit `r` of the `q`-th answer is set when `rows[r]`
-    /// cannot enter query `q`'s nearest. The arithmetic goes pair by pair
-    /// without a branch, so that the compiler can do the pairs at once.
+    /// cannot enter query `q`'s nearest.
     #[inline(always)]
     pub fn rules_out<const Q: usize, const R: usize>(
         &self,
@@ -727,9 +1159,22 @@ impl Bounds {
         (norms, row_scales): ([f32; R], [f32; R]),
         thresholds: [f32; Q],
     ) -> [u32; Q] {
-        const { assert!(Q <= QUERIES_MAX) };
         let (scales, residuals) = (rows.map(|row| codes.scales[row]), rows.map(|row| codes.residuals[row]));
-        let rows = (scales, residuals, norms, row_scales);
+        let (centred, offsets) = (rows.map(|row| codes.centred_norms[row]), rows.map(|row| codes.offset_products[row]));
+        self.rules_out_of(dots, [scales, residuals, centred, offsets, norms, row_scales], thresholds)
+    }
+
+    /// `rules_out` of the rows given as their codes' scales, their
+    /// residual bounds, their `|x - μ|`, their `μ . (x - μ)`, their norm
+    /// bounds and their scales.
+    #[inline(always)]
+    pub fn rules_out_of<const Q: usize, const R: usize>(
+        &self,
+        dots: [[i32; R]; Q],
+        rows: [[f32; R]; 6],
+        thresholds: [f32; Q],
+    ) -> [u32; Q] {
+        const { assert!(Q <= QUERIES_MAX) };
         // Each shape's pairs in a loop of their own: no branch inside.
         match self.shape {
             Shape::Cosine => self.pairs(Shape::Cosine, dots, rows, thresholds),
@@ -738,60 +1183,52 @@ impl Bounds {
         }
     }
 
-    /// `rules_out` for `shape`, each row given as its code's scale, its
-    /// residual bound, its norm bound and its scale.
+    /// `rules_out_of` for `shape`: a query at a time, its `R` rows in
+    /// lanes, without a branch.
     #[inline(always)]
     fn pairs<const Q: usize, const R: usize>(
         &self,
         shape: Shape,
         dots: [[i32; R]; Q],
-        (scales, residuals, norms, row_scales): ([f32; R], [f32; R], [f32; R], [f32; R]),
+        [scales, residuals, centred, offsets, norms, row_scales]: [[f32; R]; 6],
         thresholds: [f32; Q],
     ) -> [u32; Q] {
         let mut ruled = [0; Q];
         for q in 0..Q {
+            let mut nearest = [0.0f32; R];
             for r in 0..R {
-                let row = (scales[r], residuals[r], norms[r], row_scales[r]);
-                let out = self.rules_out_by(shape, q, row, dots[q][r], thresholds[q]);
-                ruled[q] |= u32::from(out) << r;
+                let row = [scales[r], residuals[r], centred[r], offsets[r], norms[r], row_scales[r]];
+                nearest[r] = self.nearest(shape, q, row, dots[q][r]);
+            }
+            for (r, &nearest) in nearest.iter().enumerate() {
+                ruled[q] |= u32::from(nearest > thresholds[q]) << r;
             }
         }
         ruled
     }
 
-    /// Whether one row is ruled out (`rules_out`) for query `q`, of
-    /// `shape`, the row's code having scale `row_code_scale` and residual
-    /// bound `residual`.
+    /// The nearest query `q`'s distance to a row can be (`rules_out`), of
+    /// `shape`, the row's code having scale `row_code_scale`, residual
+    /// bound `residual`, `|x - μ|` at most `centred` and `μ . (x - μ)`
+    /// about `offset`: NaN where the arithmetic overflowed, which rules
+    /// nothing out.
     #[inline(always)]
-    fn rules_out_by(
-        &self,
-        shape: Shape,
-        q: usize,
-        (row_code_scale, residual, norm, row_scale): (f32, f32, f32, f32),
-        dot: i32,
-        threshold: f32,
-    ) -> bool {
-        let estimate = f64::from(row_code_scale) * self.scale[q] * f64::from(dot);
-        let norm = f64::from(norm);
-        let off = self.query_plus[q] * f64::from(residual) + norm * self.query_residual[q];
+    fn nearest(&self, shape: Shape, q: usize, row: [f32; 6], dot: i32) -> f32 {
+        let [row_code_scale, residual, centred, offset, norm, row_scale] = row;
+        let offset = offset * self.offset_scale[q];
+        let product = (row_code_scale * dot as f32) * self.scale[q];
+        let estimate = (product + self.offset_product[q]) + offset;
+        let off = (self.per_residual[q] * residual + self.per_centred[q] * centred) + self.per_norm[q] * norm;
+        let margin = ((product.abs() + offset.abs()) + off) * MARGIN;
+        let ceiling = ((estimate + off) + margin) + self.absolute[q];
         match shape {
-            Shape::Cosine | Shape::Ip => {
-                let ceiling = estimate + off + self.relative_norm[q] * norm + self.absolute;
-                let ceiling = ceiling + BOUND_SURPLUS * (estimate.abs() + ceiling.abs());
-                let ceiling = f32_above(ceiling);
-                let nearest = match shape {
-                    Shape::Cosine => screen::distance(ceiling, row_scale, self.query_scale[q]),
-                    _ => -ceiling,
-                };
-                nearest > threshold
-            }
+            Shape::Cosine => screen::distance(ceiling, row_scale, self.query_scale[q]),
+            Shape::Ip => -ceiling,
             Shape::L2 => {
-                let row_squared = norm * norm * (1.0 - 2f64.powi(-20));
-                let query_squared = self.query_squared[q];
-                let sum = query_squared + row_squared - 2.0 * (estimate + off);
-                let sum = sum - BOUND_SURPLUS * (query_squared + row_squared + 2.0 * (estimate.abs() + off));
-                let nearest = sum * (1.0 - self.relative - 2f64.powi(-20)) - self.absolute;
-                nearest > f64::from(threshold)
+                let squares = self.query_squared[q] + norm * norm;
+                let sum = squares - 2.0 * ceiling;
+                let floor = sum - (squares + 2.0 * ceiling.abs()) * L2_MARGIN;
+                floor * self.shrink - self.absolute[q]
             }
         }
     }
@@ -899,49 +1336,161 @@ pub(super) mod x86 {
                 }
             }
         }
+        sums_of(sums)
+    }
+
+    /// Each of the sums' eight lanes added up: eight at once where there
+    /// are eight (`sum8`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn sums_of<const Q: usize, const R: usize>(sums: [[__m256i; R]; Q]) -> [[i32; R]; Q] {
+        if Q * R == 8 {
+            let lanes = sum8(std::array::from_fn(|i| sums[i / R][i % R]));
+            return std::array::from_fn(|q| std::array::from_fn(|r| lanes[q * R + r]));
+        }
         sums.map(|sums| sums.map(|sum| sum256(sum)))
     }
 
-    /// `C = sum c_i d_i` without VNNI: each row byte loses its offset
-    /// (`c_i`, never -128), `vpsignb` moves the query's sign onto it, and
-    /// `vpmaddubsw` multiplies `|d_i|` (at most 127) by `±c_i`, two products
-    /// per i16 (at most 32,258, short of saturating), widened by `vpmaddwd`.
+    /// The sum of each of 8 vectors' 8 lanes: two levels of pairwise
+    /// horizontal additions leave each vector's two halves' sums side by
+    /// side in the two 128-bit lanes, which one addition of the lanes
+    /// swapped finishes: 9 instructions where one sum at a time takes 6
+    /// each.
+    #[target_feature(enable = "avx2")]
+    pub(super) fn sum8(v: [__m256i; 8]) -> [i32; 8] {
+        let mut lanes = [0i32; 8];
+        // SAFETY: 32 bytes into 8 i32s; the CPU has AVX2 (this function's
+        // own promise).
+        unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), sum8_lanes(v)) };
+        lanes
+    }
+
+    /// `sum8`, left in a register: lane `i` the sum of `v[i]`. Inlined
+    /// where AVX2 is enabled (`rules_out_lanes_avx2`).
     ///
     /// # Safety
-    /// The CPU must have AVX2; bounds as `dots_vnni512`, for `magnitudes`
-    /// as for `signs`.
+    /// The CPU must have AVX2.
+    #[inline(always)]
+    unsafe fn sum8_lanes(v: [__m256i; 8]) -> __m256i {
+        // SAFETY: the CPU has AVX2, as the caller promises.
+        unsafe {
+            let (h01, h23) = (_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+            let (h45, h67) = (_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+            // Lane i of each half: vector i's sum over that half (i < 4 in `a`).
+            let (a, b) = (_mm256_hadd_epi32(h01, h23), _mm256_hadd_epi32(h45, h67));
+            let low = _mm256_permute2x128_si256::<0x20>(a, b);
+            let high = _mm256_permute2x128_si256::<0x31>(a, b);
+            _mm256_add_epi32(low, high)
+        }
+    }
+
+    /// `Lanes::rules_out` on AVX2: the products of the `LANES` rows from
+    /// `row` (`dims` codes each, row `r` from `bytes[r * dims..]`) with the
+    /// query's `signs` (its codes' sum `sum`), as `dots_avx2` sums them,
+    /// then the bound of `Bounds::nearest`, operation for operation, a row
+    /// in each lane; `terms` are the rows' terms (`Lanes::terms`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; the query must hold `dims` rounded up to 32
+    /// values and `bytes` as many from each of the rows' starts; every term
+    /// must have a value for each of the rows.
+    ///
+    /// Always inlined, into the scan compiled for AVX2
+    /// (`View::scan_coded_for`), whose instructions the intrinsics then
+    /// take: called once per `LANES` rows, its arguments through memory
+    /// and its query's terms broadcast afresh, it cost as much as the
+    /// rows' products.
+    #[inline(always)]
+    pub(super) unsafe fn rules_out_lanes_avx2(
+        (bytes, row, dims): (&[u8], usize, usize),
+        (signs, sum): (&[i8], i32),
+        terms: [&[f32]; 6],
+        query: super::QueryTerms,
+        threshold: f32,
+    ) -> u32 {
+        // SAFETY: the CPU has AVX2, as the caller promises.
+        unsafe {
+            let start = row * dims;
+            let ones = _mm256_set1_epi16(1);
+            let mut sums = [_mm256_setzero_si256(); super::LANES];
+            for at in (0..dims).step_by(32) {
+                // In bounds, as the caller promises.
+                let q = _mm256_loadu_si256(signs.as_ptr().add(at).cast());
+                for (r, sum) in sums.iter_mut().enumerate() {
+                    // In bounds, as the caller promises.
+                    let x = _mm256_loadu_si256(bytes.as_ptr().add(start + r * dims + at).cast());
+                    *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(_mm256_maddubs_epi16(x, q), ones));
+                }
+            }
+            // The rows' offset of 128 added 128 sum(d).
+            let dots = _mm256_sub_epi32(sum8_lanes(sums), _mm256_set1_epi32(128 * sum));
+            // 8 f32s each, as the caller promises.
+            let [scales, residuals, centred, offsets, norms, row_scales] =
+                terms.map(|terms| _mm256_loadu_ps(terms.as_ptr().add(row)));
+            let all = _mm256_set1_ps;
+            let offsets = _mm256_mul_ps(offsets, all(query.offset_scale));
+            let magnitude = |x| _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
+            let negated = |x| _mm256_xor_ps(x, all(-0.0));
+            let product = _mm256_mul_ps(_mm256_mul_ps(scales, _mm256_cvtepi32_ps(dots)), all(query.scale));
+            let estimate = _mm256_add_ps(_mm256_add_ps(product, all(query.offset_product)), offsets);
+            let off = _mm256_add_ps(
+                _mm256_add_ps(
+                    _mm256_mul_ps(all(query.per_residual), residuals),
+                    _mm256_mul_ps(all(query.per_centred), centred),
+                ),
+                _mm256_mul_ps(all(query.per_norm), norms),
+            );
+            let spread = _mm256_add_ps(_mm256_add_ps(magnitude(product), magnitude(offsets)), off);
+            let margin = _mm256_mul_ps(spread, all(super::MARGIN));
+            let ceiling = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(estimate, off), margin), all(query.absolute));
+            let nearest = match query.shape {
+                super::Shape::Cosine => {
+                    negated(_mm256_mul_ps(_mm256_mul_ps(ceiling, row_scales), all(query.query_scale)))
+                }
+                super::Shape::Ip => negated(ceiling),
+                super::Shape::L2 => {
+                    let squares = _mm256_add_ps(all(query.query_squared), _mm256_mul_ps(norms, norms));
+                    let sum = _mm256_sub_ps(squares, _mm256_mul_ps(all(2.0), ceiling));
+                    let spread = _mm256_add_ps(squares, _mm256_mul_ps(all(2.0), magnitude(ceiling)));
+                    let floor = _mm256_sub_ps(sum, _mm256_mul_ps(spread, all(super::L2_MARGIN)));
+                    _mm256_sub_ps(_mm256_mul_ps(floor, all(query.shrink)), all(query.absolute))
+                }
+            };
+            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(nearest, all(threshold))) as u32
+        }
+    }
+
+    /// `dots_vnni512` on 32-byte blocks without VNNI: `vpmaddubsw` multiplies
+    /// each stored byte (`c_i + 128`, at most 255) by the query's code (at
+    /// most 63 in magnitude, `Kernel::query_levels`), two products to an
+    /// i16 (at most 32,130, short of saturating), widened by `vpmaddwd`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; bounds as `dots_vnni512`.
     #[target_feature(enable = "avx2")]
     pub unsafe fn dots_avx2<const Q: usize, const R: usize>(
         bytes: &[u8],
         starts: [usize; R],
-        magnitudes: [&[u8]; Q],
-        signs: [&[i8]; Q],
+        queries: [&[i8]; Q],
         dims: usize,
     ) -> [[i32; R]; Q] {
-        let (ones, offset) = (_mm256_set1_epi16(1), _mm256_set1_epi8(i8::MIN));
+        let ones = _mm256_set1_epi16(1);
         let mut sums = [[_mm256_setzero_si256(); R]; Q];
         for at in (0..dims).step_by(32) {
             let mut x = [_mm256_setzero_si256(); R];
             for (x, start) in x.iter_mut().zip(starts) {
                 // SAFETY: in bounds, as the caller promises.
-                let stored = unsafe { _mm256_loadu_si256(bytes.as_ptr().add(start + at).cast()) };
-                *x = _mm256_xor_si256(stored, offset);
+                *x = unsafe { _mm256_loadu_si256(bytes.as_ptr().add(start + at).cast()) };
             }
-            for ((sums, magnitude), sign) in sums.iter_mut().zip(magnitudes).zip(signs) {
+            for (sums, query) in sums.iter_mut().zip(queries) {
                 // SAFETY: in bounds, as the caller promises.
-                let (m, s) = unsafe {
-                    (
-                        _mm256_loadu_si256(magnitude.as_ptr().add(at).cast()),
-                        _mm256_loadu_si256(sign.as_ptr().add(at).cast()),
-                    )
-                };
-                for (sum, &code) in sums.iter_mut().zip(&x) {
-                    let pairs = _mm256_maddubs_epi16(m, _mm256_sign_epi8(code, s));
-                    *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, ones));
+                let q = unsafe { _mm256_loadu_si256(query.as_ptr().add(at).cast()) };
+                for (sum, &x) in sums.iter_mut().zip(&x) {
+                    *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(_mm256_maddubs_epi16(x, q), ones));
                 }
             }
         }
-        sums.map(|sums| sums.map(|sum| sum256(sum)))
+        sums_of(sums)
     }
 
     /// The sum of four u64 lanes.
@@ -1010,7 +1559,7 @@ pub(super) mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::{encode, integer_of, round_half_away, Grid, NormAbove, CHUNK};
+    use super::{encode, encode_centred, integer_of, round_half_away, Grid, NormAbove, CHUNK};
 
     /// The rounding without a library call is `f64::round` at every half
     /// and beside it, and its integer is the one `as` gives.
@@ -1051,6 +1600,45 @@ mod tests {
             }
             assert_eq!(encoded.sum, codes.iter().map(|&c| i32::from(c)).sum::<i32>());
             assert!(f64::from(encoded.residual) >= squares.sqrt(), "{n} values");
+        }
+    }
+
+    /// A centred code's residual bound is not below the exact residual's
+    /// norm, worked out without rounding (each difference and its error
+    /// kept apart), whatever the offset's magnitude against the values'.
+    #[test]
+    fn centred_residual_bounds_hold_for_offsets_of_any_magnitude() {
+        // `a - b` as the rounded difference and what the rounding lost.
+        let two_difference = |a: f64, b: f64| {
+            let d = a - b;
+            let bv = a - d;
+            (d, (a - (d + bv)) + (bv - b))
+        };
+        let mut seed = 0x853c_49e6_748f_ea9bu64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        for n in [1usize, 50, 64, 65, 768] {
+            for (value, offset) in [(1.0f32, 0.0f32), (1.0, 3.0), (1e-30, 1.0), (1e30, 1e-30), (1e-3, 1e3)] {
+                let v: Vec<f32> = (0..n).map(|_| value * next()).collect();
+                let mu: Vec<f32> = (0..n).map(|_| offset * next()).collect();
+                let mut codes = vec![0i8; n];
+                let centred = encode_centred(&v, &mu, 127, |at, c| codes[at..at + c.len()].copy_from_slice(c));
+                let (encoded, norm) = (centred.code, centred.norm);
+                let (mut squares, mut centred) = (0.0f64, 0.0f64);
+                for ((&x, &m), &c) in v.iter().zip(&mu).zip(&codes) {
+                    let (y, lost) = two_difference(f64::from(x), f64::from(m));
+                    let (e, lost_e) = two_difference(y, f64::from(encoded.scale) * f64::from(c));
+                    squares += (e + (lost + lost_e)).powi(2);
+                    centred += (y + lost).powi(2);
+                }
+                let what = format!("{n} values of {value} from an offset of {offset}");
+                assert!(f64::from(encoded.residual) >= squares.sqrt(), "{what}");
+                assert!(f64::from(norm) >= centred.sqrt(), "{what}");
+            }
         }
     }
 

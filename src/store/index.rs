@@ -191,6 +191,9 @@ impl Index {
                 self.norms.push(norm);
                 if let Some(codes) = &mut self.codes {
                     codes.push(vector);
+                    if codes.wants_centre() {
+                        codes.centre(&self.vectors);
+                    }
                 }
                 if self.metric.is_scaled() {
                     self.inverse_norms.push(inverse_norm);

@@ -10,7 +10,7 @@ use roaring::RoaringBitmap;
 use super::threads::{share_in, threshold_of};
 use super::{FirstPass, View};
 use crate::store::codes::floors::Grids;
-use crate::store::codes::{self, Codes, QueryCode};
+use crate::store::codes::{self, Codes, QueryCode, LANES};
 use crate::store::cpu;
 use crate::store::topk::TopK;
 
@@ -25,6 +25,27 @@ pub(super) const RESCORE_LAG: usize = 8;
 /// mask if any, the rows and the queries' tops.
 pub(super) type CodedScan<'a, 'b> =
     (&'a [&'a [f32]], &'a [f32], &'a Coded<'a>, Option<&'a RoaringBitmap>, Range<usize>, &'b mut [TopK]);
+
+/// Queries a scan on a kernel with lanes takes over each run of rows
+/// (`scan_coded_lanes`): the rows of a chunk (`SCAN_CHUNK_FLOATS`) are read
+/// from memory once per this many queries, their codes from L2 meanwhile.
+const LANE_QUERIES: usize = 32;
+
+/// Rows a lone search's int8 pass takes at a time where the kernel's
+/// registers are 256 bits wide: the eight rows' products are summed in one
+/// go (`codes::x86::sum8`), and their bounds fill one register.
+pub(super) const LONE_ROWS: usize = 8;
+
+/// Rows the int8 pass takes at a time: `LONE_ROWS` for a lone search on a
+/// kernel of 256-bit registers (16 of them: a batch's tile of 2 x 8 sums
+/// would not fit), `codes::ROWS` otherwise.
+/// The floors keep `codes::ROWS`.
+pub(super) fn rows_at_a_time(coded: &Coded, queries: usize) -> usize {
+    match (&coded.queries, coded.kernel.isa()) {
+        (CodedQueries::Products { .. }, cpu::Int8::Avx2 | cpu::Int8::Vnni256) if queries == 1 => LONE_ROWS,
+        _ => codes::ROWS,
+    }
+}
 
 /// The int8 first pass of a search or a batch: the kernel its codes are
 /// read with, the queries' side, and each query's farthest kept as the
@@ -122,9 +143,10 @@ impl Later {
 
 /// Each query's code for the int8 pass into `codes`, and the bounds of
 /// each tile of the kernel's queries into `bounds`, from their
-/// `squared_norms` and `scales`; the buffers' own kept.
+/// `squared_norms` and `scales` and the `rows`' offset; the buffers' own
+/// kept.
 pub(super) fn code_queries(
-    (shape, kernel): (codes::Shape, cpu::Kernel),
+    (shape, kernel, rows): (codes::Shape, cpu::Kernel, &Codes),
     queries: &[&[f32]],
     (squared_norms, scales): (&[f64], &[f32]),
     (codes, bounds): (&mut Vec<QueryCode>, &mut Vec<codes::Bounds>),
@@ -133,12 +155,19 @@ pub(super) fn code_queries(
         codes.resize_with(queries.len(), QueryCode::default);
     }
     for (code, query) in codes.iter_mut().zip(queries) {
-        code.encode(query);
+        code.encode(query, kernel, rows);
     }
     let tile = kernel.query_tile();
     bounds.clear();
-    let tiles = codes[..queries.len()].chunks(tile).zip(squared_norms.chunks(tile)).zip(scales.chunks(tile));
-    bounds.extend(tiles.map(|((codes, squared), scales)| codes::Bounds::new(shape, codes, squared, scales)));
+    let tiles = codes[..queries.len()].chunks(tile).zip(queries.chunks(tile));
+    let tiles = tiles.zip(squared_norms.chunks(tile)).zip(scales.chunks(tile));
+    bounds.extend(tiles.map(|(((codes, queries), squared), scales)| {
+        let mut products = [(0.0, 0.0); codes::QUERIES_MAX];
+        for (product, query) in products.iter_mut().zip(queries) {
+            *product = rows.offset_product(query);
+        }
+        codes::Bounds::new(shape, codes, (squared, scales), (&products[..queries.len()], rows.offset_norm()))
+    }));
 }
 
 impl View<'_> {
@@ -201,12 +230,19 @@ impl View<'_> {
         self.scan_coded_any(scan)
     }
 
-    /// `scan_coded`, or `scan_coded_masked` under a mask.
+    /// `scan_coded`, or `scan_coded_masked` under a mask, `rows_at_a_time`.
     #[inline(always)]
     pub(super) fn scan_coded_any(&self, (queries, scales, coded, mask, rows, tops): CodedScan) -> FirstPass {
-        match mask {
-            Some(mask) => self.scan_coded_masked(queries, scales, coded, mask, rows, tops),
-            None => self.scan_coded(queries, scales, coded, rows, tops),
+        if let (None, CodedQueries::Products { codes, bounds }) = (mask, &coded.queries) {
+            if coded.kernel.has_lanes() {
+                return self.scan_coded_lanes(queries, scales, coded, (codes, bounds), rows, tops);
+            }
+        }
+        match (mask, rows_at_a_time(coded, queries.len())) {
+            (Some(mask), LONE_ROWS) => self.scan_coded_masked::<LONE_ROWS>(queries, scales, coded, mask, rows, tops),
+            (Some(mask), _) => self.scan_coded_masked::<{ codes::ROWS }>(queries, scales, coded, mask, rows, tops),
+            (None, LONE_ROWS) => self.scan_coded::<LONE_ROWS>(queries, scales, coded, rows, tops),
+            (None, _) => self.scan_coded::<{ codes::ROWS }>(queries, scales, coded, rows, tops),
         }
     }
 
@@ -218,7 +254,7 @@ impl View<'_> {
     /// takes its queries a tile at a time over each tile of rows, whose codes stay
     /// in L1 meanwhile. Counts pairs: rows times queries.
     #[inline(always)]
-    pub(super) fn scan_coded(
+    pub(super) fn scan_coded<const R: usize>(
         &self,
         queries: &[&[f32]],
         scales: &[f32],
@@ -229,9 +265,9 @@ impl View<'_> {
         let codes = self.codes.expect("a coded scan is of an index with codes");
         let mut later = Later::default();
         let mut row = rows.start;
-        while row + codes::ROWS <= rows.end {
-            let ahead: [usize; codes::ROWS] = std::array::from_fn(|r| row + CODES_PREFETCH_ROWS + r);
-            self.coded_rows::<{ codes::ROWS }>(
+        while row + R <= rows.end {
+            let ahead: [usize; R] = std::array::from_fn(|r| row + CODES_PREFETCH_ROWS + r);
+            self.coded_rows::<R>(
                 queries,
                 scales,
                 coded,
@@ -239,9 +275,67 @@ impl View<'_> {
                 tops,
                 &mut later,
             );
-            row += codes::ROWS;
+            row += R;
         }
         for row in row..rows.end {
+            self.coded_rows(queries, scales, coded, (codes, [row], &[]), tops, &mut later);
+        }
+        FirstPass {
+            rows: (rows.len() * queries.len()) as u64,
+            rescored: self.rescore_all((queries, scales), tops, coded, later),
+        }
+    }
+
+    /// `scan_coded` through the products' bound on a kernel with lanes
+    /// (`codes::Lanes`): `LANES` rows at a time, each query in turn
+    /// deciding all of them in registers, while their codes stay in L1; the
+    /// rows after the last whole `LANES` through `coded_rows`.
+    #[inline(always)]
+    pub(super) fn scan_coded_lanes(
+        &self,
+        queries: &[&[f32]],
+        scales: &[f32],
+        coded: &Coded,
+        (query_codes, bounds): (&[QueryCode], &[codes::Bounds]),
+        rows: Range<usize>,
+        tops: &mut [TopK],
+    ) -> FirstPass {
+        let codes = self.codes.expect("a coded scan is of an index with codes");
+        // Only cosine's bound reads the rows' scales.
+        let row_scales = if self.metric.is_scaled() { self.inverse_norms } else { self.norms };
+        let lanes = coded.kernel.lanes(codes, (self.norms, row_scales)).expect("a kernel with lanes");
+        let tile = coded.kernel.query_tile();
+        // The queries made ready once, in a tile's worth at a time: a scan
+        // allocates nothing.
+        let mut ready: [Option<codes::LaneQuery>; LANE_QUERIES] = Default::default();
+        let (every, mut later) = ((1u32 << LANES) - 1, Later::default());
+        for first in (0..queries.len()).step_by(LANE_QUERIES) {
+            let group = first..(first + LANE_QUERIES).min(queries.len());
+            for q in group.clone() {
+                ready[q - first] = Some(lanes.query(&query_codes[q], &bounds[q / tile], q % tile));
+            }
+            let mut row = rows.start;
+            while row + LANES <= rows.end {
+                if first == 0 {
+                    codes.prefetch(row + CODES_PREFETCH_ROWS, LANES);
+                }
+                for q in group.clone() {
+                    let threshold = match tops {
+                        [top] => later.lone_threshold(coded, top),
+                        _ => coded.threshold(q, &tops[q]),
+                    };
+                    let query = ready[q - first].as_ref().expect("made ready");
+                    let ruled = lanes.rules_out(query, row, threshold);
+                    if ruled != every {
+                        let lanes: [usize; LANES] = std::array::from_fn(|r| row + r);
+                        self.rescore_later((queries, scales, q), lanes, ruled, (tops, coded), &mut later);
+                    }
+                }
+                row += LANES;
+            }
+        }
+        let tail = rows.start + (rows.len() / LANES) * LANES..rows.end;
+        for row in tail {
             self.coded_rows(queries, scales, coded, (codes, [row], &[]), tops, &mut later);
         }
         FirstPass {
@@ -254,7 +348,7 @@ impl View<'_> {
     /// time wherever they are: a sparse mask costs what its rows cost, not
     /// a call per run of consecutive rows.
     #[inline(always)]
-    pub(super) fn scan_coded_masked(
+    pub(super) fn scan_coded_masked<const R: usize>(
         &self,
         queries: &[&[f32]],
         scales: &[f32],
@@ -276,17 +370,17 @@ impl View<'_> {
                 codes.prefetch(row, 1);
             }
             let mut at = 0;
-            while at + codes::ROWS <= block.len() {
+            while at + R <= block.len() {
                 let ahead = block.get(at + CODES_PREFETCH_ROWS..).unwrap_or_default();
-                self.coded_rows::<{ codes::ROWS }>(
+                self.coded_rows::<R>(
                     queries,
                     scales,
                     coded,
-                    (codes, std::array::from_fn(|r| block[at + r]), &ahead[..ahead.len().min(codes::ROWS)]),
+                    (codes, std::array::from_fn(|r| block[at + r]), &ahead[..ahead.len().min(R)]),
                     tops,
                     &mut later,
                 );
-                at += codes::ROWS;
+                at += R;
             }
             for &row in &block[at..] {
                 self.coded_rows(queries, scales, coded, (codes, [row], &[]), tops, &mut later);

@@ -416,7 +416,8 @@ impl View<'_> {
         let (farthest, scales) = (&farthest[..n], &scales[..]);
         let coded = match (screened, pass) {
             (false, Some((Bound::Products(shape), kernel))) => {
-                code_queries((shape, kernel), queries, (squared_norms, scales), (codes, bounds));
+                let rows = self.codes.expect("a coded pass has codes");
+                code_queries((shape, kernel, rows), queries, (squared_norms, scales), (codes, bounds));
                 let queries = CodedQueries::Products { codes: &codes[..n], bounds };
                 Some(Coded { kernel, queries, farthest })
             }

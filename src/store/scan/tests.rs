@@ -5,7 +5,9 @@ use std::sync::atomic::AtomicU32;
 use super::coded::{Coded, CodedQueries};
 use super::in_order::LEFT_KEPT;
 use super::*;
+use crate::store::aligned::Aligned;
 use crate::store::codes::floors::{Floor, Step};
+use crate::store::codes::LANES;
 use crate::store::index::Index;
 use crate::store::topk::Candidate;
 
@@ -411,7 +413,8 @@ impl Pass {
         let (mut codes, mut bounds, mut grids) = (Vec::new(), Vec::new(), Vec::new());
         match index.view().coded_pass().expect("an index with codes") {
             (Bound::Products(shape), _) => {
-                code_queries((shape, kernel), queries, (&squared, &scales), (&mut codes, &mut bounds));
+                let rows = index.view().codes.expect("codes");
+                code_queries((shape, kernel, rows), queries, (&squared, &scales), (&mut codes, &mut bounds));
             }
             (Bound::Floors(floor), _) => {
                 let rows = index.view().codes.expect("codes");
@@ -472,9 +475,9 @@ fn the_int8_pass_never_rules_out_a_row_at_its_own_distance() {
             let Some(codes) = codes_or_skip(&index, "the int8 bound") else { return };
             for (q, mut query) in hard_for_codes(1000 + dims as u64, dims, metric).into_iter().step_by(3).enumerate() {
                 index.prepare_query(&mut query).unwrap();
-                let code = QueryCode::of(&query);
                 for &kernel in &kernels {
                     let pass = Pass::new(&index, &[&query], kernel);
+                    let code = &pass.codes[0];
                     let scale = pass.scales[0];
                     for row in 0..index.len() {
                         let mut top = TopK::new();
@@ -498,6 +501,108 @@ fn the_int8_pass_never_rules_out_a_row_at_its_own_distance() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+/// On a kernel with lanes, the bound in registers rules out exactly the
+/// rows the bound pair by pair rules out, at thresholds at each row's own
+/// distance (where neither may rule it out), beside it, and at the
+/// extremes, for rows and queries across the numeric domain.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_bound_in_lanes_is_the_bound_pair_by_pair() {
+    let kernels: Vec<cpu::Kernel> = int8_kernels("the bound in lanes").into_iter().filter(|k| k.has_lanes()).collect();
+    if kernels.is_empty() {
+        crate::testing::skip("the bound in lanes", "this CPU has no int8 kernel with lanes");
+        return;
+    }
+    for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
+        for dims in [1, 7, 31, 32, 33, 50, 64, 65, 127, 768] {
+            let index = twins_of(&hard_for_codes(dims as u64, dims, metric), metric);
+            let Some(codes) = codes_or_skip(&index, "the bound in lanes") else { return };
+            let view = index.view();
+            let row_scales = if metric == Metric::Cosine { view.inverse_norms } else { view.norms };
+            let queries = hard_for_codes(2000 + dims as u64, dims, metric);
+            for (q, mut query) in queries.into_iter().step_by(5).enumerate() {
+                index.prepare_query(&mut query).unwrap();
+                let scale = index.metric().query_scale(|| kernels::squared_norm(&query));
+                let exact: Vec<f32> = (0..index.len())
+                    .map(|row| {
+                        let mut top = TopK::new();
+                        top.reset(1);
+                        view.scan_exact(&[&query], &[scale], None, row..row + 1, std::slice::from_mut(&mut top));
+                        top.sorted()[0].distance
+                    })
+                    .collect();
+                for &kernel in &kernels {
+                    let pass = Pass::new(&index, &[&query], kernel);
+                    for row in 0..=index.len() - LANES {
+                        let lanes: [usize; LANES] = std::array::from_fn(|r| row + r);
+                        let dots = kernel.dots_tile([&pass.codes[0]], codes, lanes);
+                        let terms = (lanes.map(|r| view.norms[r]), lanes.map(|r| row_scales[r]));
+                        let own = exact[row + q % LANES];
+                        for threshold in [own, own.next_up(), own.next_down(), f32::INFINITY, 0.0, -f32::INFINITY] {
+                            let want = pass.bounds[0].rules_out(codes, lanes, dots, terms, [threshold]);
+                            let lanes = kernel.lanes(codes, (view.norms, row_scales)).expect("a kernel with lanes");
+                            let got = lanes.rules_out(&lanes.query(&pass.codes[0], &pass.bounds[0], 0), row, threshold);
+                            let what = format!("{metric:?}, {dims} dims, query {q}, rows from {row}, {threshold}");
+                            assert_eq!(got, want[0], "{what}");
+                            if threshold == own {
+                                assert_eq!(got & (1 << (q % LANES)), 0, "{what}: ruled out at its own distance");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Rows that share a large common part (every value near 3, as image
+/// patches lie near their mean) are told apart by their centred codes: the
+/// first pass rules most pairs out, as it does random rows, and finds
+/// exactly what the f32 scan finds, in an index filled a row at a time
+/// (centred as it grows) and in one loaded whole.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn centred_codes_rule_out_rows_that_share_a_common_part() {
+    let kernels = int8_kernels("centred codes");
+    for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
+        for dims in [64, 192] {
+            let shifted = |seed, count| -> Vec<Vec<f32>> {
+                let vectors = random_vectors(seed, dims, count);
+                vectors.into_iter().map(|v| v.iter().map(|x| 3.0 + 0.5 * x).collect()).collect()
+            };
+            let rows = shifted(dims as u64, 3000);
+            let grown = twins_of(&rows, metric);
+            let ids: Vec<i64> = (0..rows.len() as i64).collect();
+            let metadata = vec![Default::default(); rows.len()];
+            let loaded = Index::from_parts(dims, metric, ids, Aligned::from_slice(&rows.concat()), metadata).unwrap();
+            for index in [&grown, &loaded] {
+                if codes_or_skip(index, "centred codes").is_none() {
+                    return;
+                }
+                let (mut passed, mut rescored) = (0, 0);
+                for mut query in shifted(9000 + dims as u64, 20) {
+                    index.prepare_query(&mut query).unwrap();
+                    let scale = index.metric().query_scale(|| kernels::squared_norm(&query));
+                    let scan = |coded: Option<&Coded>, top: &mut TopK| {
+                        top.reset(10);
+                        index.view().scan_exact(&[&query], &[scale], coded, 0..index.len(), std::slice::from_mut(top))
+                    };
+                    let mut want = TopK::new();
+                    scan(None, &mut want);
+                    for &kernel in &kernels {
+                        let pass = Pass::new(index, &[&query], kernel);
+                        let mut got = TopK::new();
+                        let first = scan(Some(&pass.coded()), &mut got);
+                        assert_eq!(got.sorted(), want.sorted(), "{metric:?}, {dims} dims, {}", kernel.name());
+                        (passed, rescored) = (passed + first.rows, rescored + first.rescored);
+                    }
+                }
+                assert!(rescored * 20 < passed, "{metric:?}, {dims} dims: {rescored} of {passed} rows rescored");
             }
         }
     }
@@ -924,14 +1029,15 @@ fn a_tile_of_queries_gets_each_pair_exactly() {
         else {
             continue;
         };
-        let queries: Vec<QueryCode> =
-            hard_for_codes(300 + dims as u64, dims, Metric::Ip).iter().map(|q| QueryCode::of(q)).collect();
+        let queries = hard_for_codes(300 + dims as u64, dims, Metric::Ip);
         for &kernel in &kernels {
+            let queries: Vec<QueryCode> = queries.iter().map(|q| QueryCode::of(q, kernel, &codes)).collect();
             for at in 0..5 {
                 check::<4, 4>(kernel, &queries, &codes, at);
                 check::<3, 4>(kernel, &queries, &codes, at);
                 check::<2, 4>(kernel, &queries, &codes, at);
                 check::<4, 1>(kernel, &queries, &codes, at);
+                check::<1, 8>(kernel, &queries, &codes, at);
                 check::<1, 1>(kernel, &queries, &codes, at);
             }
         }
@@ -948,16 +1054,20 @@ fn codes_hold_exactly_up_to_their_dimension_limit() {
     let kernels = int8_kernels("the int8 dimension limit");
     let dims = codes::DIMS_MAX;
     let rows: Vec<f32> = [1.0, -1.0, -1.0, 1.0].iter().flat_map(|&x| vec![x; dims]).collect();
-    let codes = codes::Codes::of(dims, codes::Grid::Fitted, &rows).expect("codes at the limit");
+    // Pushed, not centred (an index centres its codes as it grows): every
+    // code at its largest.
+    let mut codes = codes::Codes::new(dims, codes::Grid::Fitted).expect("codes at the limit");
+    rows.chunks_exact(dims).for_each(|row| codes.push(row));
     assert!(codes::Codes::of(dims + 1, codes::Grid::Fitted, &[0.5; codes::DIMS_MAX + 1]).is_none());
-    let queries = [1.0f32, -1.0, 1.0, -1.0].map(|x| QueryCode::of(&vec![x; dims]));
     for &kernel in &kernels {
+        let queries = [1.0f32, -1.0, 1.0, -1.0].map(|x| QueryCode::of(&vec![x; dims], kernel, &codes));
         let tile = kernel.dots_tile(queries.each_ref(), &codes, [0, 1, 2, 3]);
         for (q, (code, tiled)) in queries.iter().zip(tile).enumerate() {
             for (row, tiled) in tiled.into_iter().enumerate() {
                 let [dot] = kernel.dots_of(code, &codes, [row]);
                 assert_eq!(dot, codes::dot_scalar(code.signs(), codes.row(row)), "{}", kernel.name());
-                assert_eq!(dot.unsigned_abs(), 127 * 127 * dims as u32, "{}", kernel.name());
+                let levels = kernel.query_levels() as u32;
+                assert_eq!(dot.unsigned_abs(), 127 * levels * dims as u32, "{}", kernel.name());
                 assert_eq!(tiled, dot, "{}, query {q} of a tile", kernel.name());
             }
         }
