@@ -337,13 +337,7 @@ const CHUNK: usize = 64;
 
 /// Codes `v` on `grid`, handing the codes of each `CHUNK` values to `put`
 /// with the first one's position.
-fn encode(v: &[f32], grid: Grid, put: impl FnMut(usize, &[i8])) -> Encoded {
-    encode_in(v, grid, 127, put)
-}
-
-/// `encode` with codes from `-levels` to `levels` (the module doc's `L`).
-fn encode_in(v: &[f32], grid: Grid, levels: i8, mut put: impl FnMut(usize, &[i8])) -> Encoded {
-    let top = f64::from(levels);
+fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, &[i8])) -> Encoded {
     // The largest magnitude by the bits: for values that are not NaN the
     // order of `|x|`'s bits as integers is the order of `|x|`.
     let largest = f32::from_bits(v.iter().fold(0u32, |m, x| m.max(x.to_bits() & 0x7fff_ffff)));
@@ -352,7 +346,7 @@ fn encode_in(v: &[f32], grid: Grid, levels: i8, mut put: impl FnMut(usize, &[i8]
             v.chunks(CHUNK).enumerate().for_each(|(c, chunk)| put(c * CHUNK, &[0; CHUNK][..chunk.len()]));
             return Encoded { scale: 0.0, sum: 0, residual: 0.0 };
         }
-        Grid::Fitted => f32_at_least(f64::from(largest) / top).max(f32::from_bits(1)),
+        Grid::Fitted => f32_at_least(f64::from(largest) / 127.0).max(f32::from_bits(1)),
         Grid::PowersOfTwo { .. } => power_of_two_at_least(f32_at_least(f64::from(largest) / 127.0)),
         Grid::Logarithmic { .. } => unreachable!("levels are coded by `ratios::encode`"),
     };
@@ -369,7 +363,7 @@ fn encode_in(v: &[f32], grid: Grid, levels: i8, mut put: impl FnMut(usize, &[i8]
     let mut residuals = [0.0f64; CHUNK];
     for (c, chunk) in v.chunks(CHUNK).enumerate() {
         for ((&x, code), residual) in chunk.iter().zip(&mut codes).zip(&mut residuals) {
-            let rounded = round_half_away((f64::from(x) / scale).clamp(-top, top));
+            let rounded = round_half_away((f64::from(x) / scale).clamp(-127.0, 127.0));
             *residual = f64::from(x) - scale * rounded;
             *code = integer_of(rounded);
         }
@@ -715,14 +709,14 @@ impl Codes {
         }
     }
 
-    /// `λ` for `query` (the module doc, "Centred codes"): the power of two
+    /// `λ` for a query whose `q . μ` is about `product` (the module doc,
+    /// "Centred codes"): the power of two
     /// nearest `q . μ / |μ|^2`, the multiple of `μ` nearest the query, so
     /// that a query scaled to unit norm (cosine, ip) centres as well as one
     /// from the rows' own distribution; 0 where `q . μ <= 0`, or where `λμ`
     /// is not exact in f32 (it leaves f32's normal range). Leaves `λμ` in
     /// `offset`.
-    fn offset_scale_for(&self, query: &[f32], offset: &mut Vec<f32>) -> f32 {
-        let (product, _) = self.offset_product(query);
+    fn offset_scale_for(&self, product: f32, offset: &mut Vec<f32>) -> f32 {
         let squared: f64 = self.offset.iter().map(|&m| f64::from(m) * f64::from(m)).sum();
         let ratio = f64::from(product) / squared;
         let scale = if ratio > 0.0 && ratio.is_finite() { 2f64.powi(ratio.log2().round() as i32) } else { 0.0 };
@@ -741,11 +735,6 @@ impl Codes {
         let squares: f64 = offset.iter().map(|&m| f64::from(m) * f64::from(m)).sum();
         self.offset_norm = f32_at_least(squares.sqrt() * (1.0 + BOUND_SURPLUS));
         self.offset = offset;
-    }
-
-    /// The offset the rows are coded from (fitted grid only).
-    pub fn offset(&self) -> &[f32] {
-        &self.offset
     }
 
     /// `|μ|`, rounded up.
@@ -946,6 +935,8 @@ pub struct QueryCode {
     centred_norm: f32,
     /// `λ`: the multiple of the rows' offset this code is taken from.
     offset_scale: f32,
+    /// `t_q`, `q . μ` rounded, and `ε_q` (`Codes::offset_product`).
+    offset_product: (f32, f32),
     /// `λμ`, its buffer kept.
     offset: Vec<f32>,
 }
@@ -962,7 +953,8 @@ impl QueryCode {
     /// `rows` (the module doc, "Centred codes"), in the buffers it has.
     pub fn encode(&mut self, query: &[f32], kernel: Kernel, rows: &Codes) {
         assert_eq!(query.len(), rows.offset.len(), "an offset value per dimension");
-        self.offset_scale = rows.offset_scale_for(query, &mut self.offset);
+        self.offset_product = rows.offset_product(query);
+        self.offset_scale = rows.offset_scale_for(self.offset_product.0, &mut self.offset);
         let padded = query.len().next_multiple_of(SLACK);
         self.signs.clear();
         self.signs.resize(padded, 0);
@@ -1072,17 +1064,15 @@ fn f32_at_most(x: f64) -> f32 {
 impl Bounds {
     /// For `queries` (at most `QUERIES_MAX`, their `squared_norms` from
     /// `kernels::squared_norm`, `query_scales` their scales in cosine's
-    /// distance, `offset_products` their `Codes::offset_product`, and the
-    /// rows' `|μ|` at most `offset_norm`).
+    /// distance, and the rows' `|μ|` at most `offset_norm`).
     pub fn new(
         shape: Shape,
         queries: &[QueryCode],
         (squared_norms, query_scales): (&[f64], &[f32]),
-        (offset_products, offset_norm): (&[(f32, f32)], f32),
+        offset_norm: f32,
     ) -> Bounds {
         assert!(queries.len() <= QUERIES_MAX);
         assert!(queries.len() == squared_norms.len() && queries.len() == query_scales.len());
-        assert!(queries.len() == offset_products.len());
         let dims = queries.first().map_or(0, |code| code.dims);
         let relative = relative_error(dims);
         let absolute = 2.0 * (2 * dims + 64) as f64 * 2f64.powi(-149) + 2f64.powi(-140);
@@ -1099,9 +1089,10 @@ impl Bounds {
             shrink: f32_at_most(1.0 - relative - 2f64.powi(-17)),
             absolute: [f32_at_least(absolute); QUERIES_MAX],
         };
-        for (q, (((code, &squared_norm), &query_scale), &(product, off))) in
-            queries.iter().zip(squared_norms).zip(query_scales).zip(offset_products).enumerate()
+        for (q, ((code, &squared_norm), &query_scale)) in
+            queries.iter().zip(squared_norms).zip(query_scales).enumerate()
         {
+            let (product, off) = code.offset_product;
             assert_eq!(code.dims, dims, "one index's queries");
             let norm = f64::from(screen::norm_bound_of(squared_norm));
             let residual = f64::from(code.residual);

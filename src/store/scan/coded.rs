@@ -159,15 +159,10 @@ pub(super) fn code_queries(
     }
     let tile = kernel.query_tile();
     bounds.clear();
-    let tiles = codes[..queries.len()].chunks(tile).zip(queries.chunks(tile));
-    let tiles = tiles.zip(squared_norms.chunks(tile)).zip(scales.chunks(tile));
-    bounds.extend(tiles.map(|(((codes, queries), squared), scales)| {
-        let mut products = [(0.0, 0.0); codes::QUERIES_MAX];
-        for (product, query) in products.iter_mut().zip(queries) {
-            *product = rows.offset_product(query);
-        }
-        codes::Bounds::new(shape, codes, (squared, scales), (&products[..queries.len()], rows.offset_norm()))
-    }));
+    let tiles = codes[..queries.len()].chunks(tile).zip(squared_norms.chunks(tile)).zip(scales.chunks(tile));
+    bounds.extend(
+        tiles.map(|((codes, squared), scales)| codes::Bounds::new(shape, codes, (squared, scales), rows.offset_norm())),
+    );
 }
 
 impl View<'_> {
