@@ -121,6 +121,8 @@
 //! cosines spread over about 0.036: only rows near the k-th nearest are
 //! scored twice.
 
+use std::ops::Range;
+
 use super::aligned::Aligned;
 use super::cpu::{Int8, Kernel};
 use super::kernels::{f32_at_least, relative_error, BOUND_SURPLUS};
@@ -282,21 +284,45 @@ impl<'a> Lanes<'a> {
     /// `Bounds::rules_out`, so the same answer.
     #[inline(always)]
     pub fn rules_out(&self, query: &LaneQuery, row: usize, threshold: f32) -> u32 {
-        assert!(row + LANES <= self.rows, "whole lanes of rows");
+        let mut ruled = (1 << LANES) - 1;
+        let decided = |_, lanes| {
+            ruled = lanes;
+            threshold
+        };
+        self.rules_out_run(query, row..row + LANES, threshold, (|_| {}, decided));
+        ruled
+    }
+
+    /// `rules_out` of each `LANES` rows of `rows` in turn, for one query
+    /// whose terms are made ready once for them all: `ahead(row)` is called
+    /// before the `LANES` rows from `row` are read (to prefetch what comes
+    /// later), and `undecided(row, ruled)` hears of each `LANES` rows from
+    /// `row` not all ruled out, and answers the threshold from then on (a
+    /// row scored since may have brought it nearer).
+    #[inline(always)]
+    pub fn rules_out_run(
+        &self,
+        query: &LaneQuery,
+        rows: Range<usize>,
+        threshold: f32,
+        (ahead, undecided): (impl FnMut(usize), impl FnMut(usize, u32) -> f32),
+    ) {
+        assert!(rows.end <= self.rows && rows.len().is_multiple_of(LANES), "whole lanes of rows");
         #[cfg(target_arch = "x86_64")]
         // SAFETY: only `Int8::Avx2` has lanes, and a `Kernel` exists only
         // where the CPU has its instructions (`Kernel::on_this_cpu`); every
         // row's code and whole blocks past it lie in `bytes`, the query's
         // code is padded to whole blocks, and every term has a value per
         // row (asserted in `Kernel::lanes` and `Lanes::query`), so the
-        // loads of rows `row..row + LANES` stay inside them.
+        // loads of the rows of `rows` stay inside them.
         unsafe {
-            x86::rules_out_lanes_avx2(
-                (self.bytes, row, self.dims),
+            x86::rules_out_run_avx2(
+                (self.bytes, rows, self.dims),
                 (query.signs, query.sum),
                 self.terms,
                 query.terms,
                 threshold,
+                (ahead, undecided),
             )
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -1235,6 +1261,7 @@ pub fn dot_scalar(query: &[i8], row: impl Iterator<Item = i8>) -> i32 {
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86 {
     use std::arch::x86_64::*;
+    use std::ops::Range;
 
     /// Sums `vpdpbusd(row, query)` over whole 64-byte blocks of each of `R`
     /// rows, row `r` at `bytes[starts[r]..]` (stored codes, offset by 128;
@@ -1357,7 +1384,7 @@ pub(super) mod x86 {
     }
 
     /// `sum8`, left in a register: lane `i` the sum of `v[i]`. Inlined
-    /// where AVX2 is enabled (`rules_out_lanes_avx2`).
+    /// where AVX2 is enabled (`run_avx2`).
     ///
     /// # Safety
     /// The CPU must have AVX2.
@@ -1375,11 +1402,12 @@ pub(super) mod x86 {
         }
     }
 
-    /// `Lanes::rules_out` on AVX2: the products of the `LANES` rows from
-    /// `row` (`dims` codes each, row `r` from `bytes[r * dims..]`) with the
-    /// query's `signs` (its codes' sum `sum`), as `dots_avx2` sums them,
-    /// then the bound of `Bounds::nearest`, operation for operation, a row
-    /// in each lane; `terms` are the rows' terms (`Lanes::terms`).
+    /// `Lanes::rules_out_run` on AVX2: for each `LANES` rows of `rows`, the
+    /// products of the rows (`dims` codes each, row `r` from
+    /// `bytes[r * dims..]`) with the query's `signs` (its codes' sum
+    /// `sum`), as `dots_avx2` sums them, then the bound of
+    /// `Bounds::nearest`, operation for operation, a row in each lane;
+    /// `terms` are the rows' terms (`Lanes::terms`).
     ///
     /// # Safety
     /// The CPU must have AVX2; the query must hold `dims` rounded up to 32
@@ -1388,66 +1416,107 @@ pub(super) mod x86 {
     ///
     /// Always inlined, into the scan compiled for AVX2
     /// (`View::scan_coded_for`), whose instructions the intrinsics then
-    /// take: called once per `LANES` rows, its arguments through memory
-    /// and its query's terms broadcast afresh, it cost as much as the
-    /// rows' products.
+    /// take. A call covers a run of rows, not `LANES` of them: called per
+    /// `LANES` rows, with the query's terms broadcast afresh each time and
+    /// the metric's shape matched, the bound cost more than the products.
     #[inline(always)]
-    pub(super) unsafe fn rules_out_lanes_avx2(
-        (bytes, row, dims): (&[u8], usize, usize),
+    pub(super) unsafe fn rules_out_run_avx2(
+        (bytes, rows, dims): (&[u8], Range<usize>, usize),
         (signs, sum): (&[i8], i32),
         terms: [&[f32]; 6],
         query: super::QueryTerms,
         threshold: f32,
-    ) -> u32 {
+        calls: (impl FnMut(usize), impl FnMut(usize, u32) -> f32),
+    ) {
+        // SAFETY: as the caller promises.
+        unsafe {
+            match query.shape {
+                super::Shape::Cosine => {
+                    run_avx2::<COSINE>((bytes, rows, dims), (signs, sum), terms, query, threshold, calls)
+                }
+                super::Shape::Ip => run_avx2::<IP>((bytes, rows, dims), (signs, sum), terms, query, threshold, calls),
+                super::Shape::L2 => run_avx2::<L2>((bytes, rows, dims), (signs, sum), terms, query, threshold, calls),
+            }
+        }
+    }
+
+    /// `Shape`s as `run_avx2`'s parameter: one loop compiled for each.
+    const COSINE: u8 = 0;
+    const IP: u8 = 1;
+    const L2: u8 = 2;
+
+    /// `rules_out_run_avx2` for the query's shape `SHAPE`.
+    ///
+    /// # Safety
+    /// As `rules_out_run_avx2`.
+    #[inline(always)]
+    unsafe fn run_avx2<const SHAPE: u8>(
+        (bytes, rows, dims): (&[u8], Range<usize>, usize),
+        (signs, sum): (&[i8], i32),
+        terms: [&[f32]; 6],
+        query: super::QueryTerms,
+        mut threshold: f32,
+        (mut ahead, mut undecided): (impl FnMut(usize), impl FnMut(usize, u32) -> f32),
+    ) {
         // SAFETY: the CPU has AVX2, as the caller promises.
         unsafe {
-            let start = row * dims;
-            let ones = _mm256_set1_epi16(1);
-            let mut sums = [_mm256_setzero_si256(); super::LANES];
-            for at in (0..dims).step_by(32) {
-                // In bounds, as the caller promises.
-                let q = _mm256_loadu_si256(signs.as_ptr().add(at).cast());
-                for (r, sum) in sums.iter_mut().enumerate() {
-                    // In bounds, as the caller promises.
-                    let x = _mm256_loadu_si256(bytes.as_ptr().add(start + r * dims + at).cast());
-                    *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(_mm256_maddubs_epi16(x, q), ones));
-                }
-            }
-            // The rows' offset of 128 added 128 sum(d).
-            let dots = _mm256_sub_epi32(sum8_lanes(sums), _mm256_set1_epi32(128 * sum));
-            // 8 f32s each, as the caller promises.
-            let [scales, residuals, centred, offsets, norms, row_scales] =
-                terms.map(|terms| _mm256_loadu_ps(terms.as_ptr().add(row)));
             let all = _mm256_set1_ps;
-            let offsets = _mm256_mul_ps(offsets, all(query.offset_scale));
+            let ones = _mm256_set1_epi16(1);
+            // The rows' offset of 128 added 128 sum(d).
+            let offset = _mm256_set1_epi32(128 * sum);
             let magnitude = |x| _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
             let negated = |x| _mm256_xor_ps(x, all(-0.0));
-            let product = _mm256_mul_ps(_mm256_mul_ps(scales, _mm256_cvtepi32_ps(dots)), all(query.scale));
-            let estimate = _mm256_add_ps(_mm256_add_ps(product, all(query.offset_product)), offsets);
-            let off = _mm256_add_ps(
-                _mm256_add_ps(
-                    _mm256_mul_ps(all(query.per_residual), residuals),
-                    _mm256_mul_ps(all(query.per_centred), centred),
-                ),
-                _mm256_mul_ps(all(query.per_norm), norms),
-            );
-            let spread = _mm256_add_ps(_mm256_add_ps(magnitude(product), magnitude(offsets)), off);
-            let margin = _mm256_mul_ps(spread, all(super::MARGIN));
-            let ceiling = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(estimate, off), margin), all(query.absolute));
-            let nearest = match query.shape {
-                super::Shape::Cosine => {
-                    negated(_mm256_mul_ps(_mm256_mul_ps(ceiling, row_scales), all(query.query_scale)))
+            let (scale, offset_scale, offset_product) =
+                (all(query.scale), all(query.offset_scale), all(query.offset_product));
+            let (per_residual, per_centred, per_norm) =
+                (all(query.per_residual), all(query.per_centred), all(query.per_norm));
+            let (absolute, query_scale, query_squared, shrink) =
+                (all(query.absolute), all(query.query_scale), all(query.query_squared), all(query.shrink));
+            let mut threshold_lanes = all(threshold);
+            for row in rows.step_by(super::LANES) {
+                ahead(row);
+                let start = row * dims;
+                let mut sums = [_mm256_setzero_si256(); super::LANES];
+                for at in (0..dims).step_by(32) {
+                    // In bounds, as the caller promises.
+                    let q = _mm256_loadu_si256(signs.as_ptr().add(at).cast());
+                    for (r, sum) in sums.iter_mut().enumerate() {
+                        // In bounds, as the caller promises.
+                        let x = _mm256_loadu_si256(bytes.as_ptr().add(start + r * dims + at).cast());
+                        *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(_mm256_maddubs_epi16(x, q), ones));
+                    }
                 }
-                super::Shape::Ip => negated(ceiling),
-                super::Shape::L2 => {
-                    let squares = _mm256_add_ps(all(query.query_squared), _mm256_mul_ps(norms, norms));
-                    let sum = _mm256_sub_ps(squares, _mm256_mul_ps(all(2.0), ceiling));
-                    let spread = _mm256_add_ps(squares, _mm256_mul_ps(all(2.0), magnitude(ceiling)));
-                    let floor = _mm256_sub_ps(sum, _mm256_mul_ps(spread, all(super::L2_MARGIN)));
-                    _mm256_sub_ps(_mm256_mul_ps(floor, all(query.shrink)), all(query.absolute))
+                let dots = _mm256_sub_epi32(sum8_lanes(sums), offset);
+                // 8 f32s each, as the caller promises.
+                let [scales, residuals, centred, offsets, norms, row_scales] =
+                    terms.map(|terms| _mm256_loadu_ps(terms.as_ptr().add(row)));
+                let offsets = _mm256_mul_ps(offsets, offset_scale);
+                let product = _mm256_mul_ps(_mm256_mul_ps(scales, _mm256_cvtepi32_ps(dots)), scale);
+                let estimate = _mm256_add_ps(_mm256_add_ps(product, offset_product), offsets);
+                let off = _mm256_add_ps(
+                    _mm256_add_ps(_mm256_mul_ps(per_residual, residuals), _mm256_mul_ps(per_centred, centred)),
+                    _mm256_mul_ps(per_norm, norms),
+                );
+                let spread = _mm256_add_ps(_mm256_add_ps(magnitude(product), magnitude(offsets)), off);
+                let margin = _mm256_mul_ps(spread, all(super::MARGIN));
+                let ceiling = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(estimate, off), margin), absolute);
+                let nearest = match SHAPE {
+                    COSINE => negated(_mm256_mul_ps(_mm256_mul_ps(ceiling, row_scales), query_scale)),
+                    IP => negated(ceiling),
+                    _ => {
+                        let squares = _mm256_add_ps(query_squared, _mm256_mul_ps(norms, norms));
+                        let sum = _mm256_sub_ps(squares, _mm256_mul_ps(all(2.0), ceiling));
+                        let spread = _mm256_add_ps(squares, _mm256_mul_ps(all(2.0), magnitude(ceiling)));
+                        let floor = _mm256_sub_ps(sum, _mm256_mul_ps(spread, all(super::L2_MARGIN)));
+                        _mm256_sub_ps(_mm256_mul_ps(floor, shrink), absolute)
+                    }
+                };
+                let ruled = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(nearest, threshold_lanes)) as u32;
+                if ruled != (1 << super::LANES) - 1 {
+                    threshold = undecided(row, ruled);
+                    threshold_lanes = all(threshold);
                 }
-            };
-            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(nearest, all(threshold))) as u32
+            }
         }
     }
 
