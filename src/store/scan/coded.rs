@@ -34,7 +34,8 @@ const LANE_QUERIES: usize = 32;
 /// The codes and terms of a run of rows that a scan on a kernel with lanes
 /// decides for each query of a group in turn (`scan_coded_lanes`): a run
 /// stays in L1 while the group's queries take it, and each query's terms
-/// stay in registers across the run.
+/// stay in registers across the run. A run is at least `LANES` rows: above
+/// about 2,000 dimensions those are more than this, and come from L2.
 const RUN_BYTES: usize = 16 << 10;
 
 /// The bytes of each row's terms that `Lanes` reads besides its codes.
@@ -130,6 +131,18 @@ impl Later {
         self.lone_tiles = self.lone_tiles.wrapping_add(1);
         let shared = self.lone_shared;
         top.threshold().map_or(shared, |own| own.min(shared))
+    }
+
+    /// `threshold` at the start of a run of rows (`scan_coded_lanes`): a
+    /// lone search reads the farthest the threads share afresh, one load a
+    /// run (the calls within a run, after rows it could not rule out, count
+    /// towards `SHARED_READ_TILES` as tiles do).
+    #[inline(always)]
+    fn run_threshold(&mut self, coded: &Coded, q: usize, tops: &[TopK]) -> f32 {
+        if let [_] = tops {
+            self.lone_tiles = 0;
+        }
+        self.threshold(coded, q, tops)
     }
 
     /// `Coded::threshold` of query `q` of `tops`, through `lone_threshold`
@@ -307,7 +320,7 @@ impl View<'_> {
     /// `LANES` through `coded_rows`.
     ///
     /// A query's threshold is read at the start of each run and again after
-    /// each of its rows scored. A group's first query reads the runs from
+    /// each `LANES` rows it could not all rule out. A group's first query reads the runs from
     /// memory and asks for their codes ahead: without, a lone search of
     /// 400,000 x 50 on two threads waited on memory for 40% of its time,
     /// and took 2.5 ms over HTTP where it takes 1.7.
@@ -341,7 +354,7 @@ impl View<'_> {
                 let run = run..(run + run_rows).min(whole.end);
                 for q in group.clone() {
                     let query = ready[q - first].as_ref().expect("made ready");
-                    let threshold = later.threshold(coded, q, tops);
+                    let threshold = later.run_threshold(coded, q, tops);
                     let undecided = |row, ruled| {
                         let lanes: [usize; LANES] = std::array::from_fn(|r| row + r);
                         self.rescore_later((queries, scales, q), lanes, ruled, (tops, coded), &mut later);
@@ -349,12 +362,12 @@ impl View<'_> {
                     };
                     // The group's first query reads the run from memory,
                     // its codes asked for ahead; the others find it in L1.
-                    if q == first {
-                        let ahead = |row| codes.prefetch(row + CODES_PREFETCH_ROWS, LANES);
-                        lanes.rules_out_run(query, run.clone(), threshold, (ahead, undecided));
-                    } else {
-                        lanes.rules_out_run(query, run.clone(), threshold, (|_| {}, undecided));
-                    }
+                    let ahead = |row| {
+                        if q == first {
+                            codes.prefetch(row + CODES_PREFETCH_ROWS, LANES);
+                        }
+                    };
+                    lanes.rules_out_run(query, run.clone(), threshold, (ahead, undecided));
                 }
             }
         }

@@ -682,9 +682,11 @@ fn the_int8_pass_finds_exactly_what_the_f32_scan_finds() {
                     }
                 }
             }
-            // The same queries as one batch, their ks mixed: each
-            // answer as the f32 batch scan gives it.
-            let batch: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+            // The same queries as one batch, their ks mixed, the first ten
+            // again at its end (so that a scan taking queries in groups
+            // has more than one group): each answer as the f32 batch scan
+            // gives it.
+            let batch: Vec<&[f32]> = queries.iter().chain(&queries[..10]).map(Vec::as_slice).collect();
             for mask in [None, Some(&mask)] {
                 let scan = |coded: Option<&Coded>, scales: &[f32]| {
                     let mut tops: Vec<TopK> = (0..batch.len()).map(|_| TopK::new()).collect();
