@@ -654,8 +654,9 @@ pub struct Codes {
     centred_norms: Vec<f32>,
     /// Fitted only: each row's `μ . (x - μ)`, rounded to nearest (`Centred`).
     offset_products: Vec<f32>,
-    /// `|μ|`, rounded up.
-    offset_norm: f32,
+    /// `|μ|^2`, summed in f64 once per `centre` (`offset_norm`, and each
+    /// query's `offset_scale_for`).
+    offset_squared: f64,
     /// Powers of two and logarithmic only: how many rows have each exponent
     /// field (`exponent_of`), so that a search codes its query only for
     /// those.
@@ -685,7 +686,7 @@ impl Codes {
             offset: if grid == Grid::Fitted { vec![0.0; dims] } else { Vec::new() },
             centred_norms: Vec::new(),
             offset_products: Vec::new(),
-            offset_norm: 0.0,
+            offset_squared: 0.0,
             exponents,
             negatives: 0,
         })
@@ -743,8 +744,7 @@ impl Codes {
     /// is not exact in f32 (it leaves f32's normal range). Leaves `λμ` in
     /// `offset`.
     fn offset_scale_for(&self, product: f32, offset: &mut Vec<f32>) -> f32 {
-        let squared: f64 = self.offset.iter().map(|&m| f64::from(m) * f64::from(m)).sum();
-        let ratio = f64::from(product) / squared;
+        let ratio = f64::from(product) / self.offset_squared;
         let scale = if ratio > 0.0 && ratio.is_finite() { 2f64.powi(ratio.log2().round() as i32) } else { 0.0 };
         offset.clear();
         offset.extend(self.offset.iter().map(|&m| (scale * f64::from(m)) as f32));
@@ -758,14 +758,13 @@ impl Codes {
     }
 
     fn set_offset(&mut self, offset: Vec<f32>) {
-        let squares: f64 = offset.iter().map(|&m| f64::from(m) * f64::from(m)).sum();
-        self.offset_norm = f32_at_least(squares.sqrt() * (1.0 + BOUND_SURPLUS));
+        self.offset_squared = offset.iter().map(|&m| f64::from(m) * f64::from(m)).sum();
         self.offset = offset;
     }
 
     /// `|μ|`, rounded up.
     pub fn offset_norm(&self) -> f32 {
-        self.offset_norm
+        f32_at_least(self.offset_squared.sqrt() * (1.0 + BOUND_SURPLUS))
     }
 
     /// `q . μ` rounded to the nearest f32, and a bound on how far that is
