@@ -571,6 +571,7 @@ fn int8_peak(threads: usize) -> Option<(f64, &'static str)> {
     {
         use std::arch::is_x86_feature_detected as has;
         const ITERATIONS: u64 = 20_000_000;
+        const PEAK_TRIES: usize = 5;
         type Loop = fn(u64) -> (u64, i32);
         let (run, name): (Loop, &str) = if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
             // SAFETY: the CPU has the instructions (just detected).
@@ -585,12 +586,18 @@ fn int8_peak(threads: usize) -> Option<(f64, &'static str)> {
             return None;
         };
         std::hint::black_box(run(ITERATIONS / 10)); // the clocks up
-        let started = Instant::now();
-        let products: u64 = std::thread::scope(|scope| {
-            let all: Vec<_> = (0..threads).map(|_| scope.spawn(|| std::hint::black_box(run(ITERATIONS)).0)).collect();
-            all.into_iter().map(|t| t.join().unwrap()).sum()
-        });
-        Some((products as f64 / started.elapsed().as_secs_f64(), name))
+                                                    // A peak is the best of several tries: one try of the same loop
+                                                    // has measured from 130 to 181 G/s on a shared 2-core machine.
+        let once = || {
+            let started = Instant::now();
+            let products: u64 = std::thread::scope(|scope| {
+                let all: Vec<_> =
+                    (0..threads).map(|_| scope.spawn(|| std::hint::black_box(run(ITERATIONS)).0)).collect();
+                all.into_iter().map(|t| t.join().unwrap()).sum()
+            });
+            products as f64 / started.elapsed().as_secs_f64()
+        };
+        Some(((0..PEAK_TRIES).map(|_| once()).fold(0.0, f64::max), name))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -611,33 +618,36 @@ mod peak {
 
     const SUMS: usize = 12;
 
+    /// The loop of `avx2` and `vnni256`, `$sum = $multiply` adding 32
+    /// products of `$row` and `$query` to `$sum`. A macro, not a function
+    /// taking the multiply as a closure: that one measured AVX2's peak at
+    /// 137 G/s on the machine where this gives 178 to 181.
+    macro_rules! sums256 {
+        ($iterations:expr, |$sum:ident, $row:ident, $query:ident| $multiply:expr) => {{
+            let rows: [__m256i; SUMS] = std::array::from_fn(|r| _mm256_set1_epi8(r as i8 + 1));
+            let mut $query = _mm256_set1_epi8(3);
+            let mut sums = [_mm256_setzero_si256(); SUMS];
+            for _ in 0..$iterations {
+                $query = std::hint::black_box($query);
+                for ($sum, &$row) in sums.iter_mut().zip(&rows) {
+                    *$sum = $multiply;
+                }
+            }
+            ($iterations * (SUMS * 32) as u64, lanes_sum(sums))
+        }};
+    }
+
     #[target_feature(enable = "avx2")]
     pub unsafe fn avx2(iterations: u64) -> (u64, i32) {
         let ones = _mm256_set1_epi16(1);
-        let rows: [__m256i; SUMS] = std::array::from_fn(|r| _mm256_set1_epi8(r as i8 + 1));
-        let mut query = _mm256_set1_epi8(3);
-        let mut sums = [_mm256_setzero_si256(); SUMS];
-        for _ in 0..iterations {
-            query = std::hint::black_box(query);
-            for (sum, &row) in sums.iter_mut().zip(&rows) {
-                *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(_mm256_maddubs_epi16(row, query), ones));
-            }
-        }
-        (iterations * (SUMS * 32) as u64, lanes_sum(sums))
+        sums256!(iterations, |sum, row, query| {
+            _mm256_add_epi32(*sum, _mm256_madd_epi16(_mm256_maddubs_epi16(row, query), ones))
+        })
     }
 
     #[target_feature(enable = "avx2,avxvnni")]
     pub unsafe fn vnni256(iterations: u64) -> (u64, i32) {
-        let rows: [__m256i; SUMS] = std::array::from_fn(|r| _mm256_set1_epi8(r as i8 + 1));
-        let mut query = _mm256_set1_epi8(3);
-        let mut sums = [_mm256_setzero_si256(); SUMS];
-        for _ in 0..iterations {
-            query = std::hint::black_box(query);
-            for (sum, &row) in sums.iter_mut().zip(&rows) {
-                *sum = _mm256_dpbusd_avx_epi32(*sum, row, query);
-            }
-        }
-        (iterations * (SUMS * 32) as u64, lanes_sum(sums))
+        sums256!(iterations, |sum, row, query| _mm256_dpbusd_avx_epi32(*sum, row, query))
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
