@@ -123,6 +123,8 @@
 
 use std::ops::Range;
 
+use wide::f64x4;
+
 use super::aligned::Aligned;
 use super::cpu::{Int8, Kernel};
 use super::kernels::{f32_at_least, relative_error, BOUND_SURPLUS};
@@ -384,14 +386,15 @@ fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, &[i8])) -> Encoded {
     // Eight partial sums of `e_i^2`: each sum of `n` terms is still off by
     // at most `n 2^-53` of itself, whatever their order (`NormAbove::norm`).
     let mut squares = [0.0f64; 8];
-    let (scale, mut sum) = (f64::from(scale), 0);
+    let (step, top, mut sum) = (f64x4::splat(f64::from(scale)), f64x4::splat(127.0), 0);
     let mut codes = [0i8; CHUNK];
     let mut residuals = [0.0f64; CHUNK];
     for (c, chunk) in v.chunks(CHUNK).enumerate() {
-        for ((&x, code), residual) in chunk.iter().zip(&mut codes).zip(&mut residuals) {
-            let rounded = round_half_away((f64::from(x) / scale).clamp(-127.0, 127.0));
-            *residual = f64::from(x) - scale * rounded;
-            *code = integer_of(rounded);
+        // A short last group fills codes and residuals past the chunk's
+        // end, unread.
+        for ((values, codes), residuals) in chunk.chunks(8).zip(codes.chunks_mut(8)).zip(residuals.chunks_mut(8)) {
+            let e = code_eight(widened(values), step, top, codes);
+            residuals.iter_mut().zip(e.iter().flat_map(|e| e.to_array())).for_each(|(r, e)| *r = e);
         }
         let n = chunk.len();
         sum += codes[..n].iter().map(|&code| i32::from(code)).sum::<i32>();
@@ -421,6 +424,14 @@ const CENTRE_ROWS_MIN: usize = 64;
 /// dimensions, once in the index's life).
 const CENTRE_ROWS_MAX: usize = 1 << 16;
 
+/// How much nearer a new offset must bring the rows for `Codes::centre` to
+/// recode them: rows' mean square about an offset is less by about the
+/// square of its shift from the one they are coded from (exactly so for
+/// the mean), so the shift's square must be more than this part of the
+/// rows' mean square about the old one. A smaller shift would narrow the
+/// codes by under about 1.5%, not worth coding every row again.
+const RECENTRE_SHIFT_MIN: f64 = 1.0 / 32.0;
+
 /// Rows an offset is taken from at most (`offset_of`): evenly spread over
 /// the index.
 const OFFSET_SAMPLE_ROWS: usize = 1 << 12;
@@ -437,15 +448,35 @@ fn offset_of(dims: usize, vectors: &[f32]) -> Vec<f32> {
         return vec![0.0; dims];
     }
     let sample: Vec<usize> = (0..rows).step_by(rows.div_ceil(OFFSET_SAMPLE_ROWS)).collect();
-    let mut column = Vec::with_capacity(sample.len());
-    (0..dims)
-        .map(|i| {
-            column.clear();
-            column.extend(sample.iter().map(|&row| vectors[row * dims + i]));
-            let middle = column.len() / 2;
-            *column.select_nth_unstable_by(middle, f32::total_cmp).1
-        })
+    // The sample's columns side by side, as integers in `f32::total_cmp`'s
+    // order, filled `OFFSET_TILE` dimensions of a row at a time: the rows
+    // are read in memory order, not once for each dimension, and the columns
+    // written to stay in cache. A column's stride is not a power of two, so
+    // that the columns' ends do not all fall in the same cache set.
+    let n = sample.len();
+    let stride = n + 16;
+    let mut columns = vec![0i32; dims * stride];
+    for first in (0..dims).step_by(OFFSET_TILE) {
+        let tile = first..dims.min(first + OFFSET_TILE);
+        for (s, &row) in sample.iter().enumerate() {
+            let values = &vectors[row * dims..(row + 1) * dims][tile.clone()];
+            let ends = columns[first * stride + s..].iter_mut().step_by(stride);
+            ends.zip(values).for_each(|(c, &x)| *c = total_order(x.to_bits() as i32));
+        }
+    }
+    columns
+        .chunks_exact_mut(stride)
+        .map(|column| f32::from_bits(total_order(*column[..n].select_nth_unstable(n / 2).1) as u32))
         .collect()
+}
+
+/// Dimensions `offset_of` gathers at a time.
+const OFFSET_TILE: usize = 256;
+
+/// An f32's bits as an integer whose order is `f32::total_cmp`'s (negative
+/// values' magnitude bits flipped), and back again.
+fn total_order(bits: i32) -> i32 {
+    bits ^ (((bits >> 31) as u32) >> 1) as i32
 }
 
 /// A vector's centred code on the fitted grid (`Centred`): the code, with
@@ -464,29 +495,35 @@ fn encode_centred(v: &[f32], offset: &[f32], levels: i8, mut put: impl FnMut(usi
         return Centred { code, norm: 0.0, offset_product: 0.0 };
     }
     let scale = f32_at_least(largest / top).max(f32::from_bits(1));
-    let step = f64::from(scale);
-    // Eight partial sums each of `e_i^2` and `y_i^2`, as `encode` keeps.
-    let (mut squares, mut centred_squares, mut product) = ([0.0f64; 8], [0.0f64; 8], 0.0f64);
+    let (step, top) = (f64x4::splat(f64::from(scale)), f64x4::splat(top));
+    // Eight partial sums each of `e_i^2`, `y_i^2` and `μ_i y_i`, value `i`
+    // in sum `i % 8` (`encode` keeps its squares so), four to a register.
+    let (mut squares, mut centred_squares, mut products) = ([f64x4::ZERO; 2], [f64x4::ZERO; 2], [f64x4::ZERO; 2]);
     let (mut sum, mut codes) = (0, [0i8; CHUNK]);
     for (c, (chunk, offsets)) in v.chunks(CHUNK).zip(offset.chunks(CHUNK)).enumerate() {
-        for (i, pair) in chunk.iter().zip(offsets).enumerate() {
-            let y = centred(pair);
-            let rounded = round_half_away((y / step).clamp(-top, top));
-            let e = y - step * rounded;
-            codes[i] = integer_of(rounded);
-            squares[i % 8] += e * e;
-            centred_squares[i % 8] += y * y;
-            product += f64::from(*pair.1) * y;
+        for ((values, offsets), codes) in chunk.chunks(8).zip(offsets.chunks(8)).zip(codes.chunks_mut(8)) {
+            // A short last group is padded with zeros: `y = 0`, code 0, and
+            // nothing added to any sum.
+            let (x, m) = (widened(values), widened(offsets));
+            let y = [x[0] - m[0], x[1] - m[1]];
+            let e = code_eight(y, step, top, codes);
+            for half in 0..2 {
+                squares[half] += e[half] * e[half];
+                centred_squares[half] += y[half] * y[half];
+                products[half] += m[half] * y[half];
+            }
         }
         let n = chunk.len();
         sum += codes[..n].iter().map(|&code| i32::from(code)).sum::<i32>();
         put(c * CHUNK, &codes[..n]);
     }
+    let total = |sums: [f64x4; 2]| sums.iter().flat_map(|s| s.to_array()).sum::<f64>();
+    let (squares, centred_squares, product) = (total(squares), total(centred_squares), total(products));
     // A sum of n squares is off by at most n 2^-53 of itself (n <= 2^16),
     // its root by half that: 2^-30 more covers both.
     let margin = 1.0 + 2f64.powi(-30);
-    let residual = squares.iter().sum::<f64>().sqrt() * margin;
-    let norm = centred_squares.iter().sum::<f64>().sqrt() * margin;
+    let residual = squares.sqrt() * margin;
+    let norm = centred_squares.sqrt() * margin;
     // `y_i` is off `x_i - μ_i` by at most 2^-53 of itself, and `e_i` off
     // `y_i - a c_i` by 2^-53 of itself: 2^-50 of `|y|` covers both.
     let code = Encoded { scale, sum, residual: f32_at_least(residual + norm * 2f64.powi(-50)) };
@@ -505,25 +542,43 @@ struct Centred {
     offset_product: f32,
 }
 
-/// `x` (at most 127 in magnitude) rounded to the nearest integer, halves
-/// away from zero, exactly as `f64::round` (a library call in a build for
-/// any x86-64, which keeps the loop out of vector registers): adding and
+/// Codes up to 8 values `y` (in f64, zeros past the last) on the grid of
+/// `step` (an f32's value) within `top` (at most 127): each `y_i / step`
+/// rounded to the nearest integer, halves away from zero, and clamped to
+/// `[-top, top]`, into `codes`. Returns the residuals `y_i - step c_i`, each
+/// rounded once (`step c_i`, of 24 and 7 significant bits, is exact).
+///
+/// The rounding is `f64::round`'s (a library call in a build for any
+/// x86-64, which would keep the loop out of vector registers): adding and
 /// taking away 2^52 rounds `|x|` to the nearest, halves to even, exactly;
-/// an even neighbour taken at a half is then one short.
+/// an even neighbour taken at a half is then one short. Adding 1.5 x 2^52
+/// to the integer puts it, in two's complement, in the low bits of the
+/// sum's mantissa.
 #[inline(always)]
-fn round_half_away(x: f64) -> f64 {
+fn code_eight(y: [f64x4; 2], step: f64x4, top: f64x4, codes: &mut [i8]) -> [f64x4; 2] {
     const TWO_52: f64 = 4_503_599_627_370_496.0;
-    let magnitude = x.abs();
-    let even = (magnitude + TWO_52) - TWO_52;
-    let rounded = even + if magnitude - even == 0.5 { 1.0 } else { 0.0 };
-    rounded.copysign(x)
+    let mut residuals = [f64x4::ZERO; 2];
+    for (half, (y, residual)) in y.into_iter().zip(&mut residuals).enumerate() {
+        let x = (y / step).clamp(-top, top);
+        let (magnitude, two_52) = (x.abs(), f64x4::splat(TWO_52));
+        let even = (magnitude + two_52) - two_52;
+        let away = even + (magnitude - even).simd_eq(f64x4::HALF).select(f64x4::ONE, f64x4::ZERO);
+        // `away` is not negative: the sign's bit is `x`'s alone.
+        let rounded = away | (x & f64x4::splat(-0.0));
+        *residual = y - step * rounded;
+        let integers = (rounded + f64x4::splat(1.5 * TWO_52)).to_array();
+        let out = codes.iter_mut().skip(half * 4);
+        out.zip(integers).for_each(|(code, integer)| *code = integer.to_bits() as i8);
+    }
+    residuals
 }
 
-/// The integer `x` (from -127 to 127) is: adding 1.5 x 2^52 puts it, in
-/// two's complement, in the low bits of the sum's mantissa.
+/// Up to 8 values in f64, the rest zeros, in two registers.
 #[inline(always)]
-fn integer_of(x: f64) -> i8 {
-    (x + 6_755_399_441_055_744.0).to_bits() as i8
+fn widened(values: &[f32]) -> [f64x4; 2] {
+    let mut wide = [0.0f64; 8];
+    wide.iter_mut().zip(values).for_each(|(w, &x)| *w = f64::from(x));
+    [f64x4::from([wide[0], wide[1], wide[2], wide[3]]), f64x4::from([wide[4], wide[5], wide[6], wide[7]])]
 }
 
 /// Adds up values' powers for a norm of `p` at least the exact
@@ -725,15 +780,25 @@ impl Codes {
         self.grid == Grid::Fitted && rows.is_power_of_two() && (CENTRE_ROWS_MIN..=CENTRE_ROWS_MAX).contains(&rows)
     }
 
-    /// Takes the rows' median as the offset (`offset_of`), and codes every row (`vectors`,
-    /// row after row, as coded so far) afresh from it.
-    pub fn centre(&mut self, vectors: &[f32]) {
+    /// Takes the rows' median (`offset_of`) as the offset and codes every
+    /// row (`vectors`, row after row, as coded so far) afresh from it, if it
+    /// centres them enough better than the offset they are coded from
+    /// (`RECENTRE_SHIFT_MIN`). Returns whether it did.
+    pub fn centre(&mut self, vectors: &[f32]) -> bool {
         assert_eq!(self.grid, Grid::Fitted, "only products' codes are centred");
         assert_eq!(vectors.len(), self.len() * self.dims, "a vector per row");
-        self.set_offset(offset_of(self.dims, vectors));
+        let offset = offset_of(self.dims, vectors);
+        let shift: f64 =
+            offset.iter().zip(&self.offset).map(|(&new, &old)| (f64::from(new) - f64::from(old)).powi(2)).sum();
+        let spread = self.centred_norms.iter().map(|&norm| f64::from(norm).powi(2)).sum::<f64>() / self.len() as f64;
+        if shift <= spread * RECENTRE_SHIFT_MIN {
+            return false;
+        }
+        self.set_offset(offset);
         for (row, v) in vectors.chunks_exact(self.dims).enumerate() {
             self.set(row, v);
         }
+        true
     }
 
     /// `λ` for a query whose `q . μ` is about `product` (the module doc,
@@ -1647,21 +1712,35 @@ pub(super) mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::{encode, encode_centred, integer_of, round_half_away, Grid, NormAbove, CHUNK};
+    use wide::f64x4;
+
+    use super::{
+        code_eight, encode, encode_centred, offset_of, Codes, Grid, NormAbove, CHUNK, OFFSET_SAMPLE_ROWS, OFFSET_TILE,
+    };
 
     /// The rounding without a library call is `f64::round` at every half
-    /// and beside it, and its integer is the one `as` gives.
+    /// and beside it, in every lane, its integer is the one `as` gives, and
+    /// its residual is exact; values beyond the levels are clamped.
     #[test]
     fn rounding_is_the_library_s_at_halves_and_beside_them() {
+        let (one, top) = (f64x4::splat(1.0), f64x4::splat(127.0));
+        let eight = |x: [f64; 8]| [f64x4::from([x[0], x[1], x[2], x[3]]), f64x4::from([x[4], x[5], x[6], x[7]])];
         for twice in -254i32..=254 {
             let half = f64::from(twice) / 2.0;
             for x in [half, half.next_up(), half.next_down(), half + 1e-9, half - 1e-9] {
                 if x.abs() <= 127.0 {
-                    assert_eq!(round_half_away(x).to_bits(), x.round().to_bits(), "{x}");
-                    assert_eq!(integer_of(round_half_away(x)), x.round() as i8, "{x}");
+                    let values = [x, -x, 0.0, x, -x, x, -0.0, -x];
+                    let mut codes = [0i8; 8];
+                    let residuals = code_eight(eight(values), one, top, &mut codes);
+                    let residuals = residuals.map(|r| r.to_array()).concat();
+                    assert_eq!(codes, values.map(|x| x.round() as i8), "{x}");
+                    assert_eq!(residuals, values.map(|x| x - x.round()), "{x}");
                 }
             }
         }
+        let mut codes = [0i8; 8];
+        code_eight(eight([127.4, -127.6, 300.0, -1e9, 126.5, -126.5, 0.49, -0.5]), one, top, &mut codes);
+        assert_eq!(codes, [127, -127, 127, -127, 127, -127, 0, -1]);
     }
 
     /// Each code is its value over the scale rounded, and the residual
@@ -1691,9 +1770,10 @@ mod tests {
         }
     }
 
-    /// A centred code's residual bound is not below the exact residual's
-    /// norm, worked out without rounding (each difference and its error
-    /// kept apart), whatever the offset's magnitude against the values'.
+    /// Each centred code is its value's difference from the offset over the
+    /// scale rounded, and the residual bound is not below the exact
+    /// residual's norm, worked out without rounding (each difference and its
+    /// error kept apart), whatever the offset's magnitude against the values'.
     #[test]
     fn centred_residual_bounds_hold_for_offsets_of_any_magnitude() {
         // `a - b` as the rounded difference and what the rounding lost.
@@ -1724,10 +1804,84 @@ mod tests {
                     centred += (y + lost).powi(2);
                 }
                 let what = format!("{n} values of {value} from an offset of {offset}");
+                let scale = f64::from(encoded.scale);
+                for ((&x, &m), &c) in v.iter().zip(&mu).zip(&codes) {
+                    let nearest = ((f64::from(x) - f64::from(m)) / scale).round().clamp(-127.0, 127.0);
+                    assert_eq!(c, nearest as i8, "{what}: {x} from {m}");
+                }
+                assert_eq!(encoded.sum, codes.iter().map(|&c| i32::from(c)).sum::<i32>(), "{what}");
                 assert!(f64::from(encoded.residual) >= squares.sqrt(), "{what}");
                 assert!(f64::from(norm) >= centred.sqrt(), "{what}");
             }
         }
+    }
+
+    /// The offset is each dimension's median over the sampled rows, in
+    /// `f32::total_cmp`'s order (-0 below +0), for dimensions across tiles.
+    #[test]
+    fn the_offset_is_each_dimension_s_median() {
+        let mut seed = 0x6a09_e667_f3bc_c909u64;
+        for (rows, dims) in [(1usize, 3usize), (7, 1), (OFFSET_SAMPLE_ROWS + 5, OFFSET_TILE + 44)] {
+            let vectors: Vec<f32> = (0..rows * dims)
+                .map(|i| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    match i % 5 {
+                        0 => 0.0,
+                        1 => -0.0,
+                        _ => (seed >> 40) as f32 / (1u64 << 20) as f32 - 8.0,
+                    }
+                })
+                .collect();
+            let step = rows.div_ceil(OFFSET_SAMPLE_ROWS);
+            let offset = offset_of(dims, &vectors);
+            for (i, &found) in offset.iter().enumerate() {
+                let mut column: Vec<f32> = vectors.chunks(dims).step_by(step).map(|row| row[i]).collect();
+                column.sort_by(f32::total_cmp);
+                let median = column[column.len() / 2];
+                assert_eq!(found.to_bits(), median.to_bits(), "{rows} x {dims}, dimension {i}");
+            }
+        }
+    }
+
+    /// Codes are centred afresh where the rows' median moves them nearer,
+    /// and not where it would barely: rows near 3 are centred at their
+    /// first 64, twice as many from the same spread leave the offset as it
+    /// was, and three times as many near -5 move it.
+    #[test]
+    fn codes_are_centred_again_only_where_the_median_moves_enough() {
+        let dims = 50;
+        let mut seed = 0x510e_527f_ade6_82d1u64;
+        let mut near = |centre: f32| -> Vec<f32> {
+            (0..dims)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    centre + (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+                })
+                .collect()
+        };
+        let mut codes = Codes::new(dims, Grid::Fitted).unwrap();
+        let mut vectors = Vec::new();
+        let mut grow = |codes: &mut Codes, vectors: &mut Vec<f32>, rows: usize, centre: f32| {
+            for _ in 0..rows {
+                let v = near(centre);
+                codes.push(&v);
+                vectors.extend_from_slice(&v);
+            }
+            assert!(codes.wants_centre(), "{} rows", codes.len());
+            codes.centre(vectors)
+        };
+        assert!(grow(&mut codes, &mut vectors, 64, 3.0), "64 rows near 3, from an offset of 0");
+        assert!(codes.offset.iter().all(|&m| (m - 3.0).abs() < 0.25), "{:?}", codes.offset);
+        let before = codes.offset.clone();
+        assert!(!grow(&mut codes, &mut vectors, 64, 3.0), "128 rows near 3");
+        assert_eq!(codes.offset, before);
+        assert!(grow(&mut codes, &mut vectors, 384, -5.0), "three rows in four near -5");
+        assert_ne!(codes.offset, before);
+        assert_eq!(codes.offset_squared, codes.offset.iter().map(|&m| f64::from(m).powi(2)).sum::<f64>());
     }
 
     /// `NormAbove` of `p` is never below the norm of `p` itself, and is
