@@ -436,18 +436,24 @@ const RECENTRE_SHIFT_MIN: f64 = 1.0 / 32.0;
 /// the index.
 const OFFSET_SAMPLE_ROWS: usize = 1 << 12;
 
+/// Rows `Codes::centre` first looks at, to see whether the median has moved
+/// enough to take it from `OFFSET_SAMPLE_ROWS`: a quarter of the work, and
+/// a median of 1,024 rows is within a few hundredths of a standard
+/// deviation of the rows' own, far less than the move that counts.
+const OFFSET_GLANCE_ROWS: usize = 1 << 10;
+
 /// The offset the codes of `vectors` (row after row, `dims` each) are
-/// taken from: each dimension's median, over at most `OFFSET_SAMPLE_ROWS`
-/// rows spread evenly; zero without rows. Any offset keeps the bound
+/// taken from: each dimension's median, over at most `sample_rows` rows
+/// spread evenly; zero without rows. Any offset keeps the bound
 /// sound. The median moves rows that share a common part (image patches)
 /// to around zero, as the mean would, but a few rows of huge values do not
 /// drag it away from all the others, as they would the mean.
-fn offset_of(dims: usize, vectors: &[f32]) -> Vec<f32> {
+fn offset_of(dims: usize, vectors: &[f32], sample_rows: usize) -> Vec<f32> {
     let rows = vectors.len() / dims;
     if rows == 0 {
         return vec![0.0; dims];
     }
-    let sample: Vec<usize> = (0..rows).step_by(rows.div_ceil(OFFSET_SAMPLE_ROWS)).collect();
+    let sample: Vec<usize> = (0..rows).step_by(rows.div_ceil(sample_rows)).collect();
     // The sample's columns side by side, as integers in `f32::total_cmp`'s
     // order, filled `OFFSET_TILE` dimensions of a row at a time: the rows
     // are read in memory order, not once for each dimension, and the columns
@@ -763,7 +769,7 @@ impl Codes {
         if grid == Grid::Fitted {
             codes.centred_norms.reserve_exact(rows);
             codes.offset_products.reserve_exact(rows);
-            codes.set_offset(offset_of(dims, vectors));
+            codes.set_offset(offset_of(dims, vectors, OFFSET_SAMPLE_ROWS));
         }
         for v in vectors.chunks_exact(dims) {
             codes.push(v);
@@ -783,18 +789,20 @@ impl Codes {
     /// Takes the rows' median (`offset_of`) as the offset and codes every
     /// row (`vectors`, row after row, as coded so far) afresh from it, if it
     /// centres them enough better than the offset they are coded from
-    /// (`RECENTRE_SHIFT_MIN`). Returns whether it did.
+    /// (`RECENTRE_SHIFT_MIN`, judged from `OFFSET_GLANCE_ROWS` rows).
+    /// Returns whether it did.
     pub fn centre(&mut self, vectors: &[f32]) -> bool {
         assert_eq!(self.grid, Grid::Fitted, "only products' codes are centred");
         assert_eq!(vectors.len(), self.len() * self.dims, "a vector per row");
-        let offset = offset_of(self.dims, vectors);
+        let glance = offset_of(self.dims, vectors, OFFSET_GLANCE_ROWS);
         let shift: f64 =
-            offset.iter().zip(&self.offset).map(|(&new, &old)| (f64::from(new) - f64::from(old)).powi(2)).sum();
+            glance.iter().zip(&self.offset).map(|(&new, &old)| (f64::from(new) - f64::from(old)).powi(2)).sum();
         let spread = self.centred_norms.iter().map(|&norm| f64::from(norm).powi(2)).sum::<f64>() / self.len() as f64;
         if shift <= spread * RECENTRE_SHIFT_MIN {
             return false;
         }
-        self.set_offset(offset);
+        let whole = self.len() <= OFFSET_GLANCE_ROWS;
+        self.set_offset(if whole { glance } else { offset_of(self.dims, vectors, OFFSET_SAMPLE_ROWS) });
         for (row, v) in vectors.chunks_exact(self.dims).enumerate() {
             self.set(row, v);
         }
@@ -1835,7 +1843,7 @@ mod tests {
                 })
                 .collect();
             let step = rows.div_ceil(OFFSET_SAMPLE_ROWS);
-            let offset = offset_of(dims, &vectors);
+            let offset = offset_of(dims, &vectors, OFFSET_SAMPLE_ROWS);
             for (i, &found) in offset.iter().enumerate() {
                 let mut column: Vec<f32> = vectors.chunks(dims).step_by(step).map(|row| row[i]).collect();
                 column.sort_by(f32::total_cmp);
@@ -1848,7 +1856,7 @@ mod tests {
     /// Codes are centred afresh where the rows' median moves them nearer,
     /// and not where it would barely: rows near 3 are centred at their
     /// first 64, twice as many from the same spread leave the offset as it
-    /// was, and three times as many near -5 move it.
+    /// was, and three times as many near -5, or then near 20, move it.
     #[test]
     fn codes_are_centred_again_only_where_the_median_moves_enough() {
         let dims = 50;
@@ -1881,6 +1889,10 @@ mod tests {
         assert_eq!(codes.offset, before);
         assert!(grow(&mut codes, &mut vectors, 384, -5.0), "three rows in four near -5");
         assert_ne!(codes.offset, before);
+        // Past `OFFSET_GLANCE_ROWS`, the offset is taken from the larger sample.
+        assert!(grow(&mut codes, &mut vectors, 1536, 20.0), "three rows in four near 20");
+        assert!(codes.offset.iter().all(|&m| (m - 20.0).abs() < 0.25), "{:?}", codes.offset);
+        assert_eq!(codes.offset, offset_of(dims, &vectors, OFFSET_SAMPLE_ROWS));
         assert_eq!(codes.offset_squared, codes.offset.iter().map(|&m| f64::from(m).powi(2)).sum::<f64>());
     }
 
