@@ -394,7 +394,8 @@ fn encode(v: &[f32], grid: Grid, mut put: impl FnMut(usize, &[i8])) -> Encoded {
         // end, unread.
         for ((values, codes), residuals) in chunk.chunks(8).zip(codes.chunks_mut(8)).zip(residuals.chunks_mut(8)) {
             let e = code_eight(widened(values), step, top, codes);
-            residuals.iter_mut().zip(e.iter().flat_map(|e| e.to_array())).for_each(|(r, e)| *r = e);
+            residuals[..4].copy_from_slice(&e[0].to_array());
+            residuals[4..].copy_from_slice(&e[1].to_array());
         }
         let n = chunk.len();
         sum += codes[..n].iter().map(|&code| i32::from(code)).sum::<i32>();
@@ -429,7 +430,8 @@ const CENTRE_ROWS_MAX: usize = 1 << 16;
 /// square of its shift from the one they are coded from (exactly so for
 /// the mean), so the shift's square must be more than this part of the
 /// rows' mean square about the old one. A smaller shift would narrow the
-/// codes by under about 1.5%, not worth coding every row again.
+/// codes by under about 1.6% (`1 - sqrt(31/32)`), not worth coding every
+/// row again.
 const RECENTRE_SHIFT_MIN: f64 = 1.0 / 32.0;
 
 /// Rows an offset is taken from at most (`offset_of`): evenly spread over
@@ -454,26 +456,29 @@ fn offset_of(dims: usize, vectors: &[f32], sample_rows: usize) -> Vec<f32> {
         return vec![0.0; dims];
     }
     let sample: Vec<usize> = (0..rows).step_by(rows.div_ceil(sample_rows)).collect();
-    // The sample's columns side by side, as integers in `f32::total_cmp`'s
-    // order, filled `OFFSET_TILE` dimensions of a row at a time: the rows
-    // are read in memory order, not once for each dimension, and the columns
-    // written to stay in cache. A column's stride is not a power of two, so
-    // that the columns' ends do not all fall in the same cache set.
+    // A tile of the sample's columns side by side, as integers in
+    // `f32::total_cmp`'s order, filled `OFFSET_TILE` dimensions of a row at
+    // a time: the rows are read in memory order, not once for each
+    // dimension, and the columns written to stay in cache. A column's
+    // stride, 16 times an odd number, is not a power of two, so that the
+    // columns' ends do not all fall in the same cache set.
     let n = sample.len();
-    let stride = n + 16;
-    let mut columns = vec![0i32; dims * stride];
+    let stride = n.next_multiple_of(32) + 16;
+    let mut columns = vec![0i32; OFFSET_TILE.min(dims) * stride];
+    let mut offset = Vec::with_capacity(dims);
     for first in (0..dims).step_by(OFFSET_TILE) {
         let tile = first..dims.min(first + OFFSET_TILE);
         for (s, &row) in sample.iter().enumerate() {
             let values = &vectors[row * dims..(row + 1) * dims][tile.clone()];
-            let ends = columns[first * stride + s..].iter_mut().step_by(stride);
+            let ends = columns[s..].iter_mut().step_by(stride);
             ends.zip(values).for_each(|(c, &x)| *c = total_order(x.to_bits() as i32));
         }
+        let medians = columns.chunks_exact_mut(stride).take(tile.len());
+        offset.extend(
+            medians.map(|column| f32::from_bits(total_order(*column[..n].select_nth_unstable(n / 2).1) as u32)),
+        );
     }
-    columns
-        .chunks_exact_mut(stride)
-        .map(|column| f32::from_bits(total_order(*column[..n].select_nth_unstable(n / 2).1) as u32))
-        .collect()
+    offset
 }
 
 /// Dimensions `offset_of` gathers at a time.
@@ -503,7 +508,7 @@ fn encode_centred(v: &[f32], offset: &[f32], levels: i8, mut put: impl FnMut(usi
     let scale = f32_at_least(largest / top).max(f32::from_bits(1));
     let (step, top) = (f64x4::splat(f64::from(scale)), f64x4::splat(top));
     // Eight partial sums each of `e_i^2`, `y_i^2` and `μ_i y_i`, value `i`
-    // in sum `i % 8` (`encode` keeps its squares so), four to a register.
+    // in sum `i % 8`, four to a register.
     let (mut squares, mut centred_squares, mut products) = ([f64x4::ZERO; 2], [f64x4::ZERO; 2], [f64x4::ZERO; 2]);
     let (mut sum, mut codes) = (0, [0i8; CHUNK]);
     for (c, (chunk, offsets)) in v.chunks(CHUNK).zip(offset.chunks(CHUNK)).enumerate() {
@@ -709,14 +714,14 @@ pub struct Codes {
     scales: Vec<f32>,
     residuals: Vec<f32>,
     /// Fitted only: the offset `μ` the rows' codes are taken from (the
-    /// module doc, "Centred codes"), zero until the index is first
-    /// `centre`d, and each row's `|x - μ|`, rounded up.
+    /// module doc, "Centred codes"), zero until a `centre` first moves it,
+    /// and each row's `|x - μ|`, rounded up.
     offset: Vec<f32>,
     centred_norms: Vec<f32>,
     /// Fitted only: each row's `μ . (x - μ)`, rounded to nearest (`Centred`).
     offset_products: Vec<f32>,
-    /// `|μ|^2`, summed in f64 once per `centre` (`offset_norm`, and each
-    /// query's `offset_scale_for`).
+    /// `|μ|^2`, summed in f64 once per offset (`set_offset`), for
+    /// `offset_norm` and each query's `offset_scale_for`.
     offset_squared: f64,
     /// Powers of two and logarithmic only: how many rows have each exponent
     /// field (`exponent_of`), so that a search codes its query only for
@@ -777,10 +782,11 @@ impl Codes {
         Some(codes)
     }
 
-    /// Whether the rows' offset should be taken afresh (`centre`), now that
-    /// there are as many rows as there are: at every power of two from
+    /// Whether the rows' median should be looked at again (`centre`), now
+    /// that there are as many rows as there are: at every power of two from
     /// `CENTRE_ROWS_MIN` to `CENTRE_ROWS_MAX` rows, so that an index filled
-    /// a batch at a time gets the median of its first rows, refined as it grows.
+    /// a batch at a time is coded from the median of its first rows, and
+    /// from a newer one wherever the rows move it.
     pub fn wants_centre(&self) -> bool {
         let rows = self.len();
         self.grid == Grid::Fitted && rows.is_power_of_two() && (CENTRE_ROWS_MIN..=CENTRE_ROWS_MAX).contains(&rows)
@@ -1723,8 +1729,16 @@ mod tests {
     use wide::f64x4;
 
     use super::{
-        code_eight, encode, encode_centred, offset_of, Codes, Grid, NormAbove, CHUNK, OFFSET_SAMPLE_ROWS, OFFSET_TILE,
+        code_eight, encode, encode_centred, offset_of, stored, Codes, Grid, NormAbove, CHUNK, OFFSET_SAMPLE_ROWS,
+        OFFSET_TILE,
     };
+
+    /// The next of Marsaglia's xorshift numbers, in `seed`.
+    fn xorshift(seed: &mut u64) {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+    }
 
     /// The rounding without a library call is `f64::round` at every half
     /// and beside it, in every lane, its integer is the one `as` gives, and
@@ -1749,6 +1763,9 @@ mod tests {
         let mut codes = [0i8; 8];
         code_eight(eight([127.4, -127.6, 300.0, -1e9, 126.5, -126.5, 0.49, -0.5]), one, top, &mut codes);
         assert_eq!(codes, [127, -127, 127, -127, 127, -127, 0, -1]);
+        // AVX2's queries take 63 levels.
+        code_eight(eight([63.4, -63.6, 64.0, -1e9, 62.5, -62.5, 62.49, -0.5]), one, f64x4::splat(63.0), &mut codes);
+        assert_eq!(codes, [63, -63, 63, -63, 63, -63, 62, -1]);
     }
 
     /// Each code is its value over the scale rounded, and the residual
@@ -1759,9 +1776,7 @@ mod tests {
         for n in [1usize, 7, 8, 9, CHUNK - 1, CHUNK, CHUNK + 1, 768, 1000] {
             let v: Vec<f32> = (0..n)
                 .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
+                    xorshift(&mut seed);
                     (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
                 })
                 .collect();
@@ -1779,9 +1794,10 @@ mod tests {
     }
 
     /// Each centred code is its value's difference from the offset over the
-    /// scale rounded, and the residual bound is not below the exact
-    /// residual's norm, worked out without rounding (each difference and its
-    /// error kept apart), whatever the offset's magnitude against the values'.
+    /// scale rounded, the residual bound is not below the exact residual's
+    /// norm, worked out without rounding (each difference and its error kept
+    /// apart), and `μ . y` is within its stated bound of `μ . (x - μ)`,
+    /// whatever the offset's magnitude against the values'.
     #[test]
     fn centred_residual_bounds_hold_for_offsets_of_any_magnitude() {
         // `a - b` as the rounded difference and what the rounding lost.
@@ -1792,9 +1808,7 @@ mod tests {
         };
         let mut seed = 0x853c_49e6_748f_ea9bu64;
         let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
+            xorshift(&mut seed);
             (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
         };
         for n in [1usize, 50, 64, 65, 768] {
@@ -1803,7 +1817,7 @@ mod tests {
                 let mu: Vec<f32> = (0..n).map(|_| offset * next()).collect();
                 let mut codes = vec![0i8; n];
                 let centred = encode_centred(&v, &mu, 127, |at, c| codes[at..at + c.len()].copy_from_slice(c));
-                let (encoded, norm) = (centred.code, centred.norm);
+                let (encoded, norm, offset_product) = (centred.code, centred.norm, centred.offset_product);
                 let (mut squares, mut centred) = (0.0f64, 0.0f64);
                 for ((&x, &m), &c) in v.iter().zip(&mu).zip(&codes) {
                     let (y, lost) = two_difference(f64::from(x), f64::from(m));
@@ -1820,6 +1834,27 @@ mod tests {
                 assert_eq!(encoded.sum, codes.iter().map(|&c| i32::from(c)).sum::<i32>(), "{what}");
                 assert!(f64::from(encoded.residual) >= squares.sqrt(), "{what}");
                 assert!(f64::from(norm) >= centred.sqrt(), "{what}");
+                // `μ . (x - μ)` from exact products (`mul_add` finds each
+                // rounding's error), summed with compensation: off by about
+                // 2^-53 of itself, far inside the bound's 2^-24.
+                let (mut exact, mut compensation, mut magnitude) = (0.0f64, 0.0f64, 0.0f64);
+                for (&x, &m) in v.iter().zip(&mu) {
+                    let (y, lost) = two_difference(f64::from(x), f64::from(m));
+                    let product = f64::from(m) * y;
+                    for term in [product, f64::from(m).mul_add(y, -product), f64::from(m) * lost] {
+                        let sum = exact + term;
+                        compensation +=
+                            if exact.abs() >= term.abs() { (exact - sum) + term } else { (term - sum) + exact };
+                        exact = sum;
+                    }
+                    magnitude += f64::from(m) * f64::from(m);
+                }
+                let exact = exact + compensation;
+                let t = f64::from(offset_product);
+                let bound = t.abs() * 2f64.powi(-24)
+                    + (n + 4) as f64 * 2f64.powi(-52) * magnitude.sqrt() * f64::from(norm)
+                    + exact.abs() * 2f64.powi(-50);
+                assert!((t - exact).abs() <= bound, "{what}: {t} against {exact}");
             }
         }
     }
@@ -1829,12 +1864,10 @@ mod tests {
     #[test]
     fn the_offset_is_each_dimension_s_median() {
         let mut seed = 0x6a09_e667_f3bc_c909u64;
-        for (rows, dims) in [(1usize, 3usize), (7, 1), (OFFSET_SAMPLE_ROWS + 5, OFFSET_TILE + 44)] {
+        for (rows, dims) in [(1usize, 3usize), (7, 1), (OFFSET_SAMPLE_ROWS + 5, OFFSET_TILE + 43)] {
             let vectors: Vec<f32> = (0..rows * dims)
                 .map(|i| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
+                    xorshift(&mut seed);
                     match i % 5 {
                         0 => 0.0,
                         1 => -0.0,
@@ -1854,9 +1887,10 @@ mod tests {
     }
 
     /// Codes are centred afresh where the rows' median moves them nearer,
-    /// and not where it would barely: rows near 3 are centred at their
-    /// first 64, twice as many from the same spread leave the offset as it
-    /// was, and three times as many near -5, or then near 20, move it.
+    /// and not where it does not: rows near 3 are centred at their first
+    /// 64, the same 64 again (the same median) leave the offset as it was,
+    /// and three times as many near -5, or then near 20, move it. Every
+    /// row's code is then the one its vector has from the offset.
     #[test]
     fn codes_are_centred_again_only_where_the_median_moves_enough() {
         let dims = 50;
@@ -1864,15 +1898,25 @@ mod tests {
         let mut near = |centre: f32| -> Vec<f32> {
             (0..dims)
                 .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
+                    xorshift(&mut seed);
                     centre + (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
                 })
                 .collect()
         };
         let mut codes = Codes::new(dims, Grid::Fitted).unwrap();
         let mut vectors = Vec::new();
+        let coded_from_the_offset = |codes: &Codes, vectors: &[f32]| {
+            for (row, v) in vectors.chunks(dims).enumerate() {
+                let mut want = vec![0u8; dims];
+                let centred = encode_centred(v, &codes.offset, 127, |at, c| {
+                    want[at..at + c.len()].iter_mut().zip(c).for_each(|(w, &c)| *w = stored(c))
+                });
+                assert_eq!(&codes.bytes()[row * codes.stride()..][..dims], &want[..], "row {row}");
+                assert_eq!(codes.scale_and_residual(row), (centred.code.scale, centred.code.residual), "row {row}");
+                assert_eq!(codes.centred_norms[row], centred.norm, "row {row}");
+                assert_eq!(codes.offset_products[row], centred.offset_product, "row {row}");
+            }
+        };
         let mut grow = |codes: &mut Codes, vectors: &mut Vec<f32>, rows: usize, centre: f32| {
             for _ in 0..rows {
                 let v = near(centre);
@@ -1880,13 +1924,21 @@ mod tests {
                 vectors.extend_from_slice(&v);
             }
             assert!(codes.wants_centre(), "{} rows", codes.len());
-            codes.centre(vectors)
+            let moved = codes.centre(vectors);
+            coded_from_the_offset(codes, vectors);
+            moved
         };
         assert!(grow(&mut codes, &mut vectors, 64, 3.0), "64 rows near 3, from an offset of 0");
         assert!(codes.offset.iter().all(|&m| (m - 3.0).abs() < 0.25), "{:?}", codes.offset);
         let before = codes.offset.clone();
-        assert!(!grow(&mut codes, &mut vectors, 64, 3.0), "128 rows near 3");
+        for row in 0..64 {
+            let v = vectors[row * dims..(row + 1) * dims].to_vec();
+            codes.push(&v);
+            vectors.extend_from_slice(&v);
+        }
+        assert!(!codes.centre(&vectors), "the same 64 rows again");
         assert_eq!(codes.offset, before);
+        coded_from_the_offset(&codes, &vectors);
         assert!(grow(&mut codes, &mut vectors, 384, -5.0), "three rows in four near -5");
         assert_ne!(codes.offset, before);
         // Past `OFFSET_GLANCE_ROWS`, the offset is taken from the larger sample.
@@ -1902,9 +1954,7 @@ mod tests {
     fn norms_of_any_p_are_never_below_the_norm_of_p() {
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
+            xorshift(&mut seed);
             (seed >> 11) as f64 / (1u64 << 53) as f64
         };
         for p in [1.0f32, 1.1, 1.3, 2.5, 2.7, 2.75, 3.0, 4.9, 7.99, 8.0] {
