@@ -46,6 +46,20 @@ pub fn load_or_create(data_dir: &Path, given: Option<&str>) -> io::Result<(Strin
     Ok((key, source))
 }
 
+/// The read-only key, if one is given: printable ASCII like the key, and
+/// not the key itself (which would make every request read-only or none).
+pub fn read_only_key(given: Option<&str>, key: &str) -> io::Result<Option<String>> {
+    let Some(given) = given.map(str::trim).filter(|k| !k.is_empty()) else { return Ok(None) };
+    let refuse = |why: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("--read-only-api-key: {why}"));
+    if given.bytes().any(|b| !(0x21..0x7f).contains(&b)) {
+        return Err(refuse("it must be printable ASCII without spaces"));
+    }
+    if given == key {
+        return Err(refuse("it is the API key itself; give a key of its own"));
+    }
+    Ok(Some(given.to_owned()))
+}
+
 fn write_key_file(path: &Path, key: &str) -> io::Result<()> {
     files::write_atomically(path, |file| {
         // Readable by the owner alone before the key is in it.

@@ -1,17 +1,30 @@
 //! Command-line flags, turned into the `Config` the server runs with.
+//!
+//! Every flag can also come from the environment (`QUIVER_` and the flag's
+//! name in capitals, `_` for `-`: `--port` is `QUIVER_PORT`) and from a TOML
+//! file (`--config`, keys named as the flags, without their dashes in
+//! front). A flag beats the environment, which beats the file, which beats
+//! the default.
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 
 use clap::builder::TypedValueParser;
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{ArgAction, CommandFactory, FromArgMatches};
 
 use crate::limits;
 use crate::store::cpu::Simd;
 
 /// quiver: a vector database server with exact k-nearest-neighbour search.
-#[derive(Parser, Debug, Clone)]
+#[derive(clap::Parser, Debug, Clone)]
 #[command(name = "quiver", version, about)]
 pub struct Config {
+    /// A TOML file of settings, named as the flags (`port = 9000`,
+    /// `data-dir = "/srv/quiver"`); flags and the environment beat it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+
     /// Address to listen on.
     #[arg(long, default_value = "0.0.0.0")]
     pub host: String,
@@ -26,8 +39,13 @@ pub struct Config {
 
     /// API key clients must send in X-Service-API-Key. Default: $QUIVER_API_KEY,
     /// else the key in `<data-dir>/api_key.txt`, else a newly generated one.
-    #[arg(long, env = "QUIVER_API_KEY", hide_env_values = true)]
+    #[arg(long, hide_env_values = true)]
     pub api_key: Option<String>,
+
+    /// A second API key, which may search, retrieve, scroll, read stats and
+    /// metrics and list indexes; every write with it is answered 403.
+    #[arg(long, hide_env_values = true)]
+    pub read_only_api_key: Option<String>,
 
     /// Largest request body in bytes, at most 1 GiB (larger: 413).
     #[arg(long, default_value_t = limits::BODY_BYTES_MAX_DEFAULT,
@@ -156,6 +174,11 @@ pub struct Config {
     #[arg(long, value_enum, default_value_t = crate::log::Level::Info)]
     pub log_level: crate::log::Level,
 
+    /// How log lines look: text, or json (one object a line: time, level,
+    /// event, message).
+    #[arg(long, value_enum, default_value_t = crate::log::Format::Text)]
+    pub log_format: crate::log::Format,
+
     /// This node's id in a cluster, 1 to 2^31. With --peer-addr it makes this server a
     /// cluster node, whose writes go through the cluster's Raft log.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=(1 << 31)))]
@@ -174,7 +197,7 @@ pub struct Config {
 
     /// The secret every node of the cluster shares; peer connections prove they
     /// know it without sending it. Required in a cluster.
-    #[arg(long, env = "QUIVER_CLUSTER_SECRET", hide_env_values = true)]
+    #[arg(long, hide_env_values = true)]
     pub cluster_secret: Option<String>,
 
     /// How long a write waits to be committed, or a read to be confirmed, before it
@@ -184,7 +207,54 @@ pub struct Config {
     pub cluster_timeout_ms: u64,
 }
 
+/// Why the settings could not be read: clap's own errors (which also
+/// carry `--help` and `--version`) print and exit as clap does.
+#[derive(Debug)]
+pub enum ConfigError {
+    Flags(clap::Error),
+    File(String),
+}
+
+/// The environment variable of the flag `--long`.
+pub fn env_name(long: &str) -> String {
+    format!("QUIVER_{}", long.to_ascii_uppercase().replace('-', "_"))
+}
+
+/// The flags, each with its environment variable.
+pub fn command() -> clap::Command {
+    Config::command().mut_args(|arg| match arg.get_long().map(env_name) {
+        Some(name) => arg.env(name),
+        None => arg,
+    })
+}
+
 impl Config {
+    /// The settings from `args` (the program's name first), the
+    /// environment, and the `--config` file if one is named.
+    pub fn load<I: IntoIterator<Item = OsString>>(args: I) -> Result<Config, ConfigError> {
+        let args: Vec<OsString> = args.into_iter().collect();
+        let command = command();
+        let matches = command.clone().try_get_matches_from(&args).map_err(ConfigError::Flags)?;
+        let Some(path) = matches.get_one::<PathBuf>("config") else {
+            return Config::from_arg_matches(&matches).map_err(ConfigError::Flags);
+        };
+        // The file's settings become flags in front of the given ones, each
+        // only where neither a flag nor the environment set it.
+        let from_file = file_flags(&command, &matches, path).map_err(ConfigError::File)?;
+        let mut all = Vec::with_capacity(args.len() + from_file.len());
+        all.extend(args.first().cloned());
+        all.extend(from_file.into_iter().map(OsString::from));
+        all.extend(args.into_iter().skip(1));
+        // The given flags parsed once already: what fails now is the file's.
+        let in_file = |error: clap::Error| {
+            let text = error.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            ConfigError::File(format!("--config {}: {}", path.display(), first.trim_start_matches("error: ")))
+        };
+        let matches = command.try_get_matches_from(all).map_err(in_file)?;
+        Config::from_arg_matches(&matches).map_err(in_file)
+    }
+
     /// The cluster this node belongs to, from the cluster flags; none
     /// without them. An error says which flag is missing or wrong.
     pub fn cluster(&self) -> Result<Option<crate::cluster::replica::Settings>, String> {
@@ -224,6 +294,56 @@ impl Config {
             snapshot_log_bytes: self.snapshot_log_bytes,
         }))
     }
+}
+
+/// The flags that a TOML file's settings stand for, leaving out those a
+/// flag or the environment set; an error names the file, the key and what
+/// is wrong with it.
+fn file_flags(command: &clap::Command, matches: &clap::ArgMatches, path: &Path) -> Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--config {}: {e}", path.display()))?;
+    let table: toml::Table = text.parse().map_err(|e| format!("--config {}: not TOML: {e}", path.display()))?;
+    let settable = || command.get_arguments().filter(|arg| arg.get_long().is_some_and(|long| long != "config"));
+    let mut flags = Vec::new();
+    for (key, value) in table {
+        let bad = |why: String| format!("--config {}: '{key}': {why}", path.display());
+        let long = key.replace('_', "-");
+        let Some(arg) = settable().find(|arg| arg.get_long() == Some(long.as_str())) else {
+            let known = settable().filter_map(|arg| arg.get_long());
+            let near = known.max_by(|a, b| strsim::jaro(a, &long).total_cmp(&strsim::jaro(b, &long)));
+            let hint =
+                near.filter(|near| strsim::jaro(near, &long) > 0.8).map(|near| format!(" (did you mean '{near}'?)"));
+            return Err(bad(format!("no such setting{}", hint.unwrap_or_default())));
+        };
+        if matches!(
+            matches.value_source(arg.get_id().as_str()),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        ) {
+            continue;
+        }
+        if matches!(arg.get_action(), ArgAction::SetTrue) {
+            match value {
+                toml::Value::Boolean(true) => flags.push(format!("--{long}")),
+                toml::Value::Boolean(false) => {}
+                _ => return Err(bad("expected true or false".to_owned())),
+            }
+            continue;
+        }
+        let values = match value {
+            toml::Value::Array(values) if matches!(arg.get_action(), ArgAction::Append) => values,
+            value => vec![value],
+        };
+        for value in values {
+            let text = match value {
+                toml::Value::String(text) => text,
+                toml::Value::Integer(n) => n.to_string(),
+                toml::Value::Float(x) => x.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                other => return Err(bad(format!("expected a string or a number, not {}", other.type_str()))),
+            };
+            flags.push(format!("--{long}={text}"));
+        }
+    }
+    Ok(flags)
 }
 
 /// The one address `HOST:PORT` names.

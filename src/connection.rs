@@ -291,9 +291,23 @@ impl Connection {
             let head = &self.parser.head;
             let (peer, method, path, us) = (self.peer, head.method.as_str(), &head.path, elapsed.as_micros());
             let (body_bytes, reply_bytes) = bytes;
-            log::debug(format_args!(
-                "{peer} {method} {path}: {status}, {body_bytes} bytes in, {reply_bytes} bytes out, {us} µs"
-            ));
+            let fields: [log::Field<'_>; 7] = [
+                ("peer", &peer),
+                ("method", &method),
+                ("path", path),
+                ("status", &status),
+                ("body_bytes", &body_bytes),
+                ("reply_bytes", &reply_bytes),
+                ("us", &us),
+            ];
+            log::event(
+                log::Level::Debug,
+                "request",
+                &fields,
+                format_args!(
+                    "{peer} {method} {path}: {status}, {body_bytes} bytes in, {reply_bytes} bytes out, {us} µs"
+                ),
+            );
         }
     }
 
@@ -363,13 +377,17 @@ impl Connection {
         if log::enabled(log::Level::Debug) {
             let (peer, code, reply_bytes, us) =
                 (self.peer, error.code(), self.write.len() - reply_at, elapsed.as_micros());
-            log::debug(format_args!(
-                "{peer} (no complete request): {} {code}, {reply_bytes} bytes out, {us} µs",
-                error.status()
-            ));
+            log::debug(
+                "request_failed",
+                format_args!(
+                    "{peer} (no complete request): {} {code}, {reply_bytes} bytes out, {us} µs",
+                    error.status()
+                ),
+            );
         }
         if error.closes_connection() {
             log::client_warning(
+                "connection_closed",
                 now,
                 format_args!("{}: {} ({}); closing the connection", self.peer, error, error.code()),
             );
@@ -477,7 +495,11 @@ impl Connection {
             // does not send its request.
             if now.duration_since(self.last_activity) > request_timeout {
                 let peer = self.peer;
-                log::client_warning(now, format_args!("{peer}: took no reply bytes for {request_timeout:?}; closing"));
+                log::client_warning(
+                    "slow_reader_closed",
+                    now,
+                    format_args!("{peer}: took no reply bytes for {request_timeout:?}; closing"),
+                );
                 return Timeout::Close;
             }
             return Timeout::None;

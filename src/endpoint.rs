@@ -30,11 +30,16 @@ pub enum Endpoint {
     AddMember,
     /// `DELETE /api/v1/cluster/members/{id}`: a node leaves.
     RemoveMember,
+    /// `GET /healthz`: the process answers (a liveness probe).
+    Live,
+    /// `GET /readyz`: the data is loaded and, in a cluster, a leader known
+    /// and this node caught up with what it knows committed.
+    Ready,
 }
 
 impl Endpoint {
     /// Every endpoint, in declaration order (`endpoint as usize` is its position).
-    pub const ALL: [Endpoint; 18] = [
+    pub const ALL: [Endpoint; 20] = [
         Endpoint::Health,
         Endpoint::TestAuth,
         Endpoint::Metrics,
@@ -53,6 +58,8 @@ impl Endpoint {
         Endpoint::Cluster,
         Endpoint::AddMember,
         Endpoint::RemoveMember,
+        Endpoint::Live,
+        Endpoint::Ready,
     ];
 
     /// Its `route` label in metrics.
@@ -76,6 +83,8 @@ impl Endpoint {
             Endpoint::Cluster => "cluster",
             Endpoint::AddMember => "add_member",
             Endpoint::RemoveMember => "remove_member",
+            Endpoint::Live => "healthz",
+            Endpoint::Ready => "readyz",
         }
     }
 
@@ -89,6 +98,12 @@ impl Endpoint {
                 | Endpoint::Insert
                 | Endpoint::DeleteEmbeddings
         )
+    }
+
+    /// Whether the read-only API key may ask for it: everything that reads
+    /// and changes nothing (probes and the open endpoints need no key).
+    pub fn read_only(self) -> bool {
+        !self.writes() && !self.changes_members()
     }
 
     /// Whether it changes the cluster's members.

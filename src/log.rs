@@ -1,12 +1,20 @@
 //! Operator logs: one line each on standard error, at a level `--log-level`
 //! chooses, and warnings about clients rate-limited so that abuse cannot
 //! flood the log.
+//!
+//! Each line is an event: a short stable name (`listening`, `snapshot_written`)
+//! that a log pipeline can filter on, a message for people, and for some
+//! events named fields. `--log-format text` writes the message alone;
+//! `--log-format json` one object a line with all of them and the time:
+//! `{"time":"2026-11-27T21:00:00.123Z","level":"info","event":"listening","message":"...","address":"..."}`.
 
 use std::fmt;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::api::json;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub enum Level {
@@ -16,52 +24,111 @@ pub enum Level {
     Debug = 3,
 }
 
+/// `--log-format`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// `quiver: <message>`, with `warning: ` and the like before the message.
+    Text,
+    /// One JSON object a line: time, level, event, message and the event's fields.
+    Json,
+}
+
+/// A named value of an event, written as a JSON string.
+pub type Field<'a> = (&'static str, &'a dyn fmt::Display);
+
 static LEVEL: AtomicU8 = AtomicU8::new(Level::Info as u8);
+static FORMAT: AtomicU8 = AtomicU8::new(Format::Text as u8);
 
 pub fn set_level(level: Level) {
     LEVEL.store(level as u8, Ordering::Relaxed);
+}
+
+pub fn set_format(format: Format) {
+    FORMAT.store(format as u8, Ordering::Relaxed);
 }
 
 pub fn enabled(level: Level) -> bool {
     level as u8 <= LEVEL.load(Ordering::Relaxed)
 }
 
-fn write(level: Level, message: fmt::Arguments<'_>) {
-    if !enabled(level) {
-        return;
+/// Writes one event, whatever the level allows (the callers ask).
+fn write(level: Level, event: &str, fields: &[Field<'_>], message: fmt::Arguments<'_>) {
+    let mut line = Vec::with_capacity(256);
+    if FORMAT.load(Ordering::Relaxed) == Format::Json as u8 {
+        json_line(&mut line, (SystemTime::now(), level, event), fields, message);
+    } else {
+        let tag = match level {
+            Level::Error => "error: ",
+            Level::Warn => "warning: ",
+            Level::Info => "",
+            Level::Debug => "debug: ",
+        };
+        let _ = writeln!(line, "quiver: {tag}{message}");
     }
-    let tag = match level {
-        Level::Error => "error: ",
-        Level::Warn => "warning: ",
-        Level::Info => "",
-        Level::Debug => "debug: ",
-    };
-    let _ = writeln!(io::stderr().lock(), "quiver: {tag}{message}");
+    // One write of the whole line, so that lines of two threads never mix.
+    let _ = io::stderr().lock().write_all(&line);
 }
 
-pub fn info(message: fmt::Arguments<'_>) {
-    write(Level::Info, message);
+/// The JSON form of an event, newline included.
+fn json_line(
+    out: &mut Vec<u8>,
+    (time, level, event): (SystemTime, Level, &str),
+    fields: &[Field<'_>],
+    message: fmt::Arguments<'_>,
+) {
+    out.extend_from_slice(b"{\"time\":\"");
+    let _ = write!(out, "{}", humantime::format_rfc3339_millis(time));
+    out.extend_from_slice(b"\",\"level\":\"");
+    out.extend_from_slice(match level {
+        Level::Error => b"error",
+        Level::Warn => b"warn",
+        Level::Info => b"info",
+        Level::Debug => b"debug",
+    });
+    out.extend_from_slice(b"\",\"event\":");
+    json::write_str(out, event);
+    out.extend_from_slice(b",\"message\":");
+    json::write_fmt_str(out, message);
+    for (name, value) in fields {
+        out.push(b',');
+        json::write_str(out, name);
+        out.push(b':');
+        json::write_fmt_str(out, format_args!("{value}"));
+    }
+    out.extend_from_slice(b"}\n");
+}
+
+/// An event with named fields (`Field`), if `level` is logged.
+pub fn event(level: Level, event: &str, fields: &[Field<'_>], message: fmt::Arguments<'_>) {
+    if enabled(level) {
+        write(level, event, fields, message);
+    }
+}
+
+pub fn info(event: &str, message: fmt::Arguments<'_>) {
+    self::event(Level::Info, event, &[], message);
 }
 
 /// What an operator looks at to follow the traffic: each request, each
 /// commit of the log. Callers ask `enabled(Level::Debug)` first where
 /// gathering the fields costs anything.
-pub fn debug(message: fmt::Arguments<'_>) {
-    write(Level::Debug, message);
+pub fn debug(event: &str, message: fmt::Arguments<'_>) {
+    self::event(Level::Debug, event, &[], message);
 }
 
-/// The start-up banner (address, data directory, API key): printed at every
-/// level, because operators need the key and the contract promises it.
-pub fn banner(message: fmt::Arguments<'_>) {
-    let _ = writeln!(io::stderr().lock(), "quiver: {message}");
+/// The start-up banner (address, data directory, API key): written at
+/// every level (as `info`), because operators need the key and the
+/// contract promises it.
+pub fn banner(event: &str, fields: &[Field<'_>], message: fmt::Arguments<'_>) {
+    write(Level::Info, event, fields, message);
 }
 
-pub fn warn(message: fmt::Arguments<'_>) {
-    write(Level::Warn, message);
+pub fn warn(event: &str, message: fmt::Arguments<'_>) {
+    self::event(Level::Warn, event, &[], message);
 }
 
-pub fn error(message: fmt::Arguments<'_>) {
-    write(Level::Error, message);
+pub fn error(event: &str, message: fmt::Arguments<'_>) {
+    self::event(Level::Error, event, &[], message);
 }
 
 /// Lets through at most `per_second` warnings a second; says how many it
@@ -78,13 +145,17 @@ impl Limiter {
         Limiter { per_second, window_start: None, in_window: 0, suppressed: 0 }
     }
 
-    pub fn warn(&mut self, now: Instant, message: fmt::Arguments<'_>) {
+    pub fn warn(&mut self, now: Instant, event: &str, message: fmt::Arguments<'_>) {
         if !enabled(Level::Warn) {
             return;
         }
         if self.window_start.is_none_or(|start| now.duration_since(start) >= Duration::from_secs(1)) {
             if self.suppressed > 0 {
-                warn(format_args!("{} more client warnings in the last second were not logged", self.suppressed));
+                let held = self.suppressed;
+                warn(
+                    "client_warnings_held_back",
+                    format_args!("{held} more client warnings in the last second were not logged"),
+                );
             }
             self.window_start = Some(now);
             self.in_window = 0;
@@ -92,7 +163,7 @@ impl Limiter {
         }
         if self.in_window < self.per_second {
             self.in_window += 1;
-            warn(message);
+            warn(event, message);
         } else {
             self.suppressed += 1;
         }
@@ -129,22 +200,48 @@ impl Progress {
         }
         self.next_report = now + Duration::from_secs(1);
         let seconds = now.duration_since(self.started).as_secs_f64();
-        info(format_args!(
-            "recovery: {} {:.0}% ({} of {} MB, {:.0} MB/s)",
-            self.what,
-            self.done_bytes as f64 * 100.0 / self.total_bytes.max(1) as f64,
-            self.done_bytes >> 20,
-            self.total_bytes >> 20,
-            (self.done_bytes >> 20) as f64 / seconds
-        ));
+        info(
+            "recovery_progress",
+            format_args!(
+                "recovery: {} {:.0}% ({} of {} MB, {:.0} MB/s)",
+                self.what,
+                self.done_bytes as f64 * 100.0 / self.total_bytes.max(1) as f64,
+                self.done_bytes >> 20,
+                self.total_bytes >> 20,
+                (self.done_bytes >> 20) as f64 / seconds
+            ),
+        );
     }
 }
 
 /// Warnings about clients (limits hit, connections closed for abuse): at
 /// most 20 a second, so a flood of bad clients cannot flood the log.
-pub fn client_warning(now: Instant, message: fmt::Arguments<'_>) {
+pub fn client_warning(event: &str, now: Instant, message: fmt::Arguments<'_>) {
     static CLIENTS: Mutex<Limiter> = Mutex::new(Limiter::new(20));
     if let Ok(mut limiter) = CLIENTS.lock() {
-        limiter.warn(now, message);
+        limiter.warn(now, event, message);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_lines_are_one_object_with_escaped_text() {
+        let mut line = Vec::new();
+        let time = SystemTime::UNIX_EPOCH + Duration::from_millis(1_795_813_200_123);
+        let path = "/srv/\"q\"";
+        json_line(
+            &mut line,
+            (time, Level::Warn, "listening"),
+            &[("data_dir", &path), ("port", &8080)],
+            format_args!("a\nb"),
+        );
+        assert_eq!(
+            String::from_utf8(line).unwrap(),
+            "{\"time\":\"2026-11-27T21:00:00.123Z\",\"level\":\"warn\",\"event\":\"listening\",\"message\":\"a\\nb\",\
+             \"data_dir\":\"/srv/\\\"q\\\"\",\"port\":\"8080\"}\n"
+        );
     }
 }

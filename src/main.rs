@@ -1,10 +1,16 @@
-use clap::Parser;
-
 fn main() {
-    let config = quiver::config::Config::parse();
+    let config = match quiver::config::Config::load(std::env::args_os()) {
+        Ok(config) => config,
+        Err(quiver::config::ConfigError::Flags(error)) => error.exit(),
+        Err(quiver::config::ConfigError::File(error)) => {
+            eprintln!("quiver: error: {error}");
+            std::process::exit(2);
+        }
+    };
     quiver::log::set_level(config.log_level);
+    quiver::log::set_format(config.log_format);
     if let Err(error) = quiver::server::run(config) {
-        quiver::log::error(format_args!("{error}"));
+        quiver::log::error("stopped", format_args!("{error}"));
         std::process::exit(1);
     }
 }

@@ -28,6 +28,14 @@ pub enum ApiError {
     InvalidApiKey {
         header: &'static str,
     },
+    /// A request the read-only key may not make: `what` is its route label.
+    ReadOnlyKey {
+        what: &'static str,
+    },
+    /// `GET /readyz` before this node can serve: `reason` says why.
+    NotReady {
+        reason: String,
+    },
     NotFound {
         path: String,
     },
@@ -110,6 +118,8 @@ impl ApiError {
             ApiError::MemberNotFound { .. } => 404,
             ApiError::MemberExists { .. } | ApiError::LastVoter { .. } => 409,
             ApiError::NoApiKey { .. } | ApiError::InvalidApiKey { .. } => 401,
+            ApiError::ReadOnlyKey { .. } => 403,
+            ApiError::NotReady { .. } => 503,
             ApiError::NotFound { .. } => 404,
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::IndexNotFound { .. }
@@ -136,6 +146,8 @@ impl ApiError {
             ApiError::BadBody { .. } => "INVALID_REQUEST_BODY",
             ApiError::NoApiKey { .. } => "NO_API_KEY_PROVIDED",
             ApiError::InvalidApiKey { .. } => "INVALID_API_KEY",
+            ApiError::ReadOnlyKey { .. } => "READ_ONLY_API_KEY",
+            ApiError::NotReady { .. } => "NOT_READY",
             ApiError::NotFound { .. } => "NOT_FOUND",
             ApiError::MethodNotAllowed { .. } => "METHOD_NOT_ALLOWED",
             ApiError::IndexNotFound { op: IndexOp::Fetch, .. } => "INDEX_NOT_FETCHED",
@@ -170,6 +182,8 @@ impl ApiError {
             ApiError::BadBody { .. } | ApiError::Http { error: HttpError::Malformed(_), .. } => "Bad request",
             ApiError::NoApiKey { .. } => "No API key provided.",
             ApiError::InvalidApiKey { .. } => "Invalid API key.",
+            ApiError::ReadOnlyKey { .. } => "Forbidden",
+            ApiError::NotReady { .. } => "not ready",
             ApiError::NotFound { .. } => "Not found",
             ApiError::MethodNotAllowed { .. } => "Method not allowed",
             ApiError::IndexNotFound { op: IndexOp::Fetch, .. } => "An error occurred while fetching the index.",
@@ -229,6 +243,12 @@ impl fmt::Display for ApiError {
             ApiError::BadBody { detail } => write!(f, "The body you provided in your request is invalid: {detail}"),
             ApiError::NoApiKey { header } => write!(f, "the {header} header is missing or empty"),
             ApiError::InvalidApiKey { header } => write!(f, "the {header} header does not hold this server's API key"),
+            ApiError::ReadOnlyKey { what } => write!(
+                f,
+                "the read-only API key may not {what}: it may search, retrieve, scroll, read stats, list indexes and \
+                 read the cluster's status"
+            ),
+            ApiError::NotReady { reason } => f.write_str(reason),
             ApiError::NotFound { path } => write!(f, "there is no endpoint at '{path}'"),
             ApiError::MethodNotAllowed { path, allow } => write!(f, "'{path}' accepts only {allow}"),
             ApiError::IndexNotFound { name, .. } => write!(f, "index '{name}' does not exist"),

@@ -101,6 +101,8 @@ pub struct App {
     db: Database,
     batches: Batches,
     api_key: Vec<u8>,
+    /// A second key, for searches and reads only (`--read-only-api-key`).
+    read_only_key: Option<Vec<u8>>,
     limits: ApiLimits,
     scratch: Scratch,
     health: health::Health,
@@ -118,6 +120,7 @@ impl App {
             db,
             batches: Batches::default(),
             api_key: api_key.into_bytes(),
+            read_only_key: None,
             limits,
             scratch: Scratch::default(),
             health: health::Health::new(),
@@ -125,6 +128,11 @@ impl App {
             large_request: false,
             cluster: None,
         }
+    }
+
+    /// Lets `key` in too, for requests that change nothing (`Endpoint::read_only`).
+    pub fn set_read_only_key(&mut self, key: String) {
+        self.read_only_key = Some(key.into_bytes());
     }
 
     /// Makes this node a member of a cluster (see `replicated`): its Raft
@@ -287,7 +295,7 @@ impl App {
         if crate::log::enabled(crate::log::Level::Debug) {
             let outcome = if result.is_ok() { "synced" } else { "failed to sync" };
             let (us, s) = (elapsed.as_micros(), if records == 1 { "" } else { "s" });
-            crate::log::debug(format_args!("commit: {records} log record{s} {outcome} in {us} µs"));
+            crate::log::debug("commit", format_args!("commit: {records} log record{s} {outcome} in {us} µs"));
         }
         result.map_err(ApiError::Storage)
     }
@@ -312,7 +320,7 @@ impl App {
     pub fn admit(&self, head: &Head) -> Result<Target, ApiError> {
         let target = route(head.method, &head.path)?;
         let open = match target.endpoint {
-            Endpoint::Health | Endpoint::OpenApi => true,
+            Endpoint::Health | Endpoint::OpenApi | Endpoint::Live | Endpoint::Ready => true,
             Endpoint::Metrics => self.limits.metrics_public,
             _ => false,
         };
@@ -320,9 +328,15 @@ impl App {
             return Ok(target);
         }
         match auth::check(&self.api_key, &head.api_key) {
-            KeyCheck::Ok => Ok(target),
-            KeyCheck::Missing => Err(ApiError::NoApiKey { header: head.api_key_header }),
-            KeyCheck::Wrong => Err(ApiError::InvalidApiKey { header: head.api_key_header }),
+            KeyCheck::Ok => return Ok(target),
+            KeyCheck::Missing => return Err(ApiError::NoApiKey { header: head.api_key_header }),
+            KeyCheck::Wrong => {}
+        }
+        let read_only = self.read_only_key.as_deref().map(|key| auth::check(key, &head.api_key));
+        match read_only {
+            Some(KeyCheck::Ok) if target.endpoint.read_only() => Ok(target),
+            Some(KeyCheck::Ok) => Err(ApiError::ReadOnlyKey { what: refused_action(target.endpoint) }),
+            _ => Err(ApiError::InvalidApiKey { header: head.api_key_header }),
         }
     }
 
@@ -378,6 +392,11 @@ impl App {
         let App { db, limits, scratch, health, metrics, batches, .. } = self;
         let result = match target.endpoint {
             Endpoint::Health => Ok(health.write(out, keep_alive)),
+            Endpoint::Live => Ok(envelope::Envelope::start(out, 200, keep_alive, format_args!("live")).finish()),
+            Endpoint::Ready => match self.cluster.as_ref().map_or(Ok(()), replicated::Replicated::readiness) {
+                Ok(()) => Ok(envelope::Envelope::start(out, 200, keep_alive, format_args!("ready")).finish()),
+                Err(reason) => Err(ApiError::NotReady { reason }),
+            },
             Endpoint::TestAuth => {
                 Ok(envelope::Envelope::start(out, 200, keep_alive, format_args!("Authenticated.")).finish())
             }
@@ -423,6 +442,20 @@ impl App {
         } else {
             Handled::Answered(status)
         }
+    }
+}
+
+/// What a request the read-only key may not make would have done, for its error.
+fn refused_action(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::CreateIndex => "create an index",
+        Endpoint::DeleteIndex => "delete an index",
+        Endpoint::Upsert => "upsert embeddings",
+        Endpoint::Insert => "insert embeddings",
+        Endpoint::DeleteEmbeddings => "delete embeddings",
+        Endpoint::AddMember => "add a member to the cluster",
+        Endpoint::RemoveMember => "remove a member from the cluster",
+        _ => "make this request",
     }
 }
 

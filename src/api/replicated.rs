@@ -413,6 +413,11 @@ impl Replicated {
         &self.replica
     }
 
+    /// See `Replica::readiness`.
+    pub fn readiness(&self) -> Result<(), String> {
+        self.replica.readiness()
+    }
+
     /// Whether `token` is a peer link's.
     pub fn owns(&self, token: Token) -> bool {
         self.replica.owns(token)
@@ -682,7 +687,10 @@ impl Replicated {
         if let Some(bytes) = db.take_written_state() {
             let checkpoint = Checkpoint::decode(&bytes).expect("a checkpoint this node encoded");
             self.replica.compact(&checkpoint.point)?;
-            oplog::info(format_args!("the Raft log now starts after entry {}", checkpoint.point.index));
+            oplog::info(
+                "raft_log_compacted",
+                format_args!("the Raft log now starts after entry {}", checkpoint.point.index),
+            );
         }
         if self.replica.wants_state_snapshot() && now >= self.next_snapshot_try {
             self.next_snapshot_try = now + SNAPSHOT_RETRY;
@@ -780,7 +788,10 @@ impl Machine for Applier<'_> {
     fn apply(&mut self, index: u64, data: &[u8]) {
         let Some(command) = Command::decode(data) else {
             // Every node skips it alike; only a bug or another version writes one.
-            oplog::error(format_args!("Raft entry {index} is not a command this version knows; skipped"));
+            oplog::error(
+                "raft_entry_unknown",
+                format_args!("Raft entry {index} is not a command this version knows; skipped"),
+            );
             return;
         };
         let mine = if (command.origin, command.run) == self.me { self.waiting.remove(&command.seq) } else { None };
@@ -798,7 +809,10 @@ impl Machine for Applier<'_> {
             }
             (Body::Batch, _) => {
                 // Every node refuses it alike; only a bug writes one.
-                oplog::error(format_args!("Raft entry {index} holds a batch that does not decode; refused"));
+                oplog::error(
+                    "raft_entry_undecodable",
+                    format_args!("Raft entry {index} holds a batch that does not decode; refused"),
+                );
                 Err(ApiError::bad_body("the replicated batch did not decode"))
             }
             (Body::AsSent, endpoint) => {

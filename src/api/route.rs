@@ -18,9 +18,15 @@ pub struct Target {
 /// (with the allowed method) for a known path asked with another method.
 pub fn route(method: Method, path: &str) -> Result<Target, ApiError> {
     let not_found = || ApiError::NotFound { path: path.to_owned() };
-    if path == "/metrics" {
+    let outside = match path {
+        "/metrics" => Some(Endpoint::Metrics),
+        "/healthz" => Some(Endpoint::Live),
+        "/readyz" => Some(Endpoint::Ready),
+        _ => None,
+    };
+    if let Some(endpoint) = outside {
         return if method == Method::Get {
-            Ok(Target { endpoint: Endpoint::Metrics, name: 0..0 })
+            Ok(Target { endpoint, name: 0..0 })
         } else {
             Err(ApiError::MethodNotAllowed { path: path.to_owned(), allow: "GET" })
         };
@@ -94,6 +100,10 @@ mod tests {
         assert!(matches!(route(Method::Get, "/api/v1/health/"), Err(ApiError::NotFound { .. })));
         assert!(matches!(route(Method::Get, "/api/v1/indexes/a/create/x"), Err(ApiError::NotFound { .. })));
         assert!(matches!(route(Method::Get, "/"), Err(ApiError::NotFound { .. })));
+        assert_eq!(route(Method::Get, "/healthz").unwrap().endpoint, Endpoint::Live);
+        assert_eq!(route(Method::Get, "/readyz").unwrap().endpoint, Endpoint::Ready);
+        assert!(matches!(route(Method::Post, "/readyz"), Err(ApiError::MethodNotAllowed { allow: "GET", .. })));
+        assert!(matches!(route(Method::Get, "/readyz/"), Err(ApiError::NotFound { .. })));
         assert_eq!(
             route(Method::Post, "/api/v1/embeddings/x/upsert"),
             Err(ApiError::MethodNotAllowed { path: "/api/v1/embeddings/x/upsert".into(), allow: "PUT" })

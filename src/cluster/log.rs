@@ -661,10 +661,10 @@ impl Storage for LogStore {
         // Raft cannot go on without its log: it stops the node on this
         // error, as a failed sync does (said here, since it says nothing).
         if let Err(error) = self.read_back(low, &on_disk, &mut found) {
-            oplog::error(format_args!(
-                "cannot read the Raft log back in {}: {error}; the node stops",
-                self.dir.display()
-            ));
+            oplog::error(
+                "raft_log_unreadable",
+                format_args!("cannot read the Raft log back in {}: {error}; the node stops", self.dir.display()),
+            );
             return Err(raft::Error::Io(error));
         }
         found.extend(cached.into_iter().cloned());

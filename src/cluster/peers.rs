@@ -542,7 +542,9 @@ impl Peers {
                     self.outgoing.insert(peer, key);
                 }
             }
-            Err(e) => oplog::debug(format_args!("peer {peer} at {address}: cannot connect: {e}")),
+            Err(e) => {
+                oplog::debug("peer_connect_failed", format_args!("peer {peer} at {address}: cannot connect: {e}"))
+            }
         }
     }
 
@@ -611,6 +613,7 @@ impl Peers {
                         self.links.iter().filter(|(_, link)| matches!(link.state, State::Challenged { .. })).count();
                     if handshakes >= HANDSHAKES_MAX {
                         oplog::client_warning(
+                            "peer_refused",
                             now,
                             format_args!(
                                 "peer connection from {address} refused: {handshakes} others are proving themselves"
@@ -620,7 +623,10 @@ impl Peers {
                     }
                     let mut challenge = [0u8; 32];
                     if getrandom::fill(&mut challenge).is_err() {
-                        oplog::error(format_args!("no random bytes for a peer challenge; refusing {address}"));
+                        oplog::error(
+                            "peer_refused",
+                            format_args!("no random bytes for a peer challenge; refusing {address}"),
+                        );
                         continue;
                     }
                     let Some(key) = self.insert(socket, State::Challenged { challenge, since: now }, address) else {
@@ -637,7 +643,7 @@ impl Peers {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    oplog::warn(format_args!("accepting a peer failed: {e}"));
+                    oplog::warn("peer_accept_failed", format_args!("accepting a peer failed: {e}"));
                     return;
                 }
             }
@@ -678,7 +684,10 @@ impl Peers {
                         break;
                     }
                     if &pending[..4] != CHALLENGE_MAGIC || pending[4] != VERSION {
-                        oplog::warn(format_args!("peer {peer} at {}: not a quiver peer port", link.address));
+                        oplog::warn(
+                            "peer_closed",
+                            format_args!("peer {peer} at {}: not a quiver peer port", link.address),
+                        );
                         return false;
                     }
                     let challenge: [u8; 32] = pending[5..CHALLENGE_BYTES].try_into().expect("32 bytes");
@@ -713,6 +722,7 @@ impl Peers {
                             .is_ok();
                     if !good {
                         oplog::client_warning(
+                            "peer_refused",
                             Instant::now(),
                             format_args!(
                                 "peer connection from {} refused: it did not prove it knows the cluster secret \
@@ -741,17 +751,26 @@ impl Peers {
                         MESSAGE_FRAME | SNAPSHOT_FRAME => frame_bytes_max,
                         SNAPSHOT_DATA_FRAME => snapshot_bytes_max,
                         _ => {
-                            oplog::warn(format_args!("peer {peer}: a frame of unknown kind {kind}; closing"));
+                            oplog::warn(
+                                "peer_closed",
+                                format_args!("peer {peer}: a frame of unknown kind {kind}; closing"),
+                            );
                             return false;
                         }
                     };
                     let Some(length) = usize::try_from(length).ok().filter(|&length| length <= limit) else {
-                        oplog::warn(format_args!("peer {peer}: a frame of {length} bytes, over the limit; closing"));
+                        oplog::warn(
+                            "peer_closed",
+                            format_args!("peer {peer}: a frame of {length} bytes, over the limit; closing"),
+                        );
                         return false;
                     };
                     if kind == SNAPSHOT_DATA_FRAME {
                         if link.snapshot_data.is_some() {
-                            oplog::warn(format_args!("peer {peer}: a snapshot's data without its message; closing"));
+                            oplog::warn(
+                                "peer_closed",
+                                format_args!("peer {peer}: a snapshot's data without its message; closing"),
+                            );
                             return false;
                         }
                         link.data_in = Some(Incoming::new(length));
@@ -772,10 +791,13 @@ impl Peers {
                             if (message.get_msg_type() == MessageType::MsgSnapshot) != (kind == SNAPSHOT_FRAME)
                                 || (kind == SNAPSHOT_FRAME) != link.snapshot_data.is_some() =>
                         {
-                            oplog::warn(format_args!(
-                                "peer {peer}: a {:?} in a frame of kind {kind}; closing",
-                                message.get_msg_type()
-                            ));
+                            oplog::warn(
+                                "peer_closed",
+                                format_args!(
+                                    "peer {peer}: a {:?} in a frame of kind {kind}; closing",
+                                    message.get_msg_type()
+                                ),
+                            );
                             return false;
                         }
                         // A peer speaks for itself only.
@@ -787,13 +809,19 @@ impl Peers {
                         }
                         Ok(message) => {
                             link.snapshot_data = None;
-                            oplog::warn(format_args!(
-                                "peer {peer}: dropped a message claiming to be from node {}",
-                                message.from
-                            ));
+                            oplog::warn(
+                                "peer_message_dropped",
+                                format_args!(
+                                    "peer {peer}: dropped a message claiming to be from node {}",
+                                    message.from
+                                ),
+                            );
                         }
                         Err(e) => {
-                            oplog::warn(format_args!("peer {peer}: a frame that is not a Raft message ({e}); closing"));
+                            oplog::warn(
+                                "peer_closed",
+                                format_args!("peer {peer}: a frame that is not a Raft message ({e}); closing"),
+                            );
                             return false;
                         }
                     }

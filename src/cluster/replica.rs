@@ -461,7 +461,10 @@ impl Replica {
                 continue;
             }
             if let Err(refused) = self.node.step(message) {
-                oplog::debug(format_args!("a {kind:?} from node {from} was refused: {refused}"));
+                oplog::debug(
+                    "peer_message_refused",
+                    format_args!("a {kind:?} from node {from} was refused: {refused}"),
+                );
             }
         }
         while now >= self.next_tick {
@@ -589,12 +592,18 @@ impl Replica {
                 let bytes: u64 = pieces.iter().map(Piece::len).sum();
                 let sent = self.peers.send_snapshot(&message, pieces, now).is_ok();
                 if sent {
-                    oplog::info(format_args!("the state at entry {index} ({bytes} bytes) is being sent to node {to}"));
+                    oplog::info(
+                        "state_sending",
+                        format_args!("the state at entry {index} ({bytes} bytes) is being sent to node {to}"),
+                    );
                 }
                 sent
             }
             Err(error) => {
-                oplog::info(format_args!("the state at entry {index} cannot be sent to node {to} now: {error}"));
+                oplog::info(
+                    "state_not_sent",
+                    format_args!("the state at entry {index} cannot be sent to node {to} now: {error}"),
+                );
                 false
             }
         };
@@ -615,7 +624,7 @@ impl Replica {
         for peer in targets {
             let sent = *self.snapshot_sends.entry(peer).or_insert(now);
             if !self.peers.reachable(peer) || now.duration_since(sent) >= SNAPSHOT_SEND_TIMEOUT {
-                oplog::info(format_args!("the snapshot sent to node {peer} was lost; another follows"));
+                oplog::info("state_lost", format_args!("the snapshot sent to node {peer} was lost; another follows"));
                 self.node.snapshot_sent(peer, false);
                 self.snapshot_sends.remove(&peer);
             }
@@ -697,7 +706,10 @@ impl Replica {
             .filter(|&id| id != me && self.node.is_active(id))
             .max_by_key(|&id| self.node.match_index(id));
         if let Some(to) = to {
-            oplog::info(format_args!("node {me} hands its leadership to node {to} before it is removed"));
+            oplog::info(
+                "leadership_handed_over",
+                format_args!("node {me} hands its leadership to node {to} before it is removed"),
+            );
             self.node.transfer_leader(to);
         }
     }
@@ -721,7 +733,7 @@ impl Replica {
             // A proposal a leader drops (it handed over meanwhile) is made again later.
             self.next_promotion = now + Duration::from_millis(500);
             if self.propose_change(ConfChangeType::AddNode, id, &added) {
-                oplog::info(format_args!("node {id} has caught up: proposed as a voter"));
+                oplog::info("learner_caught_up", format_args!("node {id} has caught up: proposed as a voter"));
             }
         }
     }
@@ -738,6 +750,22 @@ impl Replica {
 
     pub fn is_leader(&self) -> bool {
         self.node.role() == StateRole::Leader
+    }
+
+    /// Whether this node can serve (`GET /readyz`): a leader is known and
+    /// every entry this node knows committed is applied; if not, why.
+    pub fn readiness(&self) -> Result<(), String> {
+        let (committed, applied) = (self.node.commit_index(), self.node.applied_index());
+        if self.node.leader().is_none() {
+            Err(format!("node {} knows no leader of the cluster yet", self.node.id()))
+        } else if applied < committed {
+            Err(format!(
+                "node {} has applied the cluster's log up to entry {applied} of {committed} committed",
+                self.node.id()
+            ))
+        } else {
+            Ok(())
+        }
     }
 
     pub fn status(&self) -> Status {
@@ -803,12 +831,15 @@ impl<M: Machine> node::StateMachine for Applier<'_, M> {
         }
         let started = Instant::now();
         self.machine.restore(checkpoint_bytes.to_vec(), image)?;
-        oplog::info(format_args!(
-            "the state at entry {} ({} bytes) sent by the leader is in place in {} ms",
-            metadata.index,
-            image.len(),
-            started.elapsed().as_millis()
-        ));
+        oplog::info(
+            "state_installed",
+            format_args!(
+                "the state at entry {} ({} bytes) sent by the leader is in place in {} ms",
+                metadata.index,
+                image.len(),
+                started.elapsed().as_millis()
+            ),
+        );
         self.restored = Some(checkpoint.point.clone());
         *self.addresses = checkpoint.addresses;
         Ok(())

@@ -203,12 +203,15 @@ impl Database {
         let started = Instant::now();
         let manifest = snapshot::read_manifest(&data_dir)?.unwrap_or_default();
         let (mut store, vectors) = load_generation(&snapshots_dir, manifest.generation, &manifest.indexes)?;
-        log::info(format_args!(
-            "loaded {} indexes ({vectors} embeddings) from snapshot generation {} in {} ms",
-            manifest.indexes.len(),
-            manifest.generation,
-            started.elapsed().as_millis()
-        ));
+        log::info(
+            "snapshot_loaded",
+            format_args!(
+                "loaded {} indexes ({vectors} embeddings) from snapshot generation {} in {} ms",
+                manifest.indexes.len(),
+                manifest.generation,
+                started.elapsed().as_millis()
+            ),
+        );
 
         let started = Instant::now();
         let mut items = Vec::new();
@@ -220,24 +223,33 @@ impl Database {
             }
         })?;
         if let Some((segment, offset, bytes)) = replayed.torn_tail {
-            log::warn(format_args!(
+            log::warn(
+                "log_torn_tail_cut",
+                format_args!(
                 "recovery: cut a torn record of {bytes} bytes at the end of log segment {segment} (offset {offset}): \
                  an append interrupted by a crash, never acknowledged"
-            ));
+            ),
+            );
         }
         if let Some((segment, offset)) = replayed.repaired_at {
-            log::warn(format_args!(
+            log::warn(
+                "log_repaired",
+                format_args!(
                 "recovery: --repair-log cut the log at segment {segment} offset {offset}; every record after it is gone"
-            ));
+            ),
+            );
         }
-        log::info(format_args!(
-            "replayed {} log records ({} bytes, {} segments) in {} ms{}",
-            replayed.records,
-            replayed.bytes,
-            replayed.segments,
-            started.elapsed().as_millis(),
-            if skipped > 0 { format!(", {skipped} for indexes deleted later") } else { String::new() }
-        ));
+        log::info(
+            "log_replayed",
+            format_args!(
+                "replayed {} log records ({} bytes, {} segments) in {} ms{}",
+                replayed.records,
+                replayed.bytes,
+                replayed.segments,
+                started.elapsed().as_millis(),
+                if skipped > 0 { format!(", {skipped} for indexes deleted later") } else { String::new() }
+            ),
+        );
 
         let next = replayed.last.map_or(manifest.log_start, |last| last + 1).max(manifest.log_start);
         let mut log_file =
@@ -286,12 +298,15 @@ impl Database {
         if let Some(state) = &state {
             let started = Instant::now();
             store = load_generation(&snapshots_dir, state.generation, &state.indexes)?.0;
-            log::info(format_args!(
-                "loaded {} indexes from state snapshot generation {} in {} ms",
-                state.indexes.len(),
-                state.generation,
-                started.elapsed().as_millis()
-            ));
+            log::info(
+                "state_loaded",
+                format_args!(
+                    "loaded {} indexes from state snapshot generation {} in {} ms",
+                    state.indexes.len(),
+                    state.generation,
+                    started.elapsed().as_millis()
+                ),
+            );
             manifest = Manifest { generation: state.generation, log_start: 0, indexes: state.indexes.clone() };
         }
         let mut database = Database {
@@ -413,7 +428,7 @@ impl Database {
             }
             Err(error) => {
                 let failure = SyncFailure::from(&error);
-                log::error(format_args!("{}", StorageError::ReadOnly(failure.clone())));
+                log::error("writes_refused", format_args!("{}", StorageError::ReadOnly(failure.clone())));
                 self.rollback();
                 self.broken = Some(failure.clone());
                 Err(StorageError::Failed(failure))

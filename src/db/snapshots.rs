@@ -47,7 +47,7 @@ impl Database {
         let log_start = match log.rotate() {
             Ok(segment) => segment,
             Err(error) => {
-                log::error(format_args!("cannot start a new log segment for a snapshot: {error}"));
+                log::error("snapshot_failed", format_args!("cannot start a new log segment for a snapshot: {error}"));
                 return;
             }
         };
@@ -109,7 +109,10 @@ impl Database {
         // writes files and leaves with `_exit`, running no destructors of the
         // parent's state.
         match unsafe { libc::fork() } {
-            -1 => log::error(format_args!("cannot fork to write a snapshot: {}", io::Error::last_os_error())),
+            -1 => log::error(
+                "snapshot_failed",
+                format_args!("cannot fork to write a snapshot: {}", io::Error::last_os_error()),
+            ),
             0 => {
                 // The child must not outlive a crashed parent: it holds the
                 // data directory's lock and the listening socket.
@@ -149,10 +152,13 @@ impl Database {
                 unsafe { libc::_exit(code) }
             }
             pid => {
-                log::info(format_args!(
-                    "snapshot generation {generation} started ({note}, child forked in {} ms)",
-                    forking.elapsed().as_millis()
-                ));
+                log::info(
+                    "snapshot_started",
+                    format_args!(
+                        "snapshot generation {generation} started ({note}, child forked in {} ms)",
+                        forking.elapsed().as_millis()
+                    ),
+                );
                 self.child = Some(SnapshotChild { pid, manifest, started: Instant::now(), cluster });
             }
         }
@@ -166,7 +172,7 @@ impl Database {
             libc::kill(child.pid, libc::SIGKILL);
             libc::waitpid(child.pid, std::ptr::null_mut(), 0);
         }
-        log::info(format_args!("snapshot generation {} stopped", child.manifest.generation));
+        log::info("snapshot_stopped", format_args!("snapshot generation {} stopped", child.manifest.generation));
     }
 
     /// The state snapshot in use (a cluster's): its cluster bytes, and
@@ -233,9 +239,12 @@ impl Database {
         let state = snapshot::State { generation, cluster, indexes: indexes.clone() };
         snapshot::write_state(&self.data_dir, &state)?;
         self.state_cluster = Some(state.cluster);
-        log::info(format_args!(
+        log::info(
+            "state_received",
+            format_args!(
             "state sent written as generation {generation} in {written_ms} ms, and loaded in {loaded_ms} ms meanwhile"
-        ));
+        ),
+        );
         self.manifest = Manifest { generation, log_start: 0, indexes };
         self.remove_unused_files(true);
         Ok(())
@@ -261,13 +270,16 @@ impl Database {
             Some(_) => snapshot::read_state(&self.data_dir).ok().flatten().map(|state| state.generation),
         };
         if exited || named == Some(child.manifest.generation) {
-            log::info(format_args!(
-                "snapshot generation {} written in {} ms ({} indexes); log now starts at segment {}",
-                child.manifest.generation,
-                child.started.elapsed().as_millis(),
-                child.manifest.indexes.len(),
-                child.manifest.log_start
-            ));
+            log::info(
+                "snapshot_written",
+                format_args!(
+                    "snapshot generation {} written in {} ms ({} indexes); log now starts at segment {}",
+                    child.manifest.generation,
+                    child.started.elapsed().as_millis(),
+                    child.manifest.indexes.len(),
+                    child.manifest.log_start
+                ),
+            );
             self.manifest = child.manifest;
             if child.cluster.is_some() {
                 self.state_cluster.clone_from(&child.cluster);
@@ -275,10 +287,13 @@ impl Database {
             self.written_state = child.cluster;
             self.remove_unused_files(true);
         } else {
-            log::error(format_args!(
-                "snapshot generation {} failed; the previous one and the log stay in use",
-                child.manifest.generation
-            ));
+            log::error(
+                "snapshot_failed",
+                format_args!(
+                    "snapshot generation {} failed; the previous one and the log stay in use",
+                    child.manifest.generation
+                ),
+            );
             self.remove_unused_files(true);
         }
     }
@@ -293,7 +308,7 @@ impl Database {
                 self.manifest = manifest;
                 self.remove_unused_files(true);
             }
-            Err(error) => log::error(format_args!("cannot rewrite the manifest: {error}")),
+            Err(error) => log::error("manifest_failed", format_args!("cannot rewrite the manifest: {error}")),
         }
     }
 
@@ -355,9 +370,15 @@ impl Database {
             Ok(manifest) => {
                 self.manifest = manifest;
                 self.remove_unused_files(false);
-                log::info(format_args!("final snapshot written in {} ms", started.elapsed().as_millis()));
+                log::info(
+                    "snapshot_written",
+                    format_args!("final snapshot written in {} ms", started.elapsed().as_millis()),
+                );
             }
-            Err(error) => log::error(format_args!("final snapshot failed ({error}); the log keeps every write")),
+            Err(error) => log::error(
+                "snapshot_failed",
+                format_args!("final snapshot failed ({error}); the log keeps every write"),
+            ),
         }
     }
 }

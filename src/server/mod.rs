@@ -71,10 +71,13 @@ fn serve(config: Config) -> io::Result<()> {
         sync: !config.unsafe_no_sync,
     };
     if config.unsafe_no_sync {
-        log::warn(format_args!("--unsafe-no-sync: answered writes are not synced and can be lost on power failure"));
+        log::warn(
+            "unsafe_no_sync",
+            format_args!("--unsafe-no-sync: answered writes are not synced and can be lost on power failure"),
+        );
     }
     let threads = rayon::current_num_threads();
-    log::info(format_args!("scanning with {}, {threads} threads", paths.describe()));
+    log::info("scanning", format_args!("scanning with {}, {threads} threads", paths.describe()));
     let cluster = config.cluster().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let (database, state) = match cluster {
         Some(_) => Database::open_replicated(&config.data_dir),
@@ -97,24 +100,42 @@ fn serve(config: Config) -> io::Result<()> {
         // file), once; a key chosen by the operator is never echoed, and
         // no later start shows more than its first characters.
         // The key last on its line, so that it copies whole.
-        log::banner(format_args!(
-            "API key (newly generated and written to {}; shown this once, later starts show only its \
+        log::banner(
+            "api_key_generated",
+            &[],
+            format_args!(
+                "API key (newly generated and written to {}; shown this once, later starts show only its \
              first characters): {api_key}",
-            key_path.display()
-        ));
+                key_path.display()
+            ),
+        );
     }
     let key_source = match key_source {
         auth::KeySource::Flag => "from --api-key or QUIVER_API_KEY",
         auth::KeySource::KeyFile => "from the key file",
         auth::KeySource::Generated => "newly generated",
     };
-    log::banner(format_args!(
-        "listening on {local}, data directory {}, API key {} ({key_source}, kept in {}), started in {} ms",
-        config.data_dir.display(),
-        auth::fingerprint(&api_key),
-        key_path.display(),
-        started.elapsed().as_millis()
-    ));
+    let read_only_key = auth::read_only_key(config.read_only_api_key.as_deref(), &api_key)?;
+    let (data_dir, fingerprint, ms) =
+        (config.data_dir.display(), auth::fingerprint(&api_key), started.elapsed().as_millis());
+    let fields: [log::Field<'_>; 3] = [("address", &local), ("data_dir", &data_dir), ("started_ms", &ms)];
+    log::banner(
+        "listening",
+        &fields,
+        format_args!(
+            "listening on {local}, data directory {data_dir}, API key {fingerprint} ({key_source}, kept in {}), \
+             started in {ms} ms",
+            key_path.display(),
+        ),
+    );
+    if let Some(key) = &read_only_key {
+        let fingerprint = auth::fingerprint(key);
+        log::banner(
+            "read_only_key",
+            &[],
+            format_args!("read-only API key {fingerprint} (from --read-only-api-key or QUIVER_READ_ONLY_API_KEY)"),
+        );
+    }
     let limits = ApiLimits {
         dimensions_max: config.dimensions_max,
         k_max: config.k_max,
@@ -131,7 +152,10 @@ fn serve(config: Config) -> io::Result<()> {
         index_name_bytes_max: config.index_name_bytes_max,
         metrics_public: config.metrics_public,
     };
-    let app = App::new(database, api_key, limits);
+    let mut app = App::new(database, api_key, limits);
+    if let Some(key) = read_only_key {
+        app.set_read_only_key(key);
+    }
     let mut server = Server::new(config, listener, app)?;
     if let Some(settings) = &cluster {
         // A command carries an upsert's items decoded: up to twice its body
@@ -147,7 +171,13 @@ fn serve(config: Config) -> io::Result<()> {
             .map_err(io::Error::other)?;
         let peer_addr = server.clients.app().cluster().map(|c| c.replica().peer_addr());
         if let Some(Ok(peer_addr)) = peer_addr {
-            log::banner(format_args!("node {} of a cluster, listening for peers on {peer_addr}", settings.node_id));
+            let id = settings.node_id;
+            let fields: [log::Field<'_>; 2] = [("node_id", &id), ("peer_address", &peer_addr)];
+            log::banner(
+                "cluster_node",
+                &fields,
+                format_args!("node {id} of a cluster, listening for peers on {peer_addr}"),
+            );
         }
     }
     server.run()
@@ -168,10 +198,13 @@ fn raise_descriptor_limit(connections_max: usize) {
             libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
         }
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && (limit.rlim_cur as usize) < connections_max + 64 {
-            log::warn(format_args!(
-                "open files are limited to {}: fewer than --connections-max {connections_max} clients can connect",
-                limit.rlim_cur
-            ));
+            log::warn(
+                "open_files_limited",
+                format_args!(
+                    "open files are limited to {}: fewer than --connections-max {connections_max} clients can connect",
+                    limit.rlim_cur
+                ),
+            );
         }
     }
 }
@@ -249,7 +282,7 @@ impl Server {
                 self.clients.close_idle();
                 if self.clients.is_empty() || now >= deadline {
                     self.clients.app().shutdown();
-                    log::info(format_args!("shut down ({} connections cut off)", self.clients.len()));
+                    log::info("shut_down", format_args!("shut down ({} connections cut off)", self.clients.len()));
                     return Ok(());
                 }
             }
@@ -282,7 +315,7 @@ impl Server {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // Out of descriptors or the like: keep serving who we have.
-                    log::warn(format_args!("accept failed: {e}"));
+                    log::warn("accept_failed", format_args!("accept failed: {e}"));
                     return;
                 }
             };
@@ -294,6 +327,7 @@ impl Server {
                 let _ = socket.write(&reply);
                 self.clients.app().metrics().connection_refused();
                 log::client_warning(
+                    "connection_refused",
                     now,
                     format_args!("{peer}: refused, {open} connections are open (--connections-max)"),
                 );
@@ -302,14 +336,14 @@ impl Server {
             let _ = socket.set_nodelay(true);
             match self.clients.add(socket, peer, now) {
                 Ok(_) => self.clients.app().metrics().connection_accepted(),
-                Err(e) => log::warn(format_args!("cannot register a connection: {e}")),
+                Err(e) => log::warn("register_failed", format_args!("cannot register a connection: {e}")),
             }
         }
     }
 
     fn on_signal(&mut self, now: Instant) {
         if self.signals.pending().next().is_some() && self.shutdown_deadline.is_none() {
-            log::info(format_args!("shutting down: answering requests in flight"));
+            log::info("shutting_down", format_args!("shutting down: answering requests in flight"));
             let _ = self.poll.registry().deregister(&mut self.listener);
             self.clients.shut_down();
             self.shutdown_deadline = Some(now + Duration::from_millis(SHUTDOWN_DRAIN_MS));

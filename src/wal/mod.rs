@@ -91,9 +91,12 @@ fn drop_unsynced(dir: &Path) -> io::Result<()> {
         let synced = u64::from_le_bytes(bytes);
         let file = OpenOptions::new().write(true).open(segment_path(dir, segment))?;
         if file.metadata()?.len() > synced {
-            crate::log::warn(format_args!(
+            crate::log::warn(
+                "power_loss_simulated",
+                format_args!(
                 "QUIVER_FAULT_POWER_LOSS: segment {segment} cut to its {synced} synced bytes, as a power loss would"
-            ));
+            ),
+            );
             file.set_len(synced)?;
         }
     }

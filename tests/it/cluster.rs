@@ -561,6 +561,13 @@ fn members_are_added_and_removed_while_serving() {
     let fourth = cluster.start_joining();
     let status = cluster.status(fourth).unwrap();
     assert_eq!((status["leader_id"].clone(), status["members"].clone()), (Value::Null, serde_json::json!([])));
+    // Live, but not ready: it knows no leader. The members are ready.
+    let probe = |cluster: &Cluster, i: usize, path: &str| cluster.node(i).connect().call_with("GET", path, &[], None);
+    assert_eq!(probe(&cluster, fourth, "/healthz").status, 200);
+    let r = probe(&cluster, fourth, "/readyz");
+    assert_eq!((r.status, r.code()), (503, "NOT_READY"), "{r:?}");
+    assert_eq!(r.body["error"]["description"], "node 4 knows no leader of the cluster yet", "{r:?}");
+    assert_eq!(probe(&cluster, leader, "/readyz").status, 200);
     let follower = (leader + 1) % 3;
     let add = |cluster: &Cluster, at: usize, id: usize| {
         let body = format!(r#"{{"id":{},"address":"{}"}}"#, id + 1, cluster.peers[id]);
@@ -577,6 +584,8 @@ fn members_are_added_and_removed_while_serving() {
     upsert(&cluster, 200);
     cluster.wait_until_converged(Duration::from_secs(30));
     assert!(members(&cluster, fourth).contains(&(4, true)), "{:?}", members(&cluster, fourth));
+    let r = probe(&cluster, fourth, "/readyz");
+    assert_eq!((r.status, &r.body["message"]), (200, &Value::from("ready")), "{r:?}");
     assert!(cluster.count_in_logs("sent by the leader is in place") >= 1, "node 4 was not sent the state");
 
     // Bad requests, each with its code; a single node has no members.

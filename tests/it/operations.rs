@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::harness::{create_index, request_bytes, Server, KEY};
+use crate::harness::{create_index, request_bytes, start_fails, Server, KEY};
 
 fn metrics_text(server: &Server) -> String {
     let mut client = server.connect();
@@ -147,16 +147,26 @@ fn the_openapi_document_is_served_without_a_key_and_covers_every_route() {
         ("/api/v1/cluster", "get"),
         ("/api/v1/cluster/members", "post"),
         ("/api/v1/cluster/members/{id}", "delete"),
+        ("/healthz", "get"),
+        ("/readyz", "get"),
     ] {
         assert!(paths.get(path).and_then(|p| p.get(method)).is_some(), "{method} {path} is not documented");
     }
-    assert_eq!(paths.len(), 18, "a documented path the server does not serve");
+    assert_eq!(paths.len(), 20, "a documented path the server does not serve");
     // The served JSON is exactly the repository's openapi.yaml.
     let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml")).unwrap();
     let source: serde_json::Value = yaml_serde::from_str(&yaml).unwrap();
     assert_eq!(r.body, source);
     let codes = r.body["components"]["schemas"]["ErrorCode"]["enum"].as_array().unwrap();
-    for code in ["INVALID_REQUEST_BODY", "EMBEDDINGS_SKIPPED", "INDEX_NOT_CREATED", "READ_ONLY", "STORAGE_ERROR"] {
+    for code in [
+        "INVALID_REQUEST_BODY",
+        "EMBEDDINGS_SKIPPED",
+        "INDEX_NOT_CREATED",
+        "READ_ONLY",
+        "STORAGE_ERROR",
+        "READ_ONLY_API_KEY",
+        "NOT_READY",
+    ] {
         assert!(codes.iter().any(|c| c == code), "{code}");
     }
 }
@@ -222,4 +232,164 @@ fn abuse_is_logged_but_cannot_flood_the_log() {
     let warnings = log.lines().filter(|l| l.contains("MALFORMED_HTTP_REQUEST")).count();
     assert!((20..=21).contains(&warnings), "{warnings} warnings:\n{log}");
     assert!(log.contains("127.0.0.1:"), "warnings name the peer: {log}");
+}
+
+/// The probes answer without a key and read no body; a single node is
+/// ready as soon as it answers (its data is loaded before it listens).
+#[test]
+fn probes_answer_without_a_key() {
+    let server = Server::start();
+    for (path, message) in [("/healthz", "live"), ("/readyz", "ready")] {
+        let r = server.connect().call_with("GET", path, &[], None);
+        assert_eq!((r.status, &r.body), (200, &serde_json::json!({"status": 200, "message": message})), "{path}");
+        let r = server.connect().call_with("POST", path, &[], Some("{}"));
+        assert_eq!((r.status, r.code(), r.header("Allow")), (405, "METHOD_NOT_ALLOWED", Some("GET")), "{path}");
+    }
+    assert_eq!(server.connect().call_with("GET", "/healthz/x", &[], None).status, 404);
+}
+
+/// The status line of a GET of `path` (whose body need not be JSON).
+fn status_line(server: &Server, path: &str, headers: &[(&str, &str)]) -> String {
+    let mut client = server.connect();
+    client.send(&request_bytes("GET", path, headers, None));
+    let mut start = [0u8; 12];
+    std::io::Read::read_exact(&mut client.stream, &mut start).unwrap();
+    String::from_utf8_lossy(&start).into_owned()
+}
+
+const READ_ONLY_KEY: &str = "read-only-key-0123456789abcdef";
+
+/// The read-only key may read everything and change nothing; the full key
+/// still does both, and any other key is refused as before.
+#[test]
+fn the_read_only_key_reads_and_is_refused_writes() {
+    let server = Server::start_with(&["--read-only-api-key", READ_ONLY_KEY]);
+    create_index(&server, "kept", 2, "l2");
+    let insert = r#"{"embeddings":[{"id":1,"data":[1,2]},{"id":2,"data":[3,4]}]}"#;
+    assert_eq!(server.call("PUT", "/api/v1/embeddings/kept/insert", Some(insert)).status, 200);
+    let as_reader = |method: &str, path: &str, body: Option<&str>| {
+        server.connect().call_with(method, path, &[("X-Service-API-Key", READ_ONLY_KEY)], body)
+    };
+    for (method, path, body) in [
+        ("GET", "/api/v1/test-auth", None),
+        ("GET", "/api/v1/indexes/list", None),
+        ("GET", "/api/v1/indexes/kept/stats", None),
+        ("POST", "/api/v1/embeddings/kept/search", Some(r#"{"queryVector":[1,1],"k":1}"#)),
+        ("POST", "/api/v1/embeddings/kept/search-batch", Some(r#"{"searches":[{"queryVector":[1,1],"k":1}]}"#)),
+        ("POST", "/api/v1/embeddings/kept/retrieve", Some(r#"{"ids":[1]}"#)),
+        ("POST", "/api/v1/embeddings/kept/scroll", Some("{}")),
+        ("GET", "/api/v1/cluster", None),
+    ] {
+        let r = as_reader(method, path, body);
+        assert_eq!(r.status, 200, "{method} {path}: {r:?}");
+    }
+    assert_eq!(status_line(&server, "/metrics", &[("X-Service-API-Key", READ_ONLY_KEY)]), "HTTP/1.1 200");
+    let hit = as_reader("POST", "/api/v1/embeddings/kept/search", Some(r#"{"queryVector":[3,4],"k":1}"#));
+    assert_eq!(hit.body["data"]["nearest_neighbors"]["2"]["rank"], 0, "{hit:?}");
+    for (method, path, body, what) in [
+        ("PUT", "/api/v1/indexes/more/create", Some(r#"{"dimensions":2,"metric":"l2"}"#), "create an index"),
+        ("DELETE", "/api/v1/indexes/kept/delete", None, "delete an index"),
+        (
+            "PUT",
+            "/api/v1/embeddings/kept/insert",
+            Some(r#"{"embeddings":[{"id":3,"data":[0,1]}]}"#),
+            "insert embeddings",
+        ),
+        (
+            "PUT",
+            "/api/v1/embeddings/kept/upsert",
+            Some(r#"{"embeddings":[{"id":1,"data":[0,1]}]}"#),
+            "upsert embeddings",
+        ),
+        ("DELETE", "/api/v1/embeddings/kept/delete", Some(r#"{"ids":[1]}"#), "delete embeddings"),
+        ("POST", "/api/v1/cluster/members", Some(r#"{"id":2,"address":"127.0.0.9:1"}"#), "add a member to the cluster"),
+        ("DELETE", "/api/v1/cluster/members/2", None, "remove a member from the cluster"),
+    ] {
+        let r = as_reader(method, path, body);
+        assert_eq!((r.status, r.code(), &r.body["message"]), (403, "READ_ONLY_API_KEY", &"Forbidden".into()), "{path}");
+        let description = r.body["error"]["description"].as_str().unwrap();
+        assert!(description.starts_with(&format!("the read-only API key may not {what}: ")), "{description}");
+    }
+    // Nothing was changed; the full key still writes; a wrong key is 401.
+    let stats = server.call("GET", "/api/v1/indexes/kept/stats", None);
+    assert_eq!(stats.body["data"]["count"], 2, "{stats:?}");
+    let list = server.call("GET", "/api/v1/indexes/list", None);
+    assert_eq!(list.body["data"], serde_json::json!({"indexes": ["kept"]}));
+    let upsert = r#"{"embeddings":[{"id":1,"data":[0,1]}]}"#;
+    assert_eq!(server.call("PUT", "/api/v1/embeddings/kept/upsert", Some(upsert)).status, 200);
+    let r = server.connect().call_with("GET", "/api/v1/indexes/list", &[("X-Service-API-Key", "read-only-key")], None);
+    assert_eq!((r.status, r.code()), (401, "INVALID_API_KEY"));
+    assert!(server.log().contains("read-only API key read… (30 characters)"), "{}", server.log());
+
+    // From the environment too; and never the key itself.
+    let server = Server::start_raw(&["--api-key", KEY], &[("QUIVER_READ_ONLY_API_KEY", READ_ONLY_KEY)]);
+    let r =
+        server.connect().call_with("PUT", "/api/v1/indexes/abc/create", &[("X-Service-API-Key", READ_ONLY_KEY)], None);
+    assert_eq!((r.status, r.code()), (403, "READ_ONLY_API_KEY"));
+    let dir = tempfile::tempdir().unwrap();
+    let said = start_fails(dir.path(), "0", &["--api-key", KEY, "--read-only-api-key", KEY]);
+    assert!(said.contains("--read-only-api-key: it is the API key itself"), "{said}");
+}
+
+/// Each setting from a flag, the environment (`QUIVER_` and the flag's
+/// name) or a TOML file (`--config`): the flag beats the environment,
+/// which beats the file, which beats the default. `k-max` shows which won.
+#[test]
+fn settings_come_from_flags_then_the_environment_then_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("quiver.toml");
+    std::fs::write(&file, "k-max = 5\nmetrics_public = true\nlog-format = \"json\"\nreply-bytes-max = 70000\n")
+        .unwrap();
+    let file = file.to_str().unwrap();
+    let k_max = |server: &Server| {
+        create_index(server, "limits", 2, "l2");
+        let r = server.call("POST", "/api/v1/embeddings/limits/search", Some(r#"{"queryVector":[1,1],"k":100000}"#));
+        let detail = r.body["error"]["detail"].as_str().unwrap_or_default().to_owned();
+        detail.rsplit(' ').next().unwrap().parse::<u64>().unwrap_or_else(|_| panic!("{r:?}"))
+    };
+    let from_file = Server::start_raw(&["--api-key", KEY, "--config", file], &[]);
+    assert_eq!(k_max(&from_file), 5);
+    assert_eq!(status_line(&from_file, "/metrics", &[]), "HTTP/1.1 200", "metrics-public from the file");
+    let listening = from_file.log().lines().find(|l| l.contains("\"event\":\"listening\"")).map(str::to_owned);
+    let listening: serde_json::Value = serde_json::from_str(&listening.expect("a JSON listening line")).unwrap();
+    assert_eq!(listening["level"], "info");
+    assert_eq!(listening["address"], from_file.addr.to_string());
+
+    let env = [("QUIVER_K_MAX", "7"), ("QUIVER_LOG_FORMAT", "text")];
+    let from_env = Server::start_raw(&["--api-key", KEY, "--config", file], &env);
+    assert_eq!(k_max(&from_env), 7);
+    assert!(from_env.log().contains("quiver: listening on "), "the environment's text format beats the file's");
+    let from_flag = Server::start_raw(&["--api-key", KEY, "--config", file, "--k-max", "9"], &env);
+    assert_eq!(k_max(&from_flag), 9);
+    // With the file named by the environment.
+    let named = Server::start_raw(&["--api-key", KEY], &[("QUIVER_CONFIG", file)]);
+    assert_eq!(k_max(&named), 5);
+
+    // A file that is wrong says where and how, and the server does not start.
+    for (text, said) in [
+        ("prot = 1\n", "'prot': no such setting (did you mean 'port'?)"),
+        ("k-max = \"many\"\n", "invalid value 'many' for '--k-max <K_MAX>'"),
+        ("metrics-public = \"yes\"\n", "'metrics-public': expected true or false"),
+        ("k-max = [\n", "not TOML"),
+    ] {
+        std::fs::write(dir.path().join("bad.toml"), text).unwrap();
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_quiver"))
+            .args(["--port", "0", "--config"])
+            .arg(dir.path().join("bad.toml"))
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{text}: {stderr}");
+        assert!(stderr.contains("--config ") && stderr.contains(said), "{text}: {stderr}");
+    }
+    assert!(!dir.path().join("data").exists(), "nothing was written");
+
+    // `--help` names each flag's variable.
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_quiver")).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for variable in ["QUIVER_PORT", "QUIVER_DATA_DIR", "QUIVER_K_MAX", "QUIVER_READ_ONLY_API_KEY", "QUIVER_CONFIG"] {
+        assert!(help.contains(&format!("[env: {variable}")), "{variable} in:\n{help}");
+    }
 }
