@@ -5,6 +5,7 @@
 
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
@@ -65,6 +66,9 @@ pub struct Connection {
     pub readable: bool,
     /// No more requests are read: the answer in `write` is the last one.
     closing: bool,
+    /// Its socket is a child's, sending a download (`App::stream`): the
+    /// loop lets go of it, writing nothing more, shutting nothing down.
+    handed_off: bool,
     /// `service` stopped because too many replies wait to be sent.
     blocked_on_write: bool,
     /// Its place in the search batching protocol (`api::batch`).
@@ -100,6 +104,7 @@ impl Connection {
             admitted: None,
             readable: true,
             closing: false,
+            handed_off: false,
             blocked_on_write: false,
             seat: Seat::default(),
             parked_body_bytes: 0,
@@ -130,6 +135,9 @@ impl Connection {
     /// Reads and answers requests until the socket is drained, this tick's
     /// share is used, or the replies wait on a slow reader.
     pub fn service(&mut self, app: &mut App, shutting_down: bool, now: Instant) -> Progress {
+        if self.handed_off {
+            return Progress::Close;
+        }
         if let Some(until) = self.linger_until {
             return self.drain_lingering(until, now);
         }
@@ -253,6 +261,22 @@ impl Connection {
                 let elapsed = started.elapsed();
                 let replicating = None;
                 self.sync_mark = Some(Held { reply_at, keep_alive, route, status, elapsed, body_bytes, replicating });
+            }
+            Handled::Stream => {
+                let status = match app.stream(&self.write[self.written..], self.socket.as_raw_fd()) {
+                    Ok(()) => {
+                        self.handed_off = true;
+                        self.closing = true;
+                        self.written = self.write.len();
+                        200
+                    }
+                    Err(error) => {
+                        self.write.truncate(reply_at);
+                        error.write(&mut self.write, keep_alive)
+                    }
+                };
+                let reply_bytes = self.write.len() - reply_at;
+                self.record(app, route, status, started.elapsed(), (body_bytes, reply_bytes));
             }
             // Counted when its answer comes.
             Handled::Replicating(seq) => {
@@ -429,6 +453,9 @@ impl Connection {
     /// held for the log's sync, and what follows it, stays; so does the
     /// connection while a parked search of it has yet to be answered.
     pub fn flush(&mut self, now: Instant) -> Flushed {
+        if self.handed_off {
+            return Flushed::Close;
+        }
         let sendable = self.sync_mark.map_or(self.write.len(), |held| held.reply_at);
         while self.written < sendable {
             match self.socket.write(&self.write[self.written..sendable]) {

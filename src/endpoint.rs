@@ -30,6 +30,11 @@ pub enum Endpoint {
     AddMember,
     /// `DELETE /api/v1/cluster/members/{id}`: a node leaves.
     RemoveMember,
+    /// `GET /api/v1/indexes/{name}/snapshot`: the index's snapshot image, sent
+    /// by a forked child while the server goes on.
+    IndexSnapshot,
+    /// `PUT /api/v1/indexes/{name}/restore`: a new index from a snapshot image.
+    RestoreIndex,
     /// `GET /healthz`: the process answers (a liveness probe).
     Live,
     /// `GET /readyz`: the data is loaded and, in a cluster, a leader known
@@ -39,7 +44,7 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// Every endpoint, in declaration order (`endpoint as usize` is its position).
-    pub const ALL: [Endpoint; 20] = [
+    pub const ALL: [Endpoint; 22] = [
         Endpoint::Health,
         Endpoint::TestAuth,
         Endpoint::Metrics,
@@ -58,6 +63,8 @@ impl Endpoint {
         Endpoint::Cluster,
         Endpoint::AddMember,
         Endpoint::RemoveMember,
+        Endpoint::IndexSnapshot,
+        Endpoint::RestoreIndex,
         Endpoint::Live,
         Endpoint::Ready,
     ];
@@ -83,6 +90,8 @@ impl Endpoint {
             Endpoint::Cluster => "cluster",
             Endpoint::AddMember => "add_member",
             Endpoint::RemoveMember => "remove_member",
+            Endpoint::IndexSnapshot => "index_snapshot",
+            Endpoint::RestoreIndex => "restore_index",
             Endpoint::Live => "healthz",
             Endpoint::Ready => "readyz",
         }
@@ -94,6 +103,7 @@ impl Endpoint {
             self,
             Endpoint::CreateIndex
                 | Endpoint::DeleteIndex
+                | Endpoint::RestoreIndex
                 | Endpoint::Upsert
                 | Endpoint::Insert
                 | Endpoint::DeleteEmbeddings
@@ -118,6 +128,7 @@ impl Endpoint {
             self,
             Endpoint::ListIndexes
                 | Endpoint::IndexStats
+                | Endpoint::IndexSnapshot
                 | Endpoint::Search
                 | Endpoint::SearchBatch
                 | Endpoint::Scroll

@@ -181,3 +181,12 @@ const _: () = assert!(HEADERS_COUNT_MAX_DEFAULT <= HEADERS_COUNT_CEILING);
 const _: () = assert!(CHUNK_BYTES_MAX_DEFAULT <= BODY_BYTES_MAX_DEFAULT);
 // A single vector of the largest dimensionality must fit in a body.
 const _: () = assert!(DIMENSIONS_MAX_DEFAULT * 16 < BODY_BYTES_MAX_DEFAULT);
+
+/// Snapshot downloads sent at once, each by a forked child: each holds the
+/// pages the loop writes to while it runs (copy-on-write), so their number
+/// bounds that memory. One more is answered 503 SNAPSHOTS_BUSY.
+pub const SNAPSHOT_DOWNLOADS_MAX: usize = 4;
+
+/// A snapshot download whose client takes no bytes for this long is cut
+/// off: its child ends rather than hold its memory for a stalled reader.
+pub const SNAPSHOT_SEND_STALL_MS: u64 = 60_000;

@@ -173,7 +173,8 @@ impl Limiter {
 /// Logs how far a long start-up step has got, at most once a second:
 /// percent done and rate.
 pub struct Progress {
-    what: &'static str,
+    /// None: counts, says nothing (`quiet`).
+    what: Option<&'static str>,
     total_bytes: u64,
     done_bytes: u64,
     calls: u64,
@@ -184,12 +185,21 @@ pub struct Progress {
 impl Progress {
     pub fn new(what: &'static str, total_bytes: u64) -> Progress {
         let now = Instant::now();
+        let what = Some(what);
         Progress { what, total_bytes, done_bytes: 0, calls: 0, started: now, next_report: now + Duration::from_secs(1) }
+    }
+
+    /// A progress that logs nothing (a step that is not part of the start).
+    pub fn quiet() -> Progress {
+        let mut progress = Progress::new("", 0);
+        progress.what = None;
+        progress
     }
 
     pub fn advance(&mut self, bytes: u64) {
         self.done_bytes += bytes;
         self.calls += 1;
+        let Some(what) = self.what else { return };
         // Small steps: look at the clock every 1024 of them, not each time.
         if bytes < 65536 && !self.calls.is_multiple_of(1024) {
             return;
@@ -204,7 +214,7 @@ impl Progress {
             "recovery_progress",
             format_args!(
                 "recovery: {} {:.0}% ({} of {} MB, {:.0} MB/s)",
-                self.what,
+                what,
                 self.done_bytes as f64 * 100.0 / self.total_bytes.max(1) as f64,
                 self.done_bytes >> 20,
                 self.total_bytes >> 20,

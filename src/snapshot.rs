@@ -125,6 +125,23 @@ pub fn write_index(path: &Path, index: &Index) -> io::Result<()> {
     write_file(path, |out| write_rows(out, index))
 }
 
+/// An index's snapshot image, the bytes of its snapshot file (a download's
+/// body), written to `out`.
+pub fn write_image(out: &mut impl Write, index: &Index) -> io::Result<()> {
+    let mut out = Checksummed { inner: out, crc: 0 };
+    write_rows(&mut out, index)?;
+    let crc = out.crc;
+    out.inner.write_all(&crc.to_le_bytes())
+}
+
+/// How many bytes `write_image` writes for `index`.
+pub fn image_bytes(index: &Index) -> u64 {
+    let (ids, vectors, metadata) = index.parts();
+    let metadata_bytes: u64 = metadata.iter().map(|text| 4 + text.len() as u64).sum();
+    let header = SNAPSHOT_MAGIC.len() + 4 + 4 + 8 + 8;
+    header as u64 + 8 * ids.len() as u64 + 4 * vectors.len() as u64 + metadata_bytes + 4
+}
+
 /// An index's header and rows, as its snapshot file holds them before the CRC.
 fn write_rows(out: &mut impl Write, index: &Index) -> io::Result<()> {
     let (ids, vectors, metadata) = index.parts();
@@ -178,6 +195,12 @@ pub fn load_index(path: &Path, progress: &mut crate::log::Progress) -> Result<In
 /// `path` names it in errors.
 pub fn load_index_bytes(bytes: &[u8], path: &Path, progress: &mut crate::log::Progress) -> Result<Index, LoadError> {
     read_index(bytes, bytes.len() as u64, path, progress)
+}
+
+/// Loads a snapshot image (a download, a restore's body), quietly: no
+/// progress lines. `path` names it in errors.
+pub fn load_image(bytes: &[u8], path: &Path) -> Result<Index, LoadError> {
+    read_index(bytes, bytes.len() as u64, path, &mut crate::log::Progress::quiet())
 }
 
 /// Reads a snapshot file of `length` bytes from `source`, checking its CRC.
@@ -234,9 +257,10 @@ fn read_index(
     };
     read(&mut input).map_err(|error| match error.kind() {
         // A file shorter than its header says is damaged, not unreadable.
-        io::ErrorKind::Other | io::ErrorKind::UnexpectedEof => {
-            LoadError::Damaged { path: path.to_owned(), why: error.to_string() }
+        io::ErrorKind::UnexpectedEof => {
+            LoadError::Damaged { path: path.to_owned(), why: "cut short: it ends before its rows do".to_owned() }
         }
+        io::ErrorKind::Other => LoadError::Damaged { path: path.to_owned(), why: error.to_string() },
         _ => unreadable(error),
     })
 }

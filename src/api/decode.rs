@@ -193,6 +193,42 @@ impl Decoder {
         Ok(())
     }
 
+    /// Checks a stored metadata text (a restored snapshot's): it must be
+    /// exactly what `write_metadata` writes for it, within the limits, so
+    /// that a row restored is a row an upsert could have stored. `copy`
+    /// and `written` are scratch.
+    pub fn stored_metadata(
+        &mut self,
+        text: &[u8],
+        limits: BodyLimits,
+        (copy, written): (&mut Vec<u8>, &mut Vec<u8>),
+    ) -> Result<(), String> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        if text.len() > limits.metadata_bytes_max {
+            return Err(format!("metadata: at most {} bytes of JSON text", limits.metadata_bytes_max));
+        }
+        copy.clear();
+        copy.extend_from_slice(text);
+        written.clear();
+        let entries_max = limits.metadata_entries_max;
+        let read = self.with_tape(copy, |nodes, scratch| {
+            if let Node::Object { len, .. } = nodes[0] {
+                if len > entries_max {
+                    return Err(ApiError::bad_body(format_args!("metadata: at most {entries_max} entries")));
+                }
+            }
+            write_metadata(nodes, 0, 0, written, &mut scratch.keys)
+        });
+        match read {
+            Err(ApiError::BadBody { detail }) => Err(detail.replace("embeddings[0].", "")),
+            Err(error) => Err(error.to_string()),
+            Ok(()) if written.as_slice() == text => Ok(()),
+            Ok(()) => Err("metadata: not in the form this server stores".to_owned()),
+        }
+    }
+
     /// `{"dimensions": int, "metric": string, "p"?: number}`: the
     /// dimensions, the metric's name and `p` if it is a number (only `lp`
     /// reads it; `Metric::parse` says whether it fits).

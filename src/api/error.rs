@@ -32,6 +32,10 @@ pub enum ApiError {
     ReadOnlyKey {
         what: &'static str,
     },
+    /// A snapshot download could not start: `reason` says why.
+    SnapshotUnavailable {
+        reason: String,
+    },
     /// `GET /readyz` before this node can serve: `reason` says why.
     NotReady {
         reason: String,
@@ -119,7 +123,7 @@ impl ApiError {
             ApiError::MemberExists { .. } | ApiError::LastVoter { .. } => 409,
             ApiError::NoApiKey { .. } | ApiError::InvalidApiKey { .. } => 401,
             ApiError::ReadOnlyKey { .. } => 403,
-            ApiError::NotReady { .. } => 503,
+            ApiError::NotReady { .. } | ApiError::SnapshotUnavailable { .. } => 503,
             ApiError::NotFound { .. } => 404,
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::IndexNotFound { .. }
@@ -148,6 +152,7 @@ impl ApiError {
             ApiError::InvalidApiKey { .. } => "INVALID_API_KEY",
             ApiError::ReadOnlyKey { .. } => "READ_ONLY_API_KEY",
             ApiError::NotReady { .. } => "NOT_READY",
+            ApiError::SnapshotUnavailable { .. } => "SNAPSHOT_UNAVAILABLE",
             ApiError::NotFound { .. } => "NOT_FOUND",
             ApiError::MethodNotAllowed { .. } => "METHOD_NOT_ALLOWED",
             ApiError::IndexNotFound { op: IndexOp::Fetch, .. } => "INDEX_NOT_FETCHED",
@@ -184,6 +189,7 @@ impl ApiError {
             ApiError::InvalidApiKey { .. } => "Invalid API key.",
             ApiError::ReadOnlyKey { .. } => "Forbidden",
             ApiError::NotReady { .. } => "not ready",
+            ApiError::SnapshotUnavailable { .. } => "Service unavailable",
             ApiError::NotFound { .. } => "Not found",
             ApiError::MethodNotAllowed { .. } => "Method not allowed",
             ApiError::IndexNotFound { op: IndexOp::Fetch, .. } => "An error occurred while fetching the index.",
@@ -248,7 +254,7 @@ impl fmt::Display for ApiError {
                 "the read-only API key may not {what}: it may search, retrieve, scroll, read stats, list indexes and \
                  read the cluster's status"
             ),
-            ApiError::NotReady { reason } => f.write_str(reason),
+            ApiError::NotReady { reason } | ApiError::SnapshotUnavailable { reason } => f.write_str(reason),
             ApiError::NotFound { path } => write!(f, "there is no endpoint at '{path}'"),
             ApiError::MethodNotAllowed { path, allow } => write!(f, "'{path}' accepts only {allow}"),
             ApiError::IndexNotFound { name, .. } => write!(f, "index '{name}' does not exist"),

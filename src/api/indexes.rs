@@ -4,8 +4,11 @@ use super::decode::Creation;
 use super::envelope::Envelope;
 use super::error::{ApiError, IndexOp};
 use super::{find, json, ApiLimits, Reply, Scratch};
+use std::path::Path;
+
 use crate::db::Database;
 use crate::limits::{INDEX_NAME_BYTES_MAX, INDEX_NAME_BYTES_MIN};
+use crate::snapshot::{self, LoadError};
 use crate::store::{Metric, MetricError, Mutation, Store};
 
 /// `^[a-z0-9-]{3,32}$`, the upper bound lowered by `--index-name-bytes-max`.
@@ -39,6 +42,53 @@ pub fn create(
     }
     db.apply(&Mutation::CreateIndex { name, dims, metric }).map_err(ApiError::Storage)?;
     Ok(Envelope::start(out, 200, keep_alive, format_args!("Index '{name}' created successfully.")).finish())
+}
+
+/// `PUT /api/v1/indexes/{name}/restore`: index `name`, new, from a snapshot
+/// image (a download's body). Every row is checked as an upsert would
+/// check it, so that nothing restored could not have been stored; then the
+/// whole index is one log record.
+pub fn restore(
+    db: &mut Database,
+    scratch: &mut Scratch,
+    limits: ApiLimits,
+    name: &str,
+    body: &mut [u8],
+    reply: Reply<'_>,
+) -> Result<u16, ApiError> {
+    let Reply { out, keep_alive } = reply;
+    if !is_valid_name(name, limits.index_name_bytes_max) {
+        return Err(ApiError::IndexNameInvalid { name: name.to_owned(), bytes_max: limits.index_name_bytes_max });
+    }
+    if db.store().index(name).is_some() {
+        return Err(ApiError::IndexExists { name: name.to_owned() });
+    }
+    if db.store().len() >= limits.indexes_max {
+        return Err(ApiError::TooManyIndexes { max: limits.indexes_max });
+    }
+    let index = snapshot::load_image(body, Path::new("the body")).map_err(|error| match error {
+        LoadError::Damaged { why, .. } => ApiError::bad_body(format_args!("body: not a quiver index snapshot ({why})")),
+        LoadError::Io { source, .. } => ApiError::bad_body(format_args!("body: {source}")),
+    })?;
+    if index.dims() > limits.dimensions_max {
+        let (dims, max) = (index.dims(), limits.dimensions_max);
+        return Err(ApiError::bad_body(format_args!("body: {dims} dimensions, more than --dimensions-max {max}")));
+    }
+    let (ids, vectors, metadata) = index.parts();
+    let (mut copy, mut written) = (Vec::new(), Vec::new());
+    for (row, (&id, text)) in ids.iter().zip(metadata).enumerate() {
+        let vector = &vectors[row * index.dims()..(row + 1) * index.dims()];
+        let checked = index.check_vector(vector).map_err(|error| error.to_string());
+        let checked =
+            checked.and_then(|()| scratch.decoder.stored_metadata(text, limits.body, (&mut copy, &mut written)));
+        if let Err(why) = checked {
+            return Err(ApiError::bad_body(format_args!("body: row {row} (id {id}): {why}")));
+        }
+    }
+    let count = index.len();
+    db.restore(name, body, index).map_err(ApiError::Storage)?;
+    let message = format_args!("Index '{name}' restored with {count} embeddings.");
+    Ok(Envelope::start(out, 200, keep_alive, message).finish())
 }
 
 pub fn stats(store: &Store, name: &str, reply: Reply<'_>) -> Result<u16, ApiError> {

@@ -49,6 +49,9 @@ pub enum Handled {
     /// A cluster's write, proposed as this number: its answer comes from
     /// `take_answer` once it is applied, or has timed out.
     Replicating(u64),
+    /// A snapshot download: its head is written; `stream` sends it with
+    /// the body, from a child, on the connection's socket.
+    Stream,
 }
 
 /// Who asks: the connection's key in the loop, and its read's gate.
@@ -112,6 +115,8 @@ pub struct App {
     large_request: bool,
     /// This node's part in a cluster; none for a single node.
     cluster: Option<replicated::Replicated>,
+    /// The index of the download `handle` answered `Handled::Stream`.
+    download: Option<String>,
 }
 
 impl App {
@@ -127,6 +132,7 @@ impl App {
             metrics: Metrics::default(),
             large_request: false,
             cluster: None,
+            download: None,
         }
     }
 
@@ -315,6 +321,23 @@ impl App {
         self.db.shutdown();
     }
 
+    /// Sends the download `handle` answered `Handled::Stream`: a child
+    /// writes `owed` (the replies the connection has not sent, this
+    /// answer's head last), then the index's snapshot image, on the socket
+    /// `fd`, which the connection lets go of without shutting it down.
+    pub fn stream(&mut self, owed: &[u8], fd: std::os::fd::RawFd) -> Result<(), ApiError> {
+        let name = self.download.take().expect("a download answered Handled::Stream");
+        self.db.stream_index(&name, owed, fd).map_err(|error| ApiError::SnapshotUnavailable {
+            reason: match error {
+                crate::db::StreamError::Busy => format!(
+                    "{} snapshot downloads are being sent, the most at once; try again later",
+                    crate::limits::SNAPSHOT_DOWNLOADS_MAX
+                ),
+                crate::db::StreamError::Fork(error) => format!("cannot start the download: {error}"),
+            },
+        })
+    }
+
     /// Decides on a request from its head alone: where it goes, and whether
     /// its key lets it in. Runs before any byte of the body is read.
     pub fn admit(&self, head: &Head) -> Result<Target, ApiError> {
@@ -384,6 +407,18 @@ impl App {
                 Some(status) => Handled::Answered(status),
             };
         }
+        if target.endpoint == Endpoint::IndexSnapshot {
+            return match find(self.db.store(), name, IndexOp::Fetch) {
+                Ok(index) => {
+                    // The connection ends with it: nothing follows a body sent apart.
+                    let pending = response::start_typed(out, 200, false, None, "application/octet-stream");
+                    response::finish_sent_apart(out, pending, crate::snapshot::image_bytes(index));
+                    self.download = Some(name.to_owned());
+                    Handled::Stream
+                }
+                Err(error) => Handled::Answered(error.write(out, keep_alive)),
+            };
+        }
         if target.endpoint.writes() {
             // A change must not be seen by searches that arrived before it.
             self.run_parked_to(Render::Now);
@@ -421,8 +456,10 @@ impl App {
             Endpoint::SearchBatch => {
                 embeddings::search_batch(db, scratch, batches.scanner(), *limits, name, body, Reply { out, keep_alive })
             }
+            Endpoint::IndexSnapshot => unreachable!("downloads are streamed above"),
             Endpoint::CreateIndex
             | Endpoint::DeleteIndex
+            | Endpoint::RestoreIndex
             | Endpoint::Upsert
             | Endpoint::Insert
             | Endpoint::DeleteEmbeddings => {
@@ -453,6 +490,7 @@ fn refused_action(endpoint: Endpoint) -> &'static str {
         Endpoint::Upsert => "upsert embeddings",
         Endpoint::Insert => "insert embeddings",
         Endpoint::DeleteEmbeddings => "delete embeddings",
+        Endpoint::RestoreIndex => "restore an index",
         Endpoint::AddMember => "add a member to the cluster",
         Endpoint::RemoveMember => "remove a member from the cluster",
         _ => "make this request",

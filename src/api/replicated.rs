@@ -94,6 +94,7 @@ fn endpoint_code(endpoint: Endpoint) -> Option<u8> {
         Endpoint::Upsert => 3,
         Endpoint::Insert => 4,
         Endpoint::DeleteEmbeddings => 5,
+        Endpoint::RestoreIndex => 8,
         _ => return None,
     })
 }
@@ -105,6 +106,7 @@ fn endpoint_of(code: u8) -> Option<(Endpoint, Body)> {
         3 => (Endpoint::Upsert, Body::AsSent),
         4 => (Endpoint::Insert, Body::AsSent),
         5 => (Endpoint::DeleteEmbeddings, Body::AsSent),
+        8 => (Endpoint::RestoreIndex, Body::AsSent),
         UPSERT_BATCH => (Endpoint::Upsert, Body::Batch),
         INSERT_BATCH => (Endpoint::Insert, Body::Batch),
         _ => return None,
@@ -270,6 +272,7 @@ pub fn write(
         Endpoint::Upsert => embeddings::write(db, scratch, limits, Write::Upsert, name, body, reply),
         Endpoint::Insert => embeddings::write(db, scratch, limits, Write::Insert, name, body, reply),
         Endpoint::DeleteEmbeddings => embeddings::delete(db, scratch, limits, name, body, reply),
+        Endpoint::RestoreIndex => indexes::restore(db, scratch, limits, name, body, reply),
         _ => unreachable!("{endpoint:?} is not a write"),
     }
 }

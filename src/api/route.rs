@@ -51,6 +51,8 @@ pub fn route(method: Method, path: &str) -> Result<Target, ApiError> {
                 "create" => (Endpoint::CreateIndex, Method::Put),
                 "stats" => (Endpoint::IndexStats, Method::Get),
                 "delete" => (Endpoint::DeleteIndex, Method::Delete),
+                "snapshot" => (Endpoint::IndexSnapshot, Method::Get),
+                "restore" => (Endpoint::RestoreIndex, Method::Put),
                 _ => return Err(not_found()),
             };
             (endpoint, allowed, name_at(name))

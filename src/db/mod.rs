@@ -10,6 +10,9 @@
 //! files they make unused, are in `snapshots`.
 
 mod snapshots;
+mod streams;
+
+pub use streams::StreamError;
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions, TryLockError};
@@ -177,6 +180,8 @@ pub struct Database {
     written_state: Option<Vec<u8>>,
     /// A cluster's: the cluster bytes of the STATE in use (`stored_state`).
     state_cluster: Option<Vec<u8>>,
+    /// The children sending snapshot downloads (`stream_index`).
+    streams: Vec<libc::pid_t>,
     /// Held for the life of the process: one process per data directory.
     _lock: File,
 }
@@ -218,7 +223,16 @@ impl Database {
         let mut skipped = 0u64;
         let from = (manifest.log_start, options.repair_log);
         let replayed = wal::replay(&wal_dir, from, wal::record::decode, |record, _| {
-            if !replay_one(&mut store, &record, &mut items) {
+            let applied = match record {
+                Record::Restore { name, index } => {
+                    store.index(&name).is_none() && {
+                        store.put_index(&name, *index.0);
+                        true
+                    }
+                }
+                record => replay_one(&mut store, &record, &mut items),
+            };
+            if !applied {
                 skipped += 1;
             }
         })?;
@@ -266,6 +280,7 @@ impl Database {
             broken: None,
             child: None,
             remover: None,
+            streams: Vec::new(),
             snapshot_log_bytes: options.snapshot_log_bytes,
             written_state: None,
             state_cluster: None,
@@ -320,6 +335,7 @@ impl Database {
             broken: None,
             child: None,
             remover: None,
+            streams: Vec::new(),
             snapshot_log_bytes: u64::MAX,
             written_state: None,
             state_cluster: state.as_ref().map(|state| state.cluster.clone()),
@@ -404,6 +420,23 @@ impl Database {
         Ok(())
     }
 
+    /// Creates index `name` as `index`, restored from the snapshot image
+    /// `image` (`snapshot::load_image`'s, checked row by row by the
+    /// caller): one log record, so that it is durable, after the next
+    /// `commit`, whole or not at all.
+    pub fn restore(&mut self, name: &str, image: &[u8], index: Index) -> Result<(), StorageError> {
+        if let Some(failure) = &self.broken {
+            return Err(StorageError::ReadOnly(failure.clone()));
+        }
+        assert!(self.store.index(name).is_none(), "restore over index {name}");
+        self.store.put_index(name, index);
+        if let Some(log) = &mut self.log {
+            log.append_with(|out| wal::record::encode_restore(name, image, out));
+            self.undo.push(Undo::Created(name.to_owned()));
+        }
+        Ok(())
+    }
+
     /// Applies a mutation already durable elsewhere (a committed Raft entry).
     fn apply_committed(&mut self, mutation: &Mutation<'_>) {
         match *mutation {
@@ -477,6 +510,7 @@ fn replay_one(store: &mut Store, record: &Record, items: &mut Vec<u32>) -> bool 
             store.index(name).is_some_and(|index| (0..batch.len()).all(|i| batch.vector(i).len() == index.dims()))
         }
         Record::Delete { name, .. } => store.index(name).is_some(),
+        Record::Restore { .. } => unreachable!("restores are replayed whole, before this"),
     };
     if !applies {
         return false;

@@ -28,6 +28,7 @@ impl Database {
     pub fn maintain(&mut self) {
         debug_assert!(self.undo.is_empty(), "maintenance with uncommitted mutations");
         self.reap_snapshot(false);
+        self.reap_streams();
         let Some(log) = &self.log else { return };
         if self.child.is_some() || self.broken.is_some() {
             return;
@@ -338,7 +339,7 @@ impl Database {
     }
 
     /// Waits for the file remover, if one is running.
-    fn join_remover(&mut self) {
+    pub(super) fn join_remover(&mut self) {
         if let Some(remover) = self.remover.take() {
             // A remover that panicked removed less: the next one retries.
             let _ = remover.join();

@@ -69,7 +69,13 @@ pub fn start_typed(
 /// right-aligned behind spaces, which HTTP reads as optional whitespace.
 /// Returns the response's status.
 pub fn finish(out: &mut [u8], pending: Pending) -> u16 {
-    let body_bytes = out.len() - pending.body_at;
+    let body_bytes = (out.len() - pending.body_at) as u64;
+    finish_sent_apart(out, pending, body_bytes)
+}
+
+/// Fills in the length of a body of `body_bytes` that is sent apart from
+/// the buffer (a snapshot download's). Returns the response's status.
+pub fn finish_sent_apart(out: &mut [u8], pending: Pending, body_bytes: u64) -> u16 {
     let mut digits = itoa::Buffer::new();
     let digits = digits.format(body_bytes).as_bytes();
     assert!(digits.len() <= LENGTH_DIGITS, "response body too large for its length field");

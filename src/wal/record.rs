@@ -9,16 +9,25 @@
 //! drop    (2) = name
 //! upsert  (3) = name dims:u32 count:u32 { id:i64 meta_len:u32 meta }*count  f32*(count*dims)
 //! delete  (4) = name count:u32 id:i64*count
+//! restore (5) = name image                         (a whole index: its snapshot file's bytes,
+//!                                                   `snapshot.rs`, CRC included)
 //! ```
+//! A restore is one record, so that a crash leaves the index restored
+//! whole or not at all.
 //! All integers and floats are little-endian.
 
+use std::fmt;
+use std::path::Path;
+
 use super::frame::{self, DecodeError, Reader};
-use crate::store::{Batch, Metric, Mutation};
+use crate::snapshot;
+use crate::store::{Batch, Index, Metric, Mutation};
 
 const CREATE: u8 = 1;
 const DROP: u8 = 2;
 const UPSERT: u8 = 3;
 const DELETE: u8 = 4;
+const RESTORE: u8 = 5;
 
 /// A decoded record, owning its data.
 #[derive(Debug, PartialEq)]
@@ -27,6 +36,23 @@ pub enum Record {
     Drop { name: String },
     Upsert { name: String, batch: Batch },
     Delete { name: String, ids: Vec<i64> },
+    Restore { name: String, index: Restored },
+}
+
+/// A restored index, loaded from its record's image (and checked by its CRC).
+pub struct Restored(pub Box<Index>);
+
+impl fmt::Debug for Restored {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Restored({} rows of {} dimensions)", self.0.len(), self.0.dims())
+    }
+}
+
+impl PartialEq for Restored {
+    fn eq(&self, other: &Restored) -> bool {
+        let (a, b) = (&self.0, &other.0);
+        a.dims() == b.dims() && a.metric() == b.metric() && a.parts() == b.parts()
+    }
 }
 
 impl Record {
@@ -41,6 +67,7 @@ impl Record {
                 f(Mutation::Upsert { index: name, batch, items })
             }
             Record::Delete { name, ids } => f(Mutation::Delete { index: name, ids }),
+            Record::Restore { name, .. } => unreachable!("index {name}'s restore replays as a whole index"),
         }
     }
 }
@@ -100,6 +127,15 @@ pub fn encode(mutation: &Mutation<'_>, out: &mut Vec<u8>) {
     frame::end(out, start, kind);
 }
 
+/// Appends the record of a restore: index `name`, whose snapshot image
+/// (checked, `snapshot::load_image`) is `image`.
+pub fn encode_restore(name: &str, image: &[u8], out: &mut Vec<u8>) {
+    let start = frame::begin(out);
+    put_name(out, name);
+    out.extend_from_slice(image);
+    frame::end(out, start, RESTORE);
+}
+
 /// Decodes the record at the start of `bytes`; returns it and its length.
 pub fn decode(bytes: &[u8]) -> Result<(Record, usize), DecodeError> {
     frame::decode(bytes, read)
@@ -140,6 +176,12 @@ fn read(kind: u8, payload: &mut Reader<'_>) -> Option<Record> {
             let floats = payload.take(count.checked_mul(dims)?.checked_mul(4)?)?;
             batch.values = floats.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
             Record::Upsert { name, batch }
+        }
+        RESTORE => {
+            let name = payload.name()?;
+            let image = payload.take(payload.left())?;
+            let index = snapshot::load_image(image, Path::new("a restore record")).ok()?;
+            Record::Restore { name, index: Restored(Box::new(index)) }
         }
         DELETE => {
             let name = payload.name()?;
@@ -200,6 +242,28 @@ mod tests {
         assert_eq!((batch.vector(1), batch.metadata(1)), (&[9.0f32, 2.5][..], &b"{\"k\":\"2\"}"[..]));
         assert_eq!(records[2], Record::Delete { name: "abc".into(), ids: vec![5, 77] });
         assert_eq!(records[3], Record::Drop { name: "abc".into() });
+    }
+
+    #[test]
+    fn a_restore_is_one_record_of_its_image() {
+        let mut aligned = crate::store::aligned::Aligned::<f32>::zeroed(4);
+        aligned.copy_from_slice(&[1.0, 2.0, -3.0, 0.25]);
+        let metadata = vec![crate::store::index::Text::from_slice(b"{\"a\":1}"), Default::default()];
+        let index = Index::from_parts(2, Metric::L2, vec![4, -9], aligned, metadata).unwrap();
+        let mut image = Vec::new();
+        snapshot::write_image(&mut image, &index).unwrap();
+        let mut log = Vec::new();
+        encode_restore("kept", &image, &mut log);
+        let (record, len) = decode(&log).unwrap();
+        assert_eq!(len, log.len());
+        let Record::Restore { name, index: restored } = &record else { panic!("{record:?}") };
+        assert_eq!((name.as_str(), restored), ("kept", &Restored(Box::new(index))));
+        // A frame whose checksum holds around an image that does not is damage.
+        let mut bad_image = image.clone();
+        bad_image[30] ^= 1;
+        let mut log = Vec::new();
+        encode_restore("kept", &bad_image, &mut log);
+        assert!(matches!(decode(&log), Err(DecodeError::Corrupt(_))), "{:?}", decode(&log));
     }
 
     #[test]

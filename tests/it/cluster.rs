@@ -144,6 +144,21 @@ fn a_cluster_answers_every_request_as_one_node_would() {
     assert_eq!((r.status, &r.body["data"]["role"]), (200, &Value::from("single")));
     let r = cluster.node(0).call("GET", "/api/v1/indexes/list?consistency=sometimes", None);
     assert_eq!((r.status, r.code()), (400, "INVALID_CONSISTENCY"), "{r:?}");
+
+    // A restore is a write like the others: every node holds the index, bit for bit.
+    crate::harness::create_index(&single, "orig", 3, "cosine");
+    let rows = r#"{"embeddings":[{"id":1,"data":[1,0,0],"metadata":{"k":"a"}},{"id":2,"data":[0,1,0.5]}]}"#;
+    assert_eq!(single.call("PUT", "/api/v1/embeddings/orig/insert", Some(rows)).status, 200);
+    let key = &[("X-Service-API-Key", KEY)];
+    let (status, _, image) = single.connect().call_bytes("GET", "/api/v1/indexes/orig/snapshot", key, b"");
+    assert_eq!(status, 200);
+    let (status, _, body) = cluster.node(1).connect().call_bytes("PUT", "/api/v1/indexes/copy/restore", key, &image);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    cluster.wait_until_converged(Duration::from_secs(20));
+    for i in 0..3 {
+        let (status, _, copy) = cluster.node(i).connect().call_bytes("GET", "/api/v1/indexes/copy/snapshot", key, b"");
+        assert!(status == 200 && copy == image, "node {} holds another image", i + 1);
+    }
 }
 
 /// A node refuses to start without the shared key or the secret; a peer

@@ -274,8 +274,28 @@ impl Client {
         (status, body)
     }
 
+    /// A request with a body of any bytes; its response's status, head and
+    /// body bytes, unparsed (snapshot images go both ways).
+    pub fn call_bytes(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> (u16, String, Vec<u8>) {
+        let mut request = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {}\r\n", body.len());
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
+        let mut bytes = request.into_bytes();
+        bytes.extend_from_slice(body);
+        self.send(&bytes);
+        self.read_frame()
+    }
+
     /// Reads one response's status, head and body bytes.
-    fn read_frame(&mut self) -> (u16, String, Vec<u8>) {
+    pub fn read_frame(&mut self) -> (u16, String, Vec<u8>) {
         let head_end = loop {
             if let Some(at) = self.buffered.windows(4).position(|w| w == b"\r\n\r\n") {
                 break at + 4;

@@ -10,6 +10,9 @@ mod nodes;
 #[global_allocator]
 static ALLOCATOR: allocations::Counting = allocations::Counting;
 
+/// Backups while serving: snapshot downloads and restores.
+mod backups;
+
 /// No allocation on the steady-state path of health, search and retrieve.
 mod allocations;
 

@@ -149,10 +149,12 @@ fn the_openapi_document_is_served_without_a_key_and_covers_every_route() {
         ("/api/v1/cluster/members/{id}", "delete"),
         ("/healthz", "get"),
         ("/readyz", "get"),
+        ("/api/v1/indexes/{indexName}/snapshot", "get"),
+        ("/api/v1/indexes/{indexName}/restore", "put"),
     ] {
         assert!(paths.get(path).and_then(|p| p.get(method)).is_some(), "{method} {path} is not documented");
     }
-    assert_eq!(paths.len(), 20, "a documented path the server does not serve");
+    assert_eq!(paths.len(), 22, "a documented path the server does not serve");
     // The served JSON is exactly the repository's openapi.yaml.
     let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml")).unwrap();
     let source: serde_json::Value = yaml_serde::from_str(&yaml).unwrap();
@@ -166,6 +168,7 @@ fn the_openapi_document_is_served_without_a_key_and_covers_every_route() {
         "STORAGE_ERROR",
         "READ_ONLY_API_KEY",
         "NOT_READY",
+        "SNAPSHOT_UNAVAILABLE",
     ] {
         assert!(codes.iter().any(|c| c == code), "{code}");
     }
