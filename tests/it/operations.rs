@@ -396,3 +396,39 @@ fn settings_come_from_flags_then_the_environment_then_the_file() {
         assert!(help.contains(&format!("[env: {variable}")), "{variable} in:\n{help}");
     }
 }
+
+/// The Grafana dashboard in `docs/` asks only for metrics the server
+/// serves, and shows every one of them.
+#[test]
+fn the_grafana_dashboard_covers_the_metrics_the_server_serves() {
+    let server = Server::start();
+    create_index(&server, "watched", 2, "l2");
+    let insert = r#"{"embeddings":[{"id":1,"data":[1,2]}]}"#;
+    assert_eq!(server.call("PUT", "/api/v1/embeddings/watched/insert", Some(insert)).status, 200);
+    let search = r#"{"queryVector":[1,1],"k":1}"#;
+    assert_eq!(server.call("POST", "/api/v1/embeddings/watched/search", Some(search)).status, 200);
+    let served = metrics_text(&server);
+    let families: std::collections::BTreeSet<&str> =
+        served.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next()).collect();
+    assert!(families.len() >= 15, "{families:?}");
+
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/grafana-dashboard.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut asked = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            let mut rest = expr;
+            while let Some(at) = rest.find("quiver_") {
+                let name: String =
+                    rest[at..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
+                rest = &rest[at + name.len()..];
+                let family = name.strip_suffix("_bucket").unwrap_or(&name).to_owned();
+                assert!(families.contains(family.as_str()), "the dashboard asks for {name}, which is not served");
+                asked.insert(family);
+            }
+        }
+    }
+    let unshown: Vec<_> = families.iter().filter(|family| !asked.contains(**family)).collect();
+    assert!(unshown.is_empty(), "served but not on the dashboard: {unshown:?}");
+}
