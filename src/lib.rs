@@ -44,6 +44,9 @@
 //! - [`metrics`]: Prometheus counters and histograms; [`log`]: operator logs;
 //!   [`memory`]: freed memory given back to the system.
 //! - [`limits`]: every limit, with why; [`config`]: the command line.
+//! - [`tools`]: `quiver import` and `quiver export`, a client of the API
+//!   for files of embeddings (.npy, .jsonl, .parquet); it shares nothing of
+//!   the server but the JSON writer and the flags' environment names.
 //!
 //! Modules depend one way: `server` -> `connection` -> `api` -> `db` ->
 //! `store`, `wal`, `snapshot`; `store` depends on nothing of the crate but
@@ -69,4 +72,5 @@ pub mod snapshot;
 pub mod store;
 #[cfg(test)]
 mod testing;
+pub mod tools;
 pub mod wal;

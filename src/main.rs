@@ -1,5 +1,13 @@
 fn main() {
-    let config = match quiver::config::Config::load(std::env::args_os()) {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(status) = quiver::tools::run(&args) {
+        std::process::exit(status);
+    }
+    // `quiver serve` is `quiver`.
+    if args.get(1).is_some_and(|arg| arg == "serve") {
+        args.remove(1);
+    }
+    let config = match quiver::config::Config::load(args) {
         Ok(config) => config,
         Err(quiver::config::ConfigError::Flags(error)) => error.exit(),
         Err(quiver::config::ConfigError::File(error)) => {

@@ -13,6 +13,9 @@ static ALLOCATOR: allocations::Counting = allocations::Counting;
 /// Backups while serving: snapshot downloads and restores.
 mod backups;
 
+/// `quiver import` and `quiver export`: files in and out, every format.
+mod import_export;
+
 /// No allocation on the steady-state path of health, search and retrieve.
 mod allocations;
 

@@ -420,8 +420,7 @@ fn the_grafana_dashboard_covers_the_metrics_the_server_serves() {
             let expr = target["expr"].as_str().unwrap();
             let mut rest = expr;
             while let Some(at) = rest.find("quiver_") {
-                let name: String =
-                    rest[at..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
+                let name: String = rest[at..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
                 rest = &rest[at + name.len()..];
                 let family = name.strip_suffix("_bucket").unwrap_or(&name).to_owned();
                 assert!(families.contains(family.as_str()), "the dashboard asks for {name}, which is not served");
