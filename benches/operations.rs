@@ -1,0 +1,182 @@
+//! Issue 37's figures, each against its reference in the same run:
+//! `quiver import` of a 100,000 x 768 `.npy` against the same rows sent
+//! over raw HTTP; `quiver export` to Parquet; a snapshot download of the
+//! index while writes go on, and those writes' p99 with and without it.
+//! The table is also written to `target/operations-bench.md`.
+//!
+//! Run with `make bench` (or `cargo bench --bench operations`).
+
+#[allow(dead_code)]
+#[path = "../tests/it/harness.rs"]
+mod harness;
+
+use std::fmt::Write as _;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use harness::{create_index, Rng, Server, KEY};
+use npyz::WriterBuilder;
+
+const DIMS: usize = 768;
+const ROWS: usize = 100_000;
+const BATCH: usize = 1_000;
+
+fn main() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(37);
+    let values: Vec<f32> = (0..ROWS * DIMS).map(|_| rng.float()).collect();
+    let vector_mb = (ROWS * DIMS * 4) as f64 / 1e6;
+    let mut table = String::from("| figure | ours | reference | ratio | goal |\n|---|---|---|---|---|\n");
+    let mut row = |figure: &str, ours: String, reference: String, ratio: f64, goal: &str| {
+        println!("  {figure}: {ours} | reference {reference} | ratio {ratio:.2} (goal {goal})");
+        writeln!(table, "| {figure} | {ours} | {reference} | {ratio:.2} | {goal} |").unwrap();
+    };
+    println!("operations (release server, loopback)");
+    let server = Server::start();
+
+    // Raw HTTP: the rows in bodies of 1,000, one client, as a script would.
+    create_index(&server, "raw", DIMS, "cosine");
+    let mut client = server.connect();
+    let started = Instant::now();
+    for batch in 0..ROWS / BATCH {
+        let mut body = String::from(r#"{"embeddings":["#);
+        for i in batch * BATCH..(batch + 1) * BATCH {
+            if i > batch * BATCH {
+                body.push(',');
+            }
+            write!(body, r#"{{"id":{i},"data":["#).unwrap();
+            for (d, x) in values[i * DIMS..(i + 1) * DIMS].iter().enumerate() {
+                if d > 0 {
+                    body.push(',');
+                }
+                body.push_str(ryu::Buffer::new().format_finite(*x));
+            }
+            body.push_str("]}");
+        }
+        body.push_str("]}");
+        let r = client.call("PUT", "/api/v1/embeddings/raw/insert", Some(&body));
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    let raw = vector_mb / started.elapsed().as_secs_f64();
+
+    // `quiver import` of the same rows from a .npy.
+    let npy = dir.path().join("rows.npy");
+    let file = std::io::BufWriter::new(std::fs::File::create(&npy).unwrap());
+    let mut writer =
+        npyz::WriteOptions::new().default_dtype().shape(&[ROWS as u64, DIMS as u64]).writer(file).begin_nd().unwrap();
+    writer.extend(values.iter().copied()).unwrap();
+    writer.finish().unwrap();
+    create_index(&server, "imported", DIMS, "cosine");
+    let started = Instant::now();
+    let (status, said) = tool(&server, &["import", "--index", "imported"], &npy);
+    let imported = vector_mb / started.elapsed().as_secs_f64();
+    assert_eq!(status, 0, "{said}");
+    row(
+        "1. quiver import, 100,000 x 768 .npy (MB of vectors a second)",
+        format!("{imported:.0} MB/s"),
+        format!("raw HTTP, 1,000 a body, one client: {raw:.0} MB/s"),
+        imported / raw,
+        ">= 0.8",
+    );
+
+    // `quiver export` to Parquet.
+    let parquet = dir.path().join("out.parquet");
+    let started = Instant::now();
+    let (status, said) = tool(&server, &["export", "--index", "imported"], &parquet);
+    let exported = vector_mb / started.elapsed().as_secs_f64();
+    assert_eq!(status, 0, "{said}");
+    row(
+        "2. quiver export to Parquet (MB of vectors a second)",
+        format!("{exported:.0} MB/s"),
+        "200 MB/s".into(),
+        exported / 200.0,
+        ">= 1",
+    );
+
+    // Writes' latency alone, then while downloads run back to back.
+    let alone = write_latencies(&server, Duration::from_secs(4), || {});
+    let mut downloads = Vec::new();
+    let during = write_latencies(&server, Duration::from_secs(4), || {
+        let started = Instant::now();
+        let (status, _, image) =
+            server.connect().call_bytes("GET", "/api/v1/indexes/imported/snapshot", &[("X-Service-API-Key", KEY)], b"");
+        assert_eq!(status, 200);
+        downloads.push(image.len() as f64 / 1e6 / started.elapsed().as_secs_f64());
+    });
+    downloads.sort_by(f64::total_cmp);
+    let download = downloads[downloads.len() / 2];
+    row(
+        "3. snapshot download of 100,000 x 768 while writes go on (median)",
+        format!("{download:.0} MB/s ({} downloads)", downloads.len()),
+        "500 MB/s".into(),
+        download / 500.0,
+        ">= 1",
+    );
+    let (p99_alone, p99_during) = (p99(alone), p99(during));
+    row(
+        "3. writes' p99 (10 x 768 upserts) during downloads",
+        format!("{:.2} ms", p99_during * 1e3),
+        format!("without: {:.2} ms", p99_alone * 1e3),
+        p99_during / p99_alone,
+        "<= 2",
+    );
+    println!("  4. TLS: not built yet");
+    let out = std::path::Path::new("target/operations-bench.md");
+    std::fs::write(out, table).unwrap();
+    println!("table written to {}", out.display());
+}
+
+fn tool(server: &Server, args: &[&str], file: &std::path::Path) -> (i32, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_quiver"))
+        .args(args)
+        .args(["--url", &format!("http://{}", server.addr)])
+        .arg(file)
+        .env("QUIVER_API_KEY", KEY)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stderr).into_owned();
+    println!("    {}", said.trim());
+    (output.status.code().unwrap_or(-1), said)
+}
+
+/// Upserts of 10 rows, one after another for `how_long`, each timed, while
+/// `alongside` runs again and again on this thread's other side.
+fn write_latencies(server: &Server, how_long: Duration, mut alongside: impl FnMut() + Send) -> Vec<f64> {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let mut client = server.connect();
+            let mut rng = Rng(5);
+            let mut latencies = Vec::new();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let items: Vec<String> = (0..10)
+                    .map(|i| {
+                        let data: Vec<String> = (0..DIMS).map(|_| rng.float().to_string()).collect();
+                        format!(r#"{{"id":{},"data":[{}]}}"#, (n * 10 + i) % 50_000, data.join(","))
+                    })
+                    .collect();
+                let body = format!(r#"{{"embeddings":[{}]}}"#, items.join(","));
+                let started = Instant::now();
+                let r = client.call("PUT", "/api/v1/embeddings/imported/upsert", Some(&body));
+                latencies.push(started.elapsed().as_secs_f64());
+                assert_eq!(r.status, 200);
+                n += 1;
+            }
+            latencies
+        });
+        let deadline = Instant::now() + how_long;
+        while Instant::now() < deadline {
+            alongside();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap()
+    })
+}
+
+fn p99(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() * 99 / 100]
+}
