@@ -197,6 +197,44 @@ pub fn load_index_bytes(bytes: &[u8], path: &Path, progress: &mut crate::log::Pr
     read_index(bytes, bytes.len() as u64, path, progress)
 }
 
+/// An image's rows, read in place (`quiver export` from a download): the
+/// header and the CRC32C checked, nothing built.
+pub struct ImageRows<'a> {
+    pub dims: usize,
+    pub ids: Vec<i64>,
+    /// The vectors' f32s, little-endian, row after row.
+    pub vectors: &'a [u8],
+    /// Each row's metadata text (empty for `{}`).
+    pub metadata: Vec<&'a [u8]>,
+}
+
+/// Reads a snapshot image's rows; an error says what is wrong with it.
+pub fn image_rows(bytes: &[u8]) -> Result<ImageRows<'_>, String> {
+    let (body, crc) = bytes.split_at_checked(bytes.len().saturating_sub(4)).ok_or("cut short")?;
+    if bytes.len() < 36 || &body[..8] != SNAPSHOT_MAGIC || body[8..12] != VERSION.to_le_bytes() {
+        return Err("not a quiver snapshot of a known version".to_owned());
+    }
+    if crc32c::crc32c(body).to_le_bytes() != crc {
+        return Err("checksum mismatch".to_owned());
+    }
+    let dims = u32::from_le_bytes(body[12..16].try_into().expect("4 bytes")) as usize;
+    let count = u64::from_le_bytes(body[24..32].try_into().expect("8 bytes"));
+    let rows_bytes = count.checked_mul(8 + 4 * dims as u64).filter(|&n| n <= body.len() as u64 - 32);
+    let count = rows_bytes.map(|_| count as usize).ok_or("header does not match the size")?;
+    let (ids, rest) = body[32..].split_at(count * 8);
+    let (vectors, mut rest) = rest.split_at(count * dims * 4);
+    let mut metadata = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (len, after) = rest.split_at_checked(4).ok_or("cut short")?;
+        let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+        let (text, after) = after.split_at_checked(len).ok_or("metadata longer than the image")?;
+        metadata.push(text);
+        rest = after;
+    }
+    let ids = ids.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
+    Ok(ImageRows { dims, ids, vectors, metadata })
+}
+
 /// Loads a snapshot image (a download, a restore's body), quietly: no
 /// progress lines. `path` names it in errors.
 pub fn load_image(bytes: &[u8], path: &Path) -> Result<Index, LoadError> {
@@ -402,6 +440,27 @@ pub fn write_indexes(snapshots_dir: &Path, generation: u64, store: &Store) -> io
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn image_rows_read_what_write_image_wrote_and_refuse_damage() {
+        let mut vectors = Aligned::<f32>::zeroed(6);
+        vectors.copy_from_slice(&[1.5, -2.0, 0.0, 3.25, f32::MIN_POSITIVE, 7.0]);
+        let metadata = vec![Text::from_slice(b"{\"k\":\"v\"}"), Text::default(), Text::from_slice(b"{}")];
+        let index = Index::from_parts(2, Metric::Cosine, vec![3, -1, 8], vectors, metadata).unwrap();
+        let mut image = Vec::new();
+        write_image(&mut image, &index).unwrap();
+        assert_eq!(image.len() as u64, image_bytes(&index));
+        let rows = image_rows(&image).unwrap();
+        let (ids, vectors, metadata) = index.parts();
+        assert_eq!((rows.dims, rows.ids.as_slice()), (2, ids));
+        assert_eq!(rows.vectors, bytemuck::cast_slice::<f32, u8>(vectors));
+        assert!(rows.metadata.iter().zip(metadata).all(|(a, b)| *a == &b[..]));
+        let mut flipped = image.clone();
+        flipped[40] ^= 4;
+        assert_eq!(image_rows(&flipped).err().as_deref(), Some("checksum mismatch"));
+        assert!(image_rows(&image[..image.len() - 5]).is_err());
+        assert!(image_rows(b"QUIVSNP1").is_err());
+    }
 
     #[test]
     fn snapshot_and_manifest_round_trip_and_detect_damage() {

@@ -500,7 +500,11 @@ impl Sink {
                     Field::new("metadata", DataType::Utf8, true),
                 ]));
                 let file = File::create(path).map_err(|e| at(&e))?;
-                let writer = parquet::arrow::ArrowWriter::try_new(file, schema.clone(), None).map_err(|e| at(&e))?;
+                // No dictionaries: float vectors seldom repeat, and trying costs.
+                let properties =
+                    parquet::file::properties::WriterProperties::builder().set_dictionary_enabled(false).build();
+                let writer =
+                    parquet::arrow::ArrowWriter::try_new(file, schema.clone(), Some(properties)).map_err(|e| at(&e))?;
                 Sink::Parquet { writer: Box::new(writer), schema, dims, path: path.to_owned() }
             }
         })

@@ -7,8 +7,9 @@
 //! at fault are found, so that every good row goes in. `--mode insert`
 //! (the default) leaves rows already in the index as they are, so a second
 //! run resumes an interrupted one; `--mode upsert` overwrites them. Export
-//! pages through the index with scroll (the rows a `--filter` matches, or
-//! all) and writes them. Both end with a summary and exit 0 only when every
+//! reads the whole index from its snapshot download (one moment's rows, in
+//! binary), or pages through the rows a `--filter` matches with scroll, and
+//! writes them. Both end with a summary and exit 0 only when every
 //! row went through.
 
 pub mod client;
@@ -474,6 +475,14 @@ fn export(args: &ExportArgs) -> i32 {
         Err(error) => return fail(error),
     };
     let bar = progress(if filter.is_some() { None } else { count }, "exporting");
+    if filter.is_none() {
+        // The whole index: its snapshot, one moment's rows, in one binary read.
+        let written = match from_snapshot(&client, &args.target.index, &mut sink, &bar) {
+            Ok(written) => written,
+            Err(error) => return fail(error),
+        };
+        return finish_export(args, sink, bar, written, started);
+    }
     let limit = ((16 << 20) / (dims * 12 + 64)).clamp(1, 10_000);
     let path = format!("/api/v1/embeddings/{}/scroll", args.target.index);
     let (mut after, mut rows, mut written, mut bytes) = (None::<i64>, Rows::default(), 0u64, 0u64);
@@ -519,9 +528,58 @@ fn export(args: &ExportArgs) -> i32 {
             _ => break,
         }
     }
+    finish_export(args, sink, bar, (written, bytes), started)
+}
+
+/// An index's rows from its snapshot download, into `sink`; how many rows
+/// and vector bytes.
+fn from_snapshot(
+    client: &Client,
+    index: &str,
+    sink: &mut Sink,
+    bar: &indicatif::ProgressBar,
+) -> Result<(u64, u64), String> {
+    let (status, image) =
+        client.call_bytes("GET", &format!("/api/v1/indexes/{index}/snapshot"), None).map_err(|e| e.to_string())?;
+    if status != 200 {
+        let body = serde_json::from_slice(&image).unwrap_or_default();
+        return Err(format!("index '{index}': {}", client::Answer { status, body }.error_text()));
+    }
+    let image = crate::snapshot::image_rows(&image).map_err(|why| format!("index '{index}': its snapshot: {why}"))?;
+    let mut rows = Rows::default();
+    let row_bytes = image.dims * 4;
+    for (chunk, ids) in image.ids.chunks(EXPORT_BATCH_ROWS).enumerate() {
+        rows.clear();
+        let first = chunk * EXPORT_BATCH_ROWS;
+        rows.ids.extend_from_slice(ids);
+        let bytes = &image.vectors[first * row_bytes..(first + ids.len()) * row_bytes];
+        rows.values.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))));
+        rows.vector_ends.extend((1..=ids.len()).map(|n| n * image.dims));
+        for text in &image.metadata[first..first + ids.len()] {
+            rows.metadata.push(String::from_utf8_lossy(text).into_owned());
+        }
+        sink.write(&rows)?;
+        bar.inc(ids.len() as u64);
+    }
+    Ok((image.ids.len() as u64, image.vectors.len() as u64))
+}
+
+/// Rows an export writes at a time.
+const EXPORT_BATCH_ROWS: usize = 8192;
+
+fn finish_export(
+    args: &ExportArgs,
+    sink: Sink,
+    bar: indicatif::ProgressBar,
+    (written, bytes): (u64, u64),
+    started: Instant,
+) -> i32 {
     let dropped_metadata = match sink.finish() {
         Ok(n) => n,
-        Err(error) => return fail(error),
+        Err(error) => {
+            eprintln!("quiver export: {error}");
+            return 1;
+        }
     };
     bar.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
