@@ -184,9 +184,14 @@ const _: () = assert!(DIMENSIONS_MAX_DEFAULT * 16 < BODY_BYTES_MAX_DEFAULT);
 
 /// Snapshot downloads sent at once, each by a forked child: each holds the
 /// pages the loop writes to while it runs (copy-on-write), so their number
-/// bounds that memory. One more is answered 503 SNAPSHOTS_BUSY.
+/// bounds that memory. One more is answered 503 SNAPSHOT_UNAVAILABLE.
 pub const SNAPSHOT_DOWNLOADS_MAX: usize = 4;
 
 /// A snapshot download whose client takes no bytes for this long is cut
 /// off: its child ends rather than hold its memory for a stalled reader.
 pub const SNAPSHOT_SEND_STALL_MS: u64 = 60_000;
+
+/// A snapshot download must average at least this many bytes a second (1
+/// MB/s) beyond its first `SNAPSHOT_SEND_STALL_MS`, or it is cut off: a
+/// client that takes a byte now and then cannot hold a child for ever.
+pub const SNAPSHOT_SEND_RATE_MIN_BYTES: u64 = 1_000_000;

@@ -231,6 +231,9 @@ pub fn image_rows(bytes: &[u8]) -> Result<ImageRows<'_>, String> {
         metadata.push(text);
         rest = after;
     }
+    if !rest.is_empty() {
+        return Err(format!("{} bytes follow its rows", rest.len()));
+    }
     let ids = ids.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
     Ok(ImageRows { dims, ids, vectors, metadata })
 }
@@ -238,7 +241,13 @@ pub fn image_rows(bytes: &[u8]) -> Result<ImageRows<'_>, String> {
 /// Loads a snapshot image (a download, a restore's body), quietly: no
 /// progress lines. `path` names it in errors.
 pub fn load_image(bytes: &[u8], path: &Path) -> Result<Index, LoadError> {
-    read_index(bytes, bytes.len() as u64, path, &mut crate::log::Progress::quiet())
+    let mut rest = bytes;
+    let index = read_index(&mut rest, bytes.len() as u64, path, &mut crate::log::Progress::quiet())?;
+    if !rest.is_empty() {
+        let why = format!("{} bytes follow its checksum", rest.len());
+        return Err(LoadError::Damaged { path: path.to_owned(), why });
+    }
+    Ok(index)
 }
 
 /// Reads a snapshot file of `length` bytes from `source`, checking its CRC.

@@ -251,8 +251,8 @@ impl fmt::Display for ApiError {
             ApiError::InvalidApiKey { header } => write!(f, "the {header} header does not hold this server's API key"),
             ApiError::ReadOnlyKey { what } => write!(
                 f,
-                "the read-only API key may not {what}: it may search, retrieve, scroll, read stats, list indexes and \
-                 read the cluster's status"
+                "the read-only API key may not {what}: it may search, retrieve, scroll, read stats, list indexes, \
+                 download snapshots and read the cluster's status"
             ),
             ApiError::NotReady { reason } | ApiError::SnapshotUnavailable { reason } => f.write_str(reason),
             ApiError::NotFound { path } => write!(f, "there is no endpoint at '{path}'"),

@@ -7,9 +7,10 @@
 use std::io::{self, BufWriter, Write};
 use std::mem::ManuallyDrop;
 use std::os::fd::{FromRawFd, RawFd};
+use std::time::{Duration, Instant};
 
 use super::Database;
-use crate::limits::{SNAPSHOT_DOWNLOADS_MAX, SNAPSHOT_SEND_STALL_MS};
+use crate::limits::{SNAPSHOT_DOWNLOADS_MAX, SNAPSHOT_SEND_RATE_MIN_BYTES, SNAPSHOT_SEND_STALL_MS};
 use crate::snapshot;
 
 /// Why a download could not start.
@@ -50,13 +51,14 @@ impl Database {
                     // closed: other clients' sockets end when the loop
                     // closes them, not when this child does, and the data
                     // directory's lock stays the server's alone.
-                    let fd = fd as libc::c_uint;
-                    libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, fd - 1, 0);
-                    libc::syscall(libc::SYS_close_range, fd + 1, libc::c_uint::MAX, 0);
-                    libc::getppid() == parent && blocking_with_stall_limit(fd as RawFd)
+                    close_all_but(fd) && libc::getppid() == parent && blocking_with_stall_limit(fd)
                 };
                 let code = match ready {
-                    true if send(fd, prefix, index).is_ok() => 0,
+                    true if send(fd, prefix, index).is_ok() => {
+                        // SAFETY: the child's own socket.
+                        unsafe { end_gracefully(fd) };
+                        0
+                    }
                     _ => 1,
                 };
                 // SAFETY: ends the child without unwinding into the parent's code.
@@ -79,6 +81,48 @@ impl Database {
     }
 }
 
+/// Closes every descriptor from 3 on but `keep`; false if some could not be.
+///
+/// # Safety
+/// Only in a forked child, whose descriptors nothing else uses.
+unsafe fn close_all_but(keep: RawFd) -> bool {
+    let Ok(keep) = libc::c_uint::try_from(keep) else { return false };
+    let close_range = |first: libc::c_uint, last: libc::c_uint| {
+        first > last || libc::syscall(libc::SYS_close_range, first, last, 0) == 0
+    };
+    if close_range(3, keep.saturating_sub(1)) && close_range(keep + 1, libc::c_uint::MAX) {
+        return true;
+    }
+    // Without close_range (a kernel before 5.9, or a filter that refuses
+    // it): one by one, up to the most this process may open.
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+        return false;
+    }
+    for fd in 3..limit.rlim_cur.min(1 << 20) as RawFd {
+        if fd != keep as RawFd {
+            libc::close(fd);
+        }
+    }
+    true
+}
+
+/// After the last byte: our side shut, then what the client still sends
+/// read and dropped until it closes (or a while passes), so that unread
+/// bytes never turn the close into a reset that could lose the image's end.
+///
+/// # Safety
+/// `fd` is the child's open, blocking socket.
+unsafe fn end_gracefully(fd: RawFd) {
+    libc::shutdown(fd, libc::SHUT_WR);
+    let wait = libc::timeval { tv_sec: 2, tv_usec: 0 };
+    let size = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+    libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&raw const wait).cast(), size);
+    let mut scratch = [0u8; 4096];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline && libc::read(fd, scratch.as_mut_ptr().cast(), scratch.len()) > 0 {}
+}
+
 /// Makes the child's socket block, each send giving up after the stall limit.
 ///
 /// # Safety
@@ -95,12 +139,35 @@ unsafe fn blocking_with_stall_limit(fd: RawFd) -> bool {
         && libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDTIMEO, (&raw const stall).cast(), size) == 0
 }
 
+/// A writer that fails once its deadline has passed.
+struct Deadline<W: Write> {
+    inner: W,
+    at: Instant,
+}
+
+impl<W: Write> Write for Deadline<W> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        if Instant::now() > self.at {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "the download took too long"));
+        }
+        self.inner.write(bytes)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// The child's work: the prefix, then the image.
 fn send(fd: RawFd, prefix: &[u8], index: &crate::store::Index) -> io::Result<()> {
     // SAFETY: the socket is open for the life of the child; ManuallyDrop
     // leaves closing it to `_exit`.
     let socket = ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
-    let mut out = BufWriter::with_capacity(1 << 20, &*socket);
+    // A whole download has a deadline too: a client taking a byte now and
+    // then would otherwise hold its child, and its memory, for ever.
+    let seconds = SNAPSHOT_SEND_STALL_MS / 1000 + snapshot::image_bytes(index) / SNAPSHOT_SEND_RATE_MIN_BYTES;
+    let deadline = Deadline { inner: &*socket, at: Instant::now() + Duration::from_secs(seconds) };
+    let mut out = BufWriter::with_capacity(1 << 20, deadline);
     out.write_all(prefix)?;
     snapshot::write_image(&mut out, index)?;
     out.flush()

@@ -157,6 +157,7 @@ impl<T: Pod> Aligned<T> {
             Room::Heap(lines) => {
                 let size = bytes.next_multiple_of(PAGE_BYTES);
                 let mut map = MmapOptions::new().len(size).map_anon().expect("memory for an index's rows");
+                huge_pages(&map);
                 let held: &[u8] = bytemuck::cast_slice(lines);
                 map[..held.len()].copy_from_slice(held);
                 self.room = Room::Mapped(map);
@@ -168,6 +169,7 @@ impl<T: Pod> Aligned<T> {
                 // nothing pointing at the old address.
                 let moved = unsafe { map.remap(size, RemapOptions::new().may_move(true)) };
                 moved.expect("memory for an index's rows");
+                huge_pages(map);
             }
         }
     }
@@ -216,6 +218,17 @@ impl<T: Pod> Aligned<T> {
             Room::Mapped(map) => map.as_mut_ptr().cast(),
         }
     }
+}
+
+/// Asks for the map in huge pages (where the system gives them on request):
+/// a fork (a snapshot, a download) then copies a 2 MiB page's one entry
+/// rather than 512, so the loop it stops waits that much less, and scans
+/// miss the TLB less. Only advice: without it the map works the same.
+fn huge_pages(map: &MmapMut) {
+    #[cfg(target_os = "linux")]
+    let _ = map.advise(memmap2::Advice::HugePage);
+    #[cfg(not(target_os = "linux"))]
+    let _ = map;
 }
 
 impl<T: Pod> Default for Aligned<T> {

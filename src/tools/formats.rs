@@ -183,7 +183,7 @@ impl Source {
 
     /// Fills `out` with up to `max` rows; false when the file is done. An
     /// error names the row (or line) and what is wrong with it; the rows
-    /// before it have been returned.
+    /// of the batch before it are dropped with it.
     pub fn next(&mut self, max: usize, out: &mut Rows) -> Result<bool, String> {
         out.clear();
         match self {
@@ -420,6 +420,12 @@ fn parquet_metadata(batch: &RecordBatch, columns: &MetadataColumns, row: usize) 
                 DataType::Utf8 => column.as_string::<i32>().value(row),
                 _ => column.as_string::<i64>().value(row),
             };
+            // One JSON object and nothing more: the text goes into a request as it is.
+            let value: &serde_json::value::RawValue =
+                serde_json::from_str(text).map_err(|e| format!("column 'metadata': not JSON: {e}"))?;
+            if !value.get().starts_with('{') {
+                return Err("column 'metadata': not a JSON object".to_owned());
+            }
             Ok(text.to_owned())
         }
         MetadataColumns::Named(named) => {

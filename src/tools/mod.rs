@@ -17,6 +17,7 @@ pub mod formats;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -181,36 +182,49 @@ impl Outcome {
     }
 }
 
-/// The body of an insert or upsert of `rows`: floats written shortest (the
-/// server reads each back to the same f32), JSON text as written. A row
-/// whose floats JSON cannot hold (not finite) is left out, refused.
-fn body(rows: &Rows, keep: &[usize], outcome: &mut Outcome) -> Vec<u8> {
-    let mut out = Vec::with_capacity(rows.values.len() * 11 + rows.len() * 48 + 32);
-    out.extend_from_slice(b"{\"embeddings\":[");
-    let mut first = true;
-    for &row in keep {
-        let start = if row == 0 { 0 } else { rows.vector_ends.get(row - 1).copied().unwrap_or(0) };
-        let values = rows.vector_ends.get(row).map(|&end| &rows.values[start..end]);
-        if values.is_some_and(|values| values.iter().any(|x| !x.is_finite())) {
+/// Row `row`'s floats, if its vector came as floats.
+fn floats_of(rows: &Rows, row: usize) -> Option<&[f32]> {
+    let start = if row == 0 { 0 } else { rows.vector_ends.get(row - 1).copied().unwrap_or(0) };
+    rows.vector_ends.get(row).map(|&end| &rows.values[start..end])
+}
+
+/// The rows of a batch worth sending; those whose floats JSON cannot hold
+/// (not finite) are refused here, once.
+fn sendable(rows: &Rows, outcome: &mut Outcome) -> Vec<usize> {
+    let mut keep = Vec::with_capacity(rows.len());
+    for row in 0..rows.len() {
+        if floats_of(rows, row).is_some_and(|values| values.iter().any(|x| !x.is_finite())) {
+            outcome.rows += 1;
             outcome.refuse(format!("id {}: a value is not a finite number", rows.ids[row]));
-            continue;
+        } else {
+            keep.push(row);
         }
-        if !first {
+    }
+    keep
+}
+
+/// The body of an insert or upsert of rows `keep`: floats written shortest
+/// (the server reads each back to the same f32), JSON text as written.
+fn body(rows: &Rows, keep: &[usize]) -> (Vec<u8>, u64) {
+    let mut out = Vec::with_capacity(rows.values.len() * 11 + rows.len() * 48 + 32);
+    let mut vector_bytes = 0;
+    out.extend_from_slice(b"{\"embeddings\":[");
+    for (n, &row) in keep.iter().enumerate() {
+        if n > 0 {
             out.push(b',');
         }
-        first = false;
         out.extend_from_slice(b"{\"id\":");
         out.extend_from_slice(itoa::Buffer::new().format(rows.ids[row]).as_bytes());
         out.extend_from_slice(b",\"data\":");
-        match values {
+        match floats_of(rows, row) {
             Some(values) => {
                 crate::api::json::write_f32_array(&mut out, values);
-                outcome.vector_bytes += 4 * values.len() as u64;
+                vector_bytes += 4 * values.len() as u64;
             }
             None => {
                 let text = &rows.texts[row];
                 out.extend_from_slice(text.as_bytes());
-                outcome.vector_bytes += 4 * (text.bytes().filter(|&b| b == b',').count() as u64 + 1);
+                vector_bytes += 4 * (text.bytes().filter(|&b| b == b',').count() as u64 + 1);
             }
         }
         if !rows.metadata[row].is_empty() {
@@ -220,20 +234,17 @@ fn body(rows: &Rows, keep: &[usize], outcome: &mut Outcome) -> Vec<u8> {
         out.push(b'}');
     }
     out.extend_from_slice(b"]}");
-    out
+    (out, vector_bytes)
 }
 
 /// Sends rows `keep` of `rows`; splits the request where the server finds
 /// it too large, or refuses it whole for a fault of some row.
 fn send(client: &Client, path: &str, rows: &Rows, keep: &[usize], outcome: &mut Outcome) {
-    let mut sent = Outcome::default();
-    let body = body(rows, keep, &mut sent);
-    let sendable = keep.len() as u64 - sent.refused;
-    outcome.add(sent);
-    if sendable == 0 {
-        outcome.rows += keep.len() as u64;
+    if keep.is_empty() {
         return;
     }
+    let (body, vector_bytes) = body(rows, keep);
+    let sendable = keep.len() as u64;
     let mut tries = 0;
     let answer = loop {
         match client.call("PUT", path, Some(&body)) {
@@ -255,9 +266,7 @@ fn send(client: &Client, path: &str, rows: &Rows, keep: &[usize], outcome: &mut 
             return;
         }
     };
-    let too_large = answer.status == 413
-        || (answer.code() == "INVALID_REQUEST_BODY"
-            && answer.body["error"]["detail"].as_str().is_some_and(|d| d.contains("per request")));
+    let too_large = answer.status == 413;
     if keep.len() > 1 && (too_large || answer.code() == "INVALID_REQUEST_BODY") {
         let (left, right) = keep.split_at(keep.len() / 2);
         send(client, path, rows, left, outcome);
@@ -265,6 +274,12 @@ fn send(client: &Client, path: &str, rows: &Rows, keep: &[usize], outcome: &mut 
         return;
     }
     outcome.rows += keep.len() as u64;
+    outcome.vector_bytes += vector_bytes;
+    if too_large {
+        // One row, still too large for the server's limits.
+        outcome.refuse(format!("id {}: {}", rows.ids[keep[0]], answer.error_text()));
+        return;
+    }
     match (answer.status, answer.code()) {
         (200, _) => outcome.applied += sendable,
         (_, "EMBEDDINGS_SKIPPED") => {
@@ -335,15 +350,23 @@ fn import(args: &ImportArgs) -> i32 {
     let (done, results) = mpsc::channel::<Outcome>();
     let mut total = Outcome::default();
     let mut read_error = None;
+    let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         for _ in 0..args.parallel {
-            let (queue, done, client, path) = (queue.clone(), done.clone(), client.clone(), path.as_str());
+            let (queue, done, client, path, stop) = (queue.clone(), done.clone(), client.clone(), path.as_str(), &stop);
             scope.spawn(move || loop {
                 let next = queue.lock().map(|queue| queue.recv());
                 let Ok(Ok(rows)) = next else { return };
+                if stop.load(Ordering::Relaxed) {
+                    // A call failed: the rows still queued are not sent.
+                    continue;
+                }
                 let mut outcome = Outcome::default();
-                let all: Vec<usize> = (0..rows.len()).collect();
-                send(&client, path, &rows, &all, &mut outcome);
+                let keep = sendable(&rows, &mut outcome);
+                send(&client, path, &rows, &keep, &mut outcome);
+                if outcome.failure.is_some() {
+                    stop.store(true, Ordering::Relaxed);
+                }
                 if done.send(outcome).is_err() {
                     return;
                 }
@@ -477,7 +500,7 @@ fn export(args: &ExportArgs) -> i32 {
     let bar = progress(if filter.is_some() { None } else { count }, "exporting");
     if filter.is_none() {
         // The whole index: its snapshot, one moment's rows, in one binary read.
-        let written = match from_snapshot(&client, &args.target.index, &mut sink, &bar) {
+        let written = match from_snapshot(&client, (&args.target.index, dims), &mut sink, &bar) {
             Ok(written) => written,
             Err(error) => return fail(error),
         };
@@ -535,7 +558,7 @@ fn export(args: &ExportArgs) -> i32 {
 /// and vector bytes.
 fn from_snapshot(
     client: &Client,
-    index: &str,
+    (index, dims): (&str, usize),
     sink: &mut Sink,
     bar: &indicatif::ProgressBar,
 ) -> Result<(u64, u64), String> {
@@ -546,6 +569,12 @@ fn from_snapshot(
         return Err(format!("index '{index}': {}", client::Answer { status, body }.error_text()));
     }
     let image = crate::snapshot::image_rows(&image).map_err(|why| format!("index '{index}': its snapshot: {why}"))?;
+    if image.dims != dims {
+        return Err(format!(
+            "index '{index}' has {} dimensions now, not {dims}: it was made again; export again",
+            image.dims
+        ));
+    }
     let mut rows = Rows::default();
     let row_bytes = image.dims * 4;
     for (chunk, ids) in image.ids.chunks(EXPORT_BATCH_ROWS).enumerate() {

@@ -218,6 +218,7 @@ fn restores_refuse_what_an_upsert_would_refuse() {
         ("objmeta", image(2, 1, &[(1, vec![1.0, 1.0], r#"{"a":{"b":1}}"#)]), "row 0 (id 1): metadata.a"),
         ("spaced", image(2, 1, &[(1, vec![1.0, 1.0], r#"{ "a":"b"}"#)]), "not in the form this server stores"),
         ("metric", image(2, 99, &[(1, vec![1.0, 1.0], good_metadata)]), "unknown metric"),
+        ("trailing", [good.clone(), b"junk".to_vec()].concat(), "4 bytes follow its checksum"),
     ];
     for (name, bytes, said) in &cases {
         let name = format!("bad-{name}");

@@ -257,6 +257,24 @@ fn bad_files_fail_clearly_with_nothing_beyond_the_rows_reported() {
     assert!(said.contains("embedding with ID 1010 was not inserted"), "a zero vector under cosine: {said}");
     assert_eq!(count("refusing"), 398);
 
+    // A row refused here (not finite) and one the server refuses whole
+    // (nested metadata) in one batch: each counted once, the rest in.
+    let mut doctored = Data {
+        ids: data.ids[..50].to_vec(),
+        vectors: data.vectors[..50].to_vec(),
+        metadata: data.metadata[..50].to_vec(),
+    };
+    doctored.vectors[3][0] = f32::INFINITY;
+    doctored.metadata[7] = json!({"nested": {"no": 1}});
+    let parquet = dir.path().join("doctored.parquet");
+    write_parquet(&parquet, &doctored, true);
+    create_index(&server, "doctored", DIMS, "l2");
+    let (status, said) = tool(&server, "import", "doctored", &parquet, &[]);
+    assert_eq!(status, 1, "{said}");
+    assert!(said.contains("48 inserted, 0 already present (left as they were), 2 refused"), "{said}");
+    assert_eq!(said.matches("refused: ").count(), 2, "{said}");
+    assert_eq!(count("doctored"), 48);
+
     // Files that are not what they say, dimensions that do not fit, a wrong key: nothing sent.
     let cut = dir.path().join("cut.npy");
     let bytes = std::fs::read(&npy).unwrap();
