@@ -13,6 +13,9 @@ use super::Database;
 use crate::limits::{SNAPSHOT_DOWNLOADS_MAX, SNAPSHOT_SEND_RATE_MIN_BYTES, SNAPSHOT_SEND_STALL_MS};
 use crate::snapshot;
 
+/// How much lower the download child's priority is than the server's.
+const DOWNLOAD_NICENESS: libc::c_int = 10;
+
 /// Why a download could not start.
 #[derive(Debug)]
 pub enum StreamError {
@@ -36,6 +39,7 @@ impl Database {
         // Single-threaded at the fork, as for a snapshot (`fork_snapshot`).
         self.join_remover();
         let index = self.store.index(name).expect("a download of a validated index");
+        let forking = Instant::now();
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
         // SAFETY: the process is single-threaded here (above); the child
@@ -51,6 +55,8 @@ impl Database {
                     // closed: other clients' sockets end when the loop
                     // closes them, not when this child does, and the data
                     // directory's lock stays the server's alone.
+                    // Behind the loop for the CPU: a copy may wait, answers should not.
+                    libc::nice(DOWNLOAD_NICENESS);
                     close_all_but(fd) && libc::getppid() == parent && blocking_with_stall_limit(fd)
                 };
                 let code = match ready {
@@ -66,6 +72,13 @@ impl Database {
             }
             pid => {
                 self.streams.push(pid);
+                let (ms, bytes) = (forking.elapsed().as_secs_f64() * 1e3, snapshot::image_bytes(index));
+                crate::log::info(
+                    "download_started",
+                    format_args!(
+                        "snapshot download of index {name} ({bytes} bytes) started, child forked in {ms:.1} ms"
+                    ),
+                );
                 Ok(())
             }
         }
