@@ -17,6 +17,18 @@ pub fn is_valid_name(name: &str, bytes_max: usize) -> bool {
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
+/// Whether a new index may be made under `name` (create, restore): none
+/// holds it, and another fits under `--indexes-max`.
+fn room_for(store: &Store, limits: ApiLimits, name: &str) -> Result<(), ApiError> {
+    if store.index(name).is_some() {
+        return Err(ApiError::IndexExists { name: name.to_owned() });
+    }
+    if store.len() >= limits.indexes_max {
+        return Err(ApiError::TooManyIndexes { max: limits.indexes_max });
+    }
+    Ok(())
+}
+
 pub fn create(
     db: &mut Database,
     scratch: &mut Scratch,
@@ -34,12 +46,7 @@ pub fn create(
         MetricError::Unknown => ApiError::InvalidMetric { metric },
         MetricError::LpNeedsP => ApiError::bad_body("p: the lp metric needs a number above 0 and finite"),
     })?;
-    if db.store().index(name).is_some() {
-        return Err(ApiError::IndexExists { name: name.to_owned() });
-    }
-    if db.store().len() >= limits.indexes_max {
-        return Err(ApiError::TooManyIndexes { max: limits.indexes_max });
-    }
+    room_for(db.store(), limits, name)?;
     db.apply(&Mutation::CreateIndex { name, dims, metric }).map_err(ApiError::Storage)?;
     Ok(Envelope::start(out, 200, keep_alive, format_args!("Index '{name}' created successfully.")).finish())
 }
@@ -60,12 +67,7 @@ pub fn restore(
     if !is_valid_name(name, limits.index_name_bytes_max) {
         return Err(ApiError::IndexNameInvalid { name: name.to_owned(), bytes_max: limits.index_name_bytes_max });
     }
-    if db.store().index(name).is_some() {
-        return Err(ApiError::IndexExists { name: name.to_owned() });
-    }
-    if db.store().len() >= limits.indexes_max {
-        return Err(ApiError::TooManyIndexes { max: limits.indexes_max });
-    }
+    room_for(db.store(), limits, name)?;
     let index = snapshot::load_image(body, Path::new("the body")).map_err(|error| match error {
         LoadError::Damaged { why, .. } => ApiError::bad_body(format_args!("body: not a quiver index snapshot ({why})")),
         LoadError::Io { source, .. } => ApiError::bad_body(format_args!("body: {source}")),
