@@ -47,6 +47,14 @@ pub struct Config {
     #[arg(long, hide_env_values = true)]
     pub read_only_api_key: Option<String>,
 
+    /// Serve HTTPS only, with this certificate chain (PEM) and the key of --tls-key
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert, PEM (PKCS #8, PKCS #1 or SEC1).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
     /// Largest request body in bytes, at most 1 GiB (larger: 413).
     #[arg(long, default_value_t = limits::BODY_BYTES_MAX_DEFAULT,
           value_parser = clap::value_parser!(u64).range(1..=limits::BODY_BYTES_CEILING as u64).map(|n| n as usize))]

@@ -4,18 +4,18 @@
 //! should happen and the loop (`server::clients`) acts on it.
 
 use std::io::{self, Write};
-use std::net::{Shutdown, SocketAddr};
-use std::os::fd::AsRawFd;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 
 use crate::api::{ApiError, App, Caller, Endpoint, Gate, Handled, Seat, Target};
-use crate::http::{Event, Framing, FramingLimits, Parser, ReadBuf};
+use crate::http::{Event, Framing, FramingLimits, HttpError, Parser, ReadBuf};
 use crate::limits::{
     BUF_KEEP_BYTES_MAX, READ_BUF_INITIAL_BYTES, READ_BYTES_PER_TICK_MAX, READ_CHUNK_BYTES, WRITE_PENDING_BYTES_MAX,
 };
 use crate::log;
+use crate::transport::{self, Transport};
 
 /// How long a closing connection keeps reading (and discarding) what the
 /// client is still sending, so that our last answer is not lost to a reset.
@@ -46,7 +46,8 @@ pub enum Flushed {
 pub struct Connection {
     /// Its key in the loop's slab: who a cluster's answer is for.
     key: usize,
-    socket: TcpStream,
+    /// The socket, and the TLS session over it if the server has one.
+    transport: Transport,
     peer: SocketAddr,
     read: ReadBuf,
     parser: Parser,
@@ -84,7 +85,7 @@ pub struct Connection {
 impl Connection {
     pub fn new(
         key: usize,
-        socket: TcpStream,
+        transport: Transport,
         peer: SocketAddr,
         limits: FramingLimits,
         requests_per_tick_max: usize,
@@ -92,7 +93,7 @@ impl Connection {
     ) -> Connection {
         Connection {
             key,
-            socket,
+            transport,
             peer,
             read: ReadBuf::with_capacity(READ_BUF_INITIAL_BYTES),
             parser: Parser::new(limits),
@@ -115,7 +116,7 @@ impl Connection {
     }
 
     pub fn socket(&mut self) -> &mut TcpStream {
-        &mut self.socket
+        self.transport.socket()
     }
 
     fn write_pending_bytes(&self) -> usize {
@@ -123,8 +124,10 @@ impl Connection {
         self.write.len() - self.written
     }
 
+    /// Replies not yet sent, or TLS records (a reply's, the handshake's)
+    /// the socket has not taken.
     pub fn has_output(&self) -> bool {
-        self.write_pending_bytes() > 0
+        self.write_pending_bytes() > 0 || self.transport.has_pending()
     }
 
     /// Between requests, with nothing received and nothing to send.
@@ -193,7 +196,7 @@ impl Connection {
                     if read_bytes >= READ_BYTES_PER_TICK_MAX {
                         return Progress::MoreWork;
                     }
-                    match self.read.read_from(&mut self.socket, READ_CHUNK_BYTES) {
+                    match self.read.read_from(&mut self.transport, READ_CHUNK_BYTES) {
                         Ok(0) => return self.on_peer_closed(),
                         Ok(n) => {
                             read_bytes += n;
@@ -204,6 +207,14 @@ impl Connection {
                             return Progress::Waiting;
                         }
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) if transport::is_plain_http(&e) => {
+                            let error = HttpError::Malformed(
+                                "this port speaks HTTPS (the server runs with --tls-cert): use https://",
+                            );
+                            let body_bytes_max = self.parser.limits().body_bytes_max;
+                            self.refuse(app, &ApiError::Http { error, body_bytes_max }, now);
+                            return Progress::Waiting;
+                        }
                         Err(_) => return Progress::Close,
                     }
                 }
@@ -263,7 +274,7 @@ impl Connection {
                 self.sync_mark = Some(Held { reply_at, keep_alive, route, status, elapsed, body_bytes, replicating });
             }
             Handled::Stream => {
-                let status = match app.stream(&self.write[self.written..], self.socket.as_raw_fd()) {
+                let status = match app.stream(&self.write[self.written..], self.transport.hand_off()) {
                     Ok(()) => {
                         self.handed_off = true;
                         self.closing = true;
@@ -436,7 +447,7 @@ impl Connection {
         }
         let mut scratch = [0u8; 4096];
         loop {
-            match io::Read::read(&mut self.socket, &mut scratch) {
+            match self.transport.discard_input(&mut scratch) {
                 Ok(0) => return Progress::Close,
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -458,7 +469,7 @@ impl Connection {
         }
         let sendable = self.sync_mark.map_or(self.write.len(), |held| held.reply_at);
         while self.written < sendable {
-            match self.socket.write(&self.write[self.written..sendable]) {
+            match self.transport.write(&self.write[self.written..sendable]) {
                 Ok(0) => return Flushed::Close,
                 Ok(n) => {
                     self.written += n;
@@ -468,6 +479,11 @@ impl Connection {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => return Flushed::Close,
             }
+        }
+        match self.transport.send_pending() {
+            Ok(true) => {}
+            Ok(false) => return Flushed::Partly,
+            Err(_) => return Flushed::Close,
         }
         // An answer still to come (held for the sync, or a parked search
         // not yet run) keeps the buffer, and the connection, as they are.
@@ -483,7 +499,7 @@ impl Connection {
             if self.readable || !self.read.is_empty() || !self.parser.is_idle() {
                 // The client may still be sending: stop our side, read what
                 // comes, close on its end or after a while.
-                let _ = self.socket.shutdown(Shutdown::Write);
+                self.transport.shutdown_write();
                 self.linger_until = Some(now + LINGER);
                 return Flushed::All;
             }

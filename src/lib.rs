@@ -20,7 +20,8 @@
 //! - [`server`]: binding, signals, accepting; [`server::clients`] holds the
 //!   connections and one turn of the loop over them (the same function the
 //!   server and the tests run).
-//! - [`connection`]: one socket's buffers and state.
+//! - [`connection`]: one socket's buffers and state; [`transport`]: its
+//!   bytes on the wire, plain or TLS (rustls, driven by the same loop).
 //! - [`http`]: resumable request parsing (httparse; heads in `head`, framing
 //!   in `request`) and the response writer.
 //! - [`api`]: routing (`route`), authentication, body decoding (simd-json),
@@ -73,4 +74,5 @@ pub mod store;
 #[cfg(test)]
 mod testing;
 pub mod tools;
+pub mod transport;
 pub mod wal;

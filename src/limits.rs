@@ -129,6 +129,12 @@ pub const REQUESTS_PER_TICK_MAX_DEFAULT: usize = 32;
 /// us buffer without bound.
 pub const WRITE_PENDING_BYTES_MAX: usize = 8 * 1024 * 1024;
 
+/// Encrypted bytes a TLS session holds for the socket, at most: it takes
+/// no more of a connection's replies until the socket has taken them, so
+/// that a slow reader is held back by its socket as on plain TCP. Eight
+/// full records: a large reply goes out in few writes.
+pub const TLS_PENDING_BYTES_MAX: usize = 128 * 1024;
+
 /// A reused buffer grown past this by one large request is given back once
 /// that request is done, instead of being kept at its largest for the life
 /// of its owner: a connection's read buffer (when it goes idle) and write

@@ -324,10 +324,11 @@ impl App {
     /// Sends the download `handle` answered `Handled::Stream`: a child
     /// writes `owed` (the replies the connection has not sent, this
     /// answer's head last), then the index's snapshot image, on the socket
-    /// `fd`, which the connection lets go of without shutting it down.
-    pub fn stream(&mut self, owed: &[u8], fd: std::os::fd::RawFd) -> Result<(), ApiError> {
+    /// `wire` (its socket, and its TLS session if it has one), which the
+    /// connection lets go of without shutting it down.
+    pub fn stream(&mut self, owed: &[u8], wire: crate::transport::Wire<'_>) -> Result<(), ApiError> {
         let name = self.download.take().expect("a download answered Handled::Stream");
-        self.db.stream_index(&name, owed, fd).map_err(|error| ApiError::SnapshotUnavailable {
+        self.db.stream_index(&name, owed, wire).map_err(|error| ApiError::SnapshotUnavailable {
             reason: match error {
                 crate::db::StreamError::Busy => format!(
                     "{} snapshot downloads are being sent, the most at once; try again later",

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use super::Database;
 use crate::limits::{SNAPSHOT_DOWNLOADS_MAX, SNAPSHOT_SEND_RATE_MIN_BYTES, SNAPSHOT_SEND_STALL_MS};
 use crate::snapshot;
+use crate::transport::Wire;
 
 /// How much lower the download child's priority is than the server's.
 const DOWNLOAD_NICENESS: libc::c_int = 10;
@@ -27,10 +28,11 @@ pub enum StreamError {
 
 impl Database {
     /// Forks a child that writes `prefix` (the replies the connection owes,
-    /// then this answer's head), then index `name`'s snapshot image, to the
-    /// socket `fd`, and ends. The caller lets go of the socket without
-    /// shutting it down: it is the child's now.
-    pub fn stream_index(&mut self, name: &str, prefix: &[u8], fd: RawFd) -> Result<(), StreamError> {
+    /// then this answer's head), then index `name`'s snapshot image, to
+    /// `wire` (the socket, through its TLS session if it has one), and ends.
+    /// The caller lets go of the socket without shutting it down: it is the
+    /// child's now, and so is the session's copy.
+    pub fn stream_index(&mut self, name: &str, prefix: &[u8], wire: Wire<'_>) -> Result<(), StreamError> {
         self.reap_streams();
         if self.streams.len() >= SNAPSHOT_DOWNLOADS_MAX {
             return Err(StreamError::Busy);
@@ -39,6 +41,7 @@ impl Database {
         // Single-threaded at the fork, as for a snapshot (`fork_snapshot`).
         self.join_remover();
         let index = self.store.index(name).expect("a download of a validated index");
+        let fd = wire.fd();
         let forking = Instant::now();
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
@@ -60,7 +63,7 @@ impl Database {
                     close_all_but(fd) && libc::getppid() == parent && blocking_with_stall_limit(fd)
                 };
                 let code = match ready {
-                    true if send(fd, prefix, index).is_ok() => {
+                    true if send(wire, prefix, index).is_ok() => {
                         // SAFETY: the child's own socket.
                         unsafe { end_gracefully(fd) };
                         0
@@ -171,17 +174,19 @@ impl<W: Write> Write for Deadline<W> {
     }
 }
 
-/// The child's work: the prefix, then the image.
-fn send(fd: RawFd, prefix: &[u8], index: &crate::store::Index) -> io::Result<()> {
+/// The child's work: the prefix, then the image, then (over TLS) the
+/// session's close.
+fn send(wire: Wire<'_>, prefix: &[u8], index: &crate::store::Index) -> io::Result<()> {
     // SAFETY: the socket is open for the life of the child; ManuallyDrop
     // leaves closing it to `_exit`.
-    let socket = ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+    let socket = ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(wire.fd()) });
     // A whole download has a deadline too: a client taking a byte now and
     // then would otherwise hold its child, and its memory, for ever.
     let seconds = SNAPSHOT_SEND_STALL_MS / 1000 + snapshot::image_bytes(index) / SNAPSHOT_SEND_RATE_MIN_BYTES;
     let deadline = Deadline { inner: &*socket, at: Instant::now() + Duration::from_secs(seconds) };
-    let mut out = BufWriter::with_capacity(1 << 20, deadline);
+    let mut out = BufWriter::with_capacity(1 << 20, wire.writer(deadline));
     out.write_all(prefix)?;
     snapshot::write_image(&mut out, index)?;
-    out.flush()
+    out.flush()?;
+    out.get_mut().finish()
 }

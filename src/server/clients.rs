@@ -14,6 +14,7 @@ use slab::Slab;
 use crate::api::App;
 use crate::connection::{Connection, Flushed, Progress, Timeout};
 use crate::http::FramingLimits;
+use crate::transport::{Tls, Transport};
 
 /// Tokens below this one are the server's own (its listener, its signals).
 pub const FIRST_CONNECTION: usize = 2;
@@ -34,6 +35,8 @@ pub struct Clients {
     connections: Slab<Connection>,
     app: App,
     limits: ConnectionLimits,
+    /// Set when clients speak TLS (`--tls-cert`).
+    tls: Option<Tls>,
     /// Connections to service this turn, and those carried to the next.
     ready: Vec<usize>,
     carried: Vec<usize>,
@@ -54,6 +57,7 @@ impl Clients {
             connections: Slab::with_capacity(capacity),
             app,
             limits,
+            tls: None,
             ready: Vec::new(),
             carried: Vec::new(),
             to_flush: Vec::new(),
@@ -61,6 +65,11 @@ impl Clients {
             shutting_down: false,
             fatal: None,
         })
+    }
+
+    /// From now on, connections accepted speak TLS.
+    pub fn serve_tls(&mut self, tls: Tls) {
+        self.tls = Some(tls);
     }
 
     pub fn app(&mut self) -> &mut App {
@@ -82,12 +91,13 @@ impl Clients {
     }
 
     /// Takes an accepted socket; it is serviced in the next turn.
-    pub fn add(&mut self, mut socket: TcpStream, peer: SocketAddr, now: Instant) -> io::Result<usize> {
+    pub fn add(&mut self, socket: TcpStream, peer: SocketAddr, now: Instant) -> io::Result<usize> {
         let entry = self.connections.vacant_entry();
         let key = entry.key();
-        self.registry.register(&mut socket, token_of(key), Interest::READABLE | Interest::WRITABLE)?;
+        let mut transport = Transport::new(socket, self.tls.as_ref())?;
+        self.registry.register(transport.socket(), token_of(key), Interest::READABLE | Interest::WRITABLE)?;
         let ConnectionLimits { framing, requests_per_tick_max } = self.limits;
-        entry.insert(Connection::new(key, socket, peer, framing, requests_per_tick_max, now));
+        entry.insert(Connection::new(key, transport, peer, framing, requests_per_tick_max, now));
         self.ready.push(key);
         let open = self.connections.len();
         self.app.metrics().set_open_connections(open);

@@ -27,6 +27,7 @@ use crate::http::FramingLimits;
 use crate::limits::{SHUTDOWN_DRAIN_MS, TIMEOUT_SWEEP_INTERVAL_MS};
 use crate::log;
 use crate::store::cpu;
+use crate::transport::Tls;
 use clients::{Clients, ConnectionLimits, FIRST_CONNECTION};
 
 const LISTENER: Token = Token(0);
@@ -64,6 +65,14 @@ fn serve(config: Config) -> io::Result<()> {
     let address = resolve(&config.host, config.port)?;
     let listener =
         TcpListener::bind(address).map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
+    // The certificate before recovery, which may take a while: a wrong
+    // file stops the start at once.
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => {
+            Some(Tls::load(cert, key).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?)
+        }
+        _ => None,
+    };
     let options = db::Options {
         data_dir: config.data_dir.clone(),
         snapshot_log_bytes: config.snapshot_log_bytes,
@@ -118,13 +127,16 @@ fn serve(config: Config) -> io::Result<()> {
     let read_only_key = auth::read_only_key(config.read_only_api_key.as_deref(), &api_key)?;
     let (data_dir, fingerprint, ms) =
         (config.data_dir.display(), auth::fingerprint(&api_key), started.elapsed().as_millis());
-    let fields: [log::Field<'_>; 3] = [("address", &local), ("data_dir", &data_dir), ("started_ms", &ms)];
+    // The address stays first, up to a comma: scripts read it there.
+    let (scheme, tls_note) = if tls.is_some() { ("https", ", HTTPS only") } else { ("http", "") };
+    let fields: [log::Field<'_>; 4] =
+        [("address", &local), ("scheme", &scheme), ("data_dir", &data_dir), ("started_ms", &ms)];
     log::banner(
         "listening",
         &fields,
         format_args!(
-            "listening on {local}, data directory {data_dir}, API key {fingerprint} ({key_source}, kept in {}), \
-             started in {ms} ms",
+            "listening on {local}{tls_note}, data directory {data_dir}, API key {fingerprint} ({key_source}, kept \
+             in {}), started in {ms} ms",
             key_path.display(),
         ),
     );
@@ -157,6 +169,9 @@ fn serve(config: Config) -> io::Result<()> {
         app.set_read_only_key(key);
     }
     let mut server = Server::new(config, listener, app)?;
+    if let Some(tls) = tls {
+        server.clients.serve_tls(tls);
+    }
     if let Some(settings) = &cluster {
         // A command carries an upsert's items decoded: up to twice its body
         // (a value written `0,` in two bytes takes four). A message holds
@@ -321,10 +336,14 @@ impl Server {
             };
             let open = self.clients.len();
             if open >= self.config.connections_max {
-                // A best-effort answer on a fresh socket, whose buffer takes it whole.
-                let mut reply = Vec::new();
-                ApiError::TooManyConnections.write(&mut reply, false);
-                let _ = socket.write(&reply);
+                // A best-effort answer on a fresh socket, whose buffer takes
+                // it whole (over TLS, the close alone: there is no session
+                // to answer in).
+                if self.config.tls_cert.is_none() {
+                    let mut reply = Vec::new();
+                    ApiError::TooManyConnections.write(&mut reply, false);
+                    let _ = socket.write(&reply);
+                }
                 self.clients.app().metrics().connection_refused();
                 log::client_warning(
                     "connection_refused",

@@ -2,6 +2,7 @@
 //! over HTTP (ureq), each answer's envelope read back with serde_json.
 
 use std::io::Read;
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -55,12 +56,20 @@ pub struct Client {
 const CALL_TIMEOUT_S: u64 = 600;
 
 impl Client {
-    pub fn new(url: &str, key: &str) -> Client {
+    /// A client of the server at `url`; over https, trusting the
+    /// certificates of the PEM file `ca_cert` if one is named, else the
+    /// public authorities.
+    pub fn new(url: &str, key: &str, ca_cert: Option<&Path>) -> Result<Client, String> {
+        let mut tls = ureq::tls::TlsConfig::builder();
+        if let Some(path) = ca_cert {
+            tls = tls.root_certs(trusted(path)?);
+        }
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(CALL_TIMEOUT_S)))
+            .tls_config(tls.build())
             .build();
-        Client { agent: config.new_agent(), url: url.trim_end_matches('/').to_owned(), key: key.to_owned() }
+        Ok(Client { agent: config.new_agent(), url: url.trim_end_matches('/').to_owned(), key: key.to_owned() })
     }
 
     /// A call whose answer is an envelope.
@@ -76,7 +85,17 @@ impl Client {
     /// A call whose answer is returned as bytes, with its status.
     pub fn call_bytes(&self, method: &str, path: &str, body: Option<&[u8]>) -> Result<(u16, Vec<u8>), CallError> {
         let url = format!("{}{path}", self.url);
-        let failed = |e: ureq::Error| CallError { status: None, message: format!("{method} {url}: {e}") };
+        let failed = |e: ureq::Error| {
+            let text = e.to_string();
+            let hint = match text.contains("certificate") {
+                true => {
+                    " (a server's self-signed certificate, or a private authority's, is trusted with --ca-cert; \
+                     one made for a server must not be marked as an authority: CA:FALSE)"
+                }
+                false => "",
+            };
+            CallError { status: None, message: format!("{method} {url}: {text}{hint}") }
+        };
         let request = ureq::http::Request::builder()
             .method(method)
             .uri(&url)
@@ -105,4 +124,21 @@ impl Client {
             message: "the index's stats name no dimensions".to_owned(),
         })
     }
+}
+
+/// The certificates of a PEM file, as the roots a client trusts.
+fn trusted(path: &Path) -> Result<ureq::tls::RootCerts, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("--ca-cert {}: {e}", path.display()))?;
+    let mut certificates = Vec::new();
+    for item in ureq::tls::parse_pem(&pem) {
+        match item {
+            Ok(ureq::tls::PemItem::Certificate(certificate)) => certificates.push(certificate),
+            Ok(_) => {}
+            Err(e) => return Err(format!("--ca-cert {}: not PEM: {e}", path.display())),
+        }
+    }
+    if certificates.is_empty() {
+        return Err(format!("--ca-cert {}: no CERTIFICATE block in it", path.display()));
+    }
+    Ok(certificates.into())
 }

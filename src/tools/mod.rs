@@ -36,6 +36,10 @@ pub struct Target {
     /// The API key (the read-only key may export, not import).
     #[arg(long, hide_env_values = true)]
     pub api_key: Option<String>,
+    /// For an https:// URL: the certificates to trust (PEM), instead of the public
+    /// authorities: the server's own self-signed certificate, or your CA's.
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<std::path::PathBuf>,
     /// The file's format; by default its extension says (.npy, .jsonl, .parquet).
     #[arg(long, value_enum)]
     pub format: Option<Format>,
@@ -326,7 +330,10 @@ fn import(args: &ImportArgs) -> i32 {
         Ok(source) => source,
         Err(error) => return fail(error),
     };
-    let client = Client::new(&args.target.url, &key(&args.target.api_key));
+    let client = match Client::new(&args.target.url, &key(&args.target.api_key), args.target.ca_cert.as_deref()) {
+        Ok(client) => client,
+        Err(error) => return fail(error),
+    };
     let dims = match client.dimensions(&args.target.index) {
         Ok(dims) => dims,
         Err(error) => return fail(format!("index '{}': {error}", args.target.index)),
@@ -485,7 +492,10 @@ fn export(args: &ExportArgs) -> i32 {
         Ok(filter) => filter,
         Err(error) => return fail(format!("--filter: not JSON: {error}")),
     };
-    let client = Client::new(&args.target.url, &key(&args.target.api_key));
+    let client = match Client::new(&args.target.url, &key(&args.target.api_key), args.target.ca_cert.as_deref()) {
+        Ok(client) => client,
+        Err(error) => return fail(error),
+    };
     let stats = match client.call("GET", &format!("/api/v1/indexes/{}/stats", args.target.index), None) {
         Ok(answer) if answer.status == 200 => answer.body["data"].clone(),
         Ok(answer) => return fail(format!("index '{}': {}", args.target.index, answer.error_text())),

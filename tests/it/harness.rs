@@ -237,13 +237,6 @@ impl Client {
         }
     }
 
-    fn fill(&mut self) -> usize {
-        let mut chunk = [0u8; 65536];
-        let n = self.stream.read(&mut chunk).expect("read from quiver");
-        self.buffered.extend_from_slice(&chunk[..n]);
-        n
-    }
-
     fn read_one(&mut self) -> Response {
         let (status, head, body_bytes) = self.read_frame();
         let body = if body_bytes.is_empty() { Value::Null } else { serde_json::from_slice(&body_bytes).unwrap() };
@@ -283,41 +276,13 @@ impl Client {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> (u16, String, Vec<u8>) {
-        let mut request = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {}\r\n", body.len());
-        for (name, value) in headers {
-            request.push_str(&format!("{name}: {value}\r\n"));
-        }
-        request.push_str("\r\n");
-        let mut bytes = request.into_bytes();
-        bytes.extend_from_slice(body);
-        self.send(&bytes);
+        self.send(&request_with_bytes(method, path, headers, Some(body)));
         self.read_frame()
     }
 
     /// Reads one response's status, head and body bytes.
     pub fn read_frame(&mut self) -> (u16, String, Vec<u8>) {
-        let head_end = loop {
-            if let Some(at) = self.buffered.windows(4).position(|w| w == b"\r\n\r\n") {
-                break at + 4;
-            }
-            assert!(
-                self.fill() > 0,
-                "connection closed before a response: {:?}",
-                String::from_utf8_lossy(&self.buffered)
-            );
-        };
-        let head = String::from_utf8(self.buffered[..head_end].to_vec()).unwrap();
-        let status: u16 = head[9..12].parse().unwrap();
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case("content-length")))
-            .map(|(_, v)| v.trim().parse().unwrap())
-            .unwrap_or(0);
-        while self.buffered.len() < head_end + length {
-            assert!(self.fill() > 0, "connection closed inside a response body");
-        }
-        let body: Vec<u8> = self.buffered.drain(..head_end + length).skip(head_end).collect();
-        (status, head, body)
+        read_frame(&mut self.stream, &mut self.buffered)
     }
 
     /// True when the server closed the connection (EOF or reset, with nothing
@@ -336,7 +301,41 @@ impl Client {
     }
 }
 
+/// Reads one response's status, head and body bytes from `source` (a
+/// socket, or a TLS stream), keeping what follows it in `buffered`.
+pub fn read_frame(source: &mut impl Read, buffered: &mut Vec<u8>) -> (u16, String, Vec<u8>) {
+    let mut fill = |buffered: &mut Vec<u8>| {
+        let mut chunk = [0u8; 65536];
+        let n = source.read(&mut chunk).expect("read from quiver");
+        buffered.extend_from_slice(&chunk[..n]);
+        n
+    };
+    let head_end = loop {
+        if let Some(at) = buffered.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        assert!(fill(buffered) > 0, "connection closed before a response: {:?}", String::from_utf8_lossy(buffered));
+    };
+    let head = String::from_utf8(buffered[..head_end].to_vec()).unwrap();
+    let status: u16 = head[9..12].parse().unwrap();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case("content-length")))
+        .map(|(_, v)| v.trim().parse().unwrap())
+        .unwrap_or(0);
+    while buffered.len() < head_end + length {
+        assert!(fill(buffered) > 0, "connection closed inside a response body");
+    }
+    let body: Vec<u8> = buffered.drain(..head_end + length).skip(head_end).collect();
+    (status, head, body)
+}
+
 pub fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Vec<u8> {
+    request_with_bytes(method, path, headers, body.map(str::as_bytes))
+}
+
+/// A request whose body is any bytes.
+pub fn request_with_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: Option<&[u8]>) -> Vec<u8> {
     let mut text = format!("{method} {path} HTTP/1.1\r\nHost: test\r\n");
     for (name, value) in headers {
         text.push_str(&format!("{name}: {value}\r\n"));
@@ -347,7 +346,7 @@ pub fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: O
     text.push_str("\r\n");
     let mut bytes = text.into_bytes();
     if let Some(body) = body {
-        bytes.extend_from_slice(body.as_bytes());
+        bytes.extend_from_slice(body);
     }
     bytes
 }

@@ -61,5 +61,7 @@ mod scan_paths;
 mod search_batch;
 /// Search results checked against a brute-force oracle.
 mod search_oracle;
+/// TLS: real clients, downloads, plain HTTP and broken handshakes refused.
+mod tls;
 /// Typed metadata: numbers, booleans, arrays; returned as sent, filtered by type.
 mod typed_metadata;

@@ -1,0 +1,411 @@
+//! TLS (`--tls-cert`, `--tls-key`): a certificate made here, real TLS
+//! clients (rustls, and OpenSSL through Python), every kind of request
+//! and a snapshot download over it; plain HTTP on the port told to use
+//! https; broken handshakes cut off alone; bad certificate files refused.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+use serde_json::Value;
+
+use crate::harness::{read_frame, request_bytes, request_with_bytes, skip, Client, Rng, Server, KEY};
+
+const WITH_KEY: &[(&str, &str)] = &[("X-Service-API-Key", KEY)];
+
+/// A self-signed certificate for localhost and 127.0.0.1, written as PEM
+/// files in a directory of its own.
+struct Certificate {
+    dir: tempfile::TempDir,
+    der: CertificateDer<'static>,
+}
+
+impl Certificate {
+    fn new() -> Certificate {
+        let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+        let rcgen::CertifiedKey { cert, signing_key } = rcgen::generate_simple_self_signed(names).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cert.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.path().join("key.pem"), signing_key.serialize_pem()).unwrap();
+        Certificate { dir, der: cert.der().clone() }
+    }
+
+    fn cert_path(&self) -> PathBuf {
+        self.dir.path().join("cert.pem")
+    }
+
+    fn key_path(&self) -> PathBuf {
+        self.dir.path().join("key.pem")
+    }
+
+    fn start(&self) -> Server {
+        let (cert, key) = (self.cert_path(), self.key_path());
+        Server::start_with(&["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()])
+    }
+
+    /// A client that trusts this certificate alone.
+    fn client_config(&self) -> Arc<ClientConfig> {
+        let mut roots = RootCertStore::empty();
+        roots.add(self.der.clone()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Arc::new(config)
+    }
+}
+
+/// A blocking HTTPS client (rustls), one connection.
+struct TlsClient {
+    stream: StreamOwned<ClientConnection, TcpStream>,
+    buffered: Vec<u8>,
+}
+
+impl TlsClient {
+    fn connect(server: &Server, config: Arc<ClientConfig>) -> TlsClient {
+        let socket = TcpStream::connect(server.addr).unwrap();
+        socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        socket.set_nodelay(true).unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        let session = ClientConnection::new(config, name).unwrap();
+        TlsClient { stream: StreamOwned::new(session, socket), buffered: Vec::new() }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+        self.stream.flush().unwrap();
+    }
+
+    fn call(&mut self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+        self.send(&request_bytes(method, path, WITH_KEY, body));
+        let (status, _, body) = self.read_frame();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    fn read_frame(&mut self) -> (u16, String, Vec<u8>) {
+        read_frame(&mut self.stream, &mut self.buffered)
+    }
+
+    /// Whether the server ended the session cleanly (close_notify, then
+    /// the end), with nothing more sent.
+    fn ends_cleanly(&mut self) -> bool {
+        let mut rest = Vec::new();
+        self.stream.read_to_end(&mut rest).is_ok() && rest.is_empty() && self.buffered.is_empty()
+    }
+}
+
+fn vectors(count: usize, dims: usize) -> Vec<Vec<f32>> {
+    let mut rng = Rng(7);
+    (0..count).map(|_| (0..dims).map(|_| rng.float()).collect()).collect()
+}
+
+fn upsert_body(rows: &[Vec<f32>]) -> String {
+    let items: Vec<Value> = rows
+        .iter()
+        .enumerate()
+        .map(|(id, vector)| serde_json::json!({"id": id, "data": vector, "metadata": {"n": id}}))
+        .collect();
+    serde_json::json!({ "embeddings": items }).to_string()
+}
+
+#[test]
+fn every_kind_of_request_over_tls() {
+    let certificate = Certificate::new();
+    let server = certificate.start();
+    assert!(server.log_line.contains(", HTTPS only,"), "{}", server.log_line);
+    let mut client = TlsClient::connect(&server, certificate.client_config());
+
+    let (status, body) = client.call("GET", "/healthz", None);
+    assert_eq!((status, body["message"].as_str()), (200, Some("live")));
+    let (status, body) =
+        client.call("PUT", "/api/v1/indexes/tls-index/create", Some(r#"{"dimensions":48,"metric":"l2"}"#));
+    assert_eq!(status, 200, "{body}");
+
+    // A body of many records, and a reply of many.
+    let rows = vectors(600, 48);
+    let upsert = upsert_body(&rows);
+    assert!(upsert.len() > 8 * 16_384, "{} bytes", upsert.len());
+    let (status, body) = client.call("PUT", "/api/v1/embeddings/tls-index/upsert", Some(&upsert));
+    assert_eq!(status, 200, "{body}");
+    let ids: Vec<usize> = (0..rows.len()).collect();
+    let retrieve = serde_json::json!({ "ids": ids }).to_string();
+    client.send(&request_bytes("POST", "/api/v1/embeddings/tls-index/retrieve", WITH_KEY, Some(&retrieve)));
+    let (status, _, reply) = client.read_frame();
+    assert!(reply.len() > 200_000, "{} bytes", reply.len());
+    let reply: Value = serde_json::from_slice(&reply).unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(reply["data"]["embeddings"].as_array().unwrap().len(), rows.len());
+
+    // Searches pipelined in one write, each checked against brute force.
+    let queries = &rows[..20];
+    let mut pipelined = Vec::new();
+    for query in queries {
+        let body = serde_json::json!({ "queryVector": query, "k": 5 }).to_string();
+        pipelined.extend(request_bytes("POST", "/api/v1/embeddings/tls-index/search", WITH_KEY, Some(&body)));
+    }
+    client.send(&pipelined);
+    for query in queries {
+        let (status, _, reply) = client.read_frame();
+        assert_eq!(status, 200);
+        let reply: Value = serde_json::from_slice(&reply).unwrap();
+        let mut got: Vec<(u64, u64)> = reply["data"]["nearest_neighbors"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(id, hit)| (hit["rank"].as_u64().unwrap(), id.parse().unwrap()))
+            .collect();
+        got.sort_unstable();
+        let got: Vec<u64> = got.into_iter().map(|(_, id)| id).collect();
+        let mut oracle: Vec<(f64, u64)> = rows
+            .iter()
+            .enumerate()
+            .map(|(id, row)| {
+                let d: f64 = row.iter().zip(query).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
+                (d, id as u64)
+            })
+            .collect();
+        oracle.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let want: Vec<u64> = oracle[..5].iter().map(|&(_, id)| id).collect();
+        assert_eq!(got, want);
+    }
+
+    // Connection: close ends the session cleanly.
+    client.send(&request_bytes("GET", "/healthz", &[("Connection", "close")], None));
+    assert_eq!(client.read_frame().0, 200);
+    assert!(client.ends_cleanly(), "close_notify, then the end");
+}
+
+/// The download's child takes the session over: what the connection still
+/// owed, then the image, in order and sealed, then the session's close.
+#[test]
+fn a_snapshot_download_over_tls_is_whole() {
+    let certificate = Certificate::new();
+    let server = certificate.start();
+    let config = certificate.client_config();
+    let mut client = TlsClient::connect(&server, config.clone());
+    assert_eq!(
+        client.call("PUT", "/api/v1/indexes/tls-source/create", Some(r#"{"dimensions":16,"metric":"l2"}"#)).0,
+        200
+    );
+    let rows = vectors(5_000, 16);
+    let (status, body) = client.call("PUT", "/api/v1/embeddings/tls-source/upsert", Some(&upsert_body(&rows)));
+    assert_eq!(status, 200, "{body}");
+
+    let mut pipelined = request_bytes("GET", "/healthz", &[], None);
+    pipelined.extend(request_bytes("GET", "/api/v1/indexes/tls-source/snapshot", WITH_KEY, None));
+    client.send(&pipelined);
+    assert_eq!(client.read_frame().0, 200, "the health answer owed before the download");
+    let (status, head, image) = client.read_frame();
+    assert_eq!(status, 200, "{head}");
+    assert!(image.len() > 5_000 * 16 * 4, "{} bytes", image.len());
+    assert!(client.ends_cleanly(), "the child closes the session");
+
+    let mut other = TlsClient::connect(&server, config);
+    other.send(&request_with_bytes("PUT", "/api/v1/indexes/tls-copy/restore", WITH_KEY, Some(&image)));
+    let (status, _, body) = other.read_frame();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let ids: Vec<usize> = (0..rows.len()).collect();
+    let retrieve = serde_json::json!({ "ids": ids }).to_string();
+    let (_, source) = other.call("POST", "/api/v1/embeddings/tls-source/retrieve", Some(&retrieve));
+    let (_, copy) = other.call("POST", "/api/v1/embeddings/tls-copy/retrieve", Some(&retrieve));
+    assert_eq!(source["data"]["embeddings"].as_array().unwrap().len(), rows.len());
+    assert_eq!(source["data"], copy["data"]);
+}
+
+/// OpenSSL, through Python's standard library: a TLS stack that shares no
+/// code with the server's.
+#[test]
+fn openssl_is_served_too() {
+    let certificate = Certificate::new();
+    let server = certificate.start();
+    let script = r#"
+import http.client, json, ssl, sys
+context = ssl.create_default_context(cafile=sys.argv[1])
+connection = http.client.HTTPSConnection("localhost", int(sys.argv[2]), context=context, timeout=30)
+for _ in range(3):
+    connection.request("GET", "/api/v1/test-auth", headers={"X-Service-API-Key": sys.argv[3]})
+    reply = connection.getresponse()
+    print(reply.status, json.loads(reply.read())["message"], connection.sock.version())
+"#;
+    let port = server.addr.port().to_string();
+    let output =
+        match Command::new("python3").arg("-c").arg(script).arg(certificate.cert_path()).arg(&port).arg(KEY).output() {
+            Ok(output) => output,
+            Err(e) => return skip("openssl_is_served_too", &format!("no python3: {e}")),
+        };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    for line in lines {
+        assert!(line.starts_with("200 ") && line.contains("TLSv1.3"), "{line}");
+    }
+}
+
+#[test]
+fn plain_http_on_the_tls_port_is_told_to_use_https() {
+    let certificate = Certificate::new();
+    let server = certificate.start();
+    let mut plain = Client::connect(server.addr);
+    let response = plain.call("GET", "/api/v1/health", None);
+    assert_eq!((response.status, response.code()), (400, "MALFORMED_HTTP_REQUEST"));
+    assert!(response.detail().contains("https://") || response.body.to_string().contains("https://"), "{response:?}");
+    assert!(plain.is_closed());
+    let mut client = TlsClient::connect(&server, certificate.client_config());
+    assert_eq!(client.call("GET", "/healthz", None).0, 200);
+}
+
+/// Bytes that are not TLS, a handshake cut short, a client that distrusts
+/// the certificate, a record tampered with after the handshake: each ends
+/// its own connection, and the server serves the next client.
+#[test]
+fn a_client_that_breaks_tls_is_cut_off_alone() {
+    let certificate = Certificate::new();
+    let server = certificate.start();
+    let config = certificate.client_config();
+    let mut rng = Rng(11);
+
+    let garbage: Vec<u8> = (0..300).map(|_| rng.next_u64() as u8).collect();
+    let mut attempts: Vec<Vec<u8>> = vec![
+        // A handshake record whose body is noise.
+        [&[0x16, 0x03, 0x01, 0x01, 0x00][..], &garbage[..256]].concat(),
+        // A record header alone, then the end.
+        vec![0x16, 0x03, 0x01, 0x40, 0x00],
+        // Noise from the first byte (not a letter, so not taken for HTTP).
+        [&[0x80][..], &garbage[..]].concat(),
+        // An alert before any handshake.
+        vec![0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28],
+    ];
+    // The start of a real ClientHello, cut in the middle.
+    let mut hello = Vec::new();
+    let mut session = ClientConnection::new(config.clone(), ServerName::try_from("localhost").unwrap()).unwrap();
+    session.write_tls(&mut hello).unwrap();
+    hello.truncate(hello.len() / 2);
+    attempts.push(hello);
+    for bytes in attempts {
+        let mut socket = TcpStream::connect(server.addr).unwrap();
+        socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        socket.write_all(&bytes).unwrap();
+        let _ = socket.shutdown(std::net::Shutdown::Write);
+        let mut reply = Vec::new();
+        let _ = socket.read_to_end(&mut reply);
+        assert!(!reply.starts_with(b"HTTP/"), "a TLS port answers TLS only: {reply:?}");
+        assert_eq!(TlsClient::connect(&server, config.clone()).call("GET", "/healthz", None).0, 200);
+    }
+
+    // A client that trusts another certificate gives up in the handshake.
+    let stranger = Certificate::new().client_config();
+    let mut distrustful = TlsClient::connect(&server, stranger);
+    assert!(distrustful.stream.write_all(&request_bytes("GET", "/healthz", &[], None)).is_err());
+
+    // A record altered in flight: the session ends, with an alert.
+    let mut client = TlsClient::connect(&server, config.clone());
+    assert_eq!(client.call("GET", "/healthz", None).0, 200);
+    let mut sealed = Vec::new();
+    client.stream.conn.writer().write_all(&request_bytes("GET", "/healthz", &[], None)).unwrap();
+    client.stream.conn.write_tls(&mut sealed).unwrap();
+    let last = sealed.len() - 1;
+    sealed[last] ^= 1;
+    client.stream.sock.write_all(&sealed).unwrap();
+    let mut rest = Vec::new();
+    assert!(client.stream.read_to_end(&mut rest).is_err() || rest.is_empty(), "no answer to a forged record");
+
+    assert_eq!(TlsClient::connect(&server, config).call("GET", "/healthz", None).0, 200);
+    assert!(server.log().contains("listening on"), "alive");
+}
+
+/// Bad certificate settings stop the start, naming the file and the fault.
+#[test]
+fn bad_certificate_settings_stop_the_start() {
+    let certificate = Certificate::new();
+    let (cert, key) = (certificate.cert_path(), certificate.key_path());
+    let start = |args: &[&Path]| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_quiver"));
+        command.args(["--host", "127.0.0.1", "--port", "0", "--api-key", KEY, "--data-dir"]).arg(dir.path());
+        for pair in args.chunks(2) {
+            command.arg(pair[0]).arg(pair[1]);
+        }
+        let output = command.output().unwrap();
+        (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let flag = |name: &'static str| Path::new(name);
+
+    let (code, said) = start(&[flag("--tls-cert"), &cert]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("--tls-key"), "{said}");
+
+    let other = Certificate::new();
+    let not_pem = certificate.dir.path().join("not.pem");
+    std::fs::write(&not_pem, "not a certificate\n").unwrap();
+    let missing = certificate.dir.path().join("missing.pem");
+    let cases: [(&Path, &Path, &str); 4] = [
+        (&missing, &key, "cannot read the TLS certificate"),
+        (&not_pem, &key, "holds no CERTIFICATE"),
+        (&cert, &not_pem, "holds no PEM private key"),
+        (&cert, &other.key_path(), "cannot be used together"),
+    ];
+    for (cert, key, why) in cases {
+        let (code, said) = start(&[flag("--tls-cert"), cert, flag("--tls-key"), key]);
+        assert_eq!(code, Some(1), "{said}");
+        assert!(said.contains(why), "{why}: {said}");
+        assert!(!said.contains("listening on"), "{said}");
+    }
+}
+
+/// `quiver import` and `export` speak https, trusting the certificate
+/// `--ca-cert` names (and, without it, refusing one nobody vouches for).
+#[test]
+fn import_and_export_over_tls() {
+    let certificate = Certificate::new();
+    let server = certificate.start();
+    let mut client = TlsClient::connect(&server, certificate.client_config());
+    assert_eq!(
+        client.call("PUT", "/api/v1/indexes/tls-files/create", Some(r#"{"dimensions":4,"metric":"ip"}"#)).0,
+        200
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let rows = vectors(250, 4);
+    let lines: Vec<String> = rows
+        .iter()
+        .enumerate()
+        .map(|(id, vector)| serde_json::json!({"id": id, "data": vector, "metadata": {"n": id}}).to_string())
+        .collect();
+    let source = dir.path().join("in.jsonl");
+    std::fs::write(&source, lines.join("\n") + "\n").unwrap();
+    let url = format!("https://localhost:{}", server.addr.port());
+    let tool = |which: &str, file: &Path, ca_cert: Option<&Path>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_quiver"));
+        command.args([which, "--url", &url, "--index", "tls-files", "--api-key", KEY]);
+        if let Some(path) = ca_cert {
+            command.arg("--ca-cert").arg(path);
+        }
+        let output = command.arg(file).output().unwrap();
+        (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+
+    let (code, said) = tool("import", &source, None);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.to_lowercase().contains("certificate"), "{said}");
+    let (code, said) = tool("import", &source, Some(&certificate.cert_path()));
+    assert_eq!(code, Some(0), "{said}");
+
+    let exported = dir.path().join("out.jsonl");
+    let (code, said) = tool("export", &exported, Some(&certificate.cert_path()));
+    assert_eq!(code, Some(0), "{said}");
+    let text = std::fs::read_to_string(&exported).unwrap();
+    let mut back: Vec<Value> = text.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    back.sort_by_key(|row| row["id"].as_u64());
+    assert_eq!(back.len(), rows.len());
+    for (row, want) in back.iter().zip(&rows) {
+        let got: Vec<f32> = row["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        assert_eq!(&got, want);
+    }
+}
