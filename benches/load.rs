@@ -18,7 +18,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use harness::{create_index, Rng, Server, KEY};
+use harness::{cpu_seconds, create_index, Rng, Server, KEY};
 
 const WIDE_DIMS: usize = 768;
 const WIDE_ROWS: usize = 100_000;
@@ -473,17 +473,6 @@ fn served(pid: u32, load: impl FnOnce() -> f64) -> Served {
     let requests = rate * WRK_SECONDS as f64;
     let per_request = |spent: f64| spent * 1e6 / requests;
     Served { rate, user_us: per_request(after.0 - before.0), kernel_us: per_request(after.1 - before.1) }
-}
-
-/// The user and kernel CPU seconds of process `pid` (all its threads) so far.
-fn cpu_seconds(pid: u32) -> (f64, f64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/PID/stat");
-    // Fields 14 and 15 (utime, stime), counted after the parenthesised name.
-    let fields: Vec<&str> = stat[stat.rfind(')').expect("a stat line") + 2..].split(' ').collect();
-    // SAFETY: sysconf only reads a configuration value.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let field = |i: usize| fields[i - 3].parse::<f64>().expect("a tick count") / ticks;
-    (field(14), field(15))
 }
 
 fn free_port() -> u16 {

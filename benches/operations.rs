@@ -1,7 +1,8 @@
 //! Issue 37's figures, each against its reference in the same run:
 //! `quiver import` of a 100,000 x 768 `.npy` against the same rows sent
 //! over raw HTTP; `quiver export` to Parquet; a snapshot download of the
-//! index while writes go on, and those writes' p99 with and without it.
+//! index while writes go on, and those writes' p99 with and without it;
+//! health requests over TLS against plain HTTP (wrk, where it is installed).
 //! The table is also written to `target/operations-bench.md`.
 //!
 //! Run with `make bench` (or `cargo bench --bench operations`).
@@ -15,7 +16,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use harness::{create_index, Rng, Server, KEY};
+use harness::{cpu_seconds, create_index, Rng, Server, KEY};
 use npyz::WriterBuilder;
 
 const DIMS: usize = 768;
@@ -117,7 +118,28 @@ fn main() {
         p99_during / p99_alone,
         "<= 2",
     );
-    println!("  4. TLS: not built yet");
+    drop(server);
+    let health = "4. TLS: health requests/s, wrk -c50, vs plain HTTP (median of 3 x 5 s)";
+    let cost = "4. TLS: the server's CPU a health request (median of 3 x 5 s)";
+    match tls_vs_plain() {
+        Some([tls, plain]) => {
+            row(
+                health,
+                format!("{:.0} requests/s over TLS (wrk's CPU {:.0}%)", tls.rate, tls.client_busy * 100.0),
+                format!("plain HTTP: {:.0} requests/s (wrk's CPU {:.0}%)", plain.rate, plain.client_busy * 100.0),
+                tls.rate / plain.rate,
+                ">= 0.7",
+            );
+            row(
+                cost,
+                format!("{:.1} µs over TLS", tls.server_us),
+                format!("plain HTTP: {:.1} µs", plain.server_us),
+                plain.server_us / tls.server_us,
+                "- (requests a core serves, TLS / plain)",
+            );
+        }
+        None => println!("  {health}: skipped, needs wrk (apt-get install wrk)"),
+    }
     let out = std::path::Path::new("target/operations-bench.md");
     std::fs::write(out, table).unwrap();
     println!("table written to {}", out.display());
@@ -199,4 +221,86 @@ fn download_mb_per_s(addr: std::net::SocketAddr) -> f64 {
 fn p99(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
     samples[samples.len() * 99 / 100]
+}
+
+/// One wrk round: requests a second, the server's CPU a request, and
+/// the share of its core wrk kept busy.
+#[derive(Clone, Copy)]
+struct Round {
+    rate: f64,
+    server_us: f64,
+    client_busy: f64,
+}
+
+/// Health requests over TLS and over plain HTTP, wrk's 50 connections on
+/// one server each (a certificate made here), the median of three rounds
+/// that alternate. The server runs on one core and wrk on the other where
+/// taskset can pin them; None without wrk.
+fn tls_vs_plain() -> Option<[Round; 2]> {
+    let have = |tool: &str| {
+        Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| o.status.success())
+    };
+    if !have("wrk") {
+        return None;
+    }
+    let pin = have("taskset");
+    let dir = tempfile::tempdir().unwrap();
+    let rcgen::CertifiedKey { cert, signing_key } =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, signing_key.serialize_pem()).unwrap();
+    let tls = Server::start_with(&["--tls-cert", cert_path.to_str().unwrap(), "--tls-key", key_path.to_str().unwrap()]);
+    let plain = Server::start();
+    for server in [&tls, &plain] {
+        if pin {
+            let pid = server.child.id().to_string();
+            Command::new("taskset").args(["-a", "-cp", "0", &pid]).output().unwrap();
+        }
+    }
+    let seconds = 5.0;
+    let round = |server: &Server, url: &str| {
+        let mut command = Command::new(if pin { "taskset" } else { "wrk" });
+        if pin {
+            command.args(["-c", "1", "wrk"]);
+        }
+        let before = cpu_seconds(server.child.id());
+        let child = command
+            .args(["-t1", "-c50", &format!("-d{seconds}s"), url])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("run wrk");
+        // wrk's own CPU, read while it runs (its first and last moments aside).
+        std::thread::sleep(Duration::from_millis(500));
+        let wrk_before = cpu_seconds(child.id());
+        std::thread::sleep(Duration::from_secs_f64(seconds - 1.0));
+        let wrk_after = cpu_seconds(child.id());
+        let output = child.wait_with_output().unwrap();
+        let after = cpu_seconds(server.child.id());
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(!text.contains("Non-2xx") && !text.contains("Socket errors"), "wrk saw errors from {url}:\n{text}");
+        let rate: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Requests/sec:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no Requests/sec from wrk:\n{text}"));
+        let spent = |(user, kernel): (f64, f64)| user + kernel;
+        Round {
+            rate,
+            server_us: (spent(after) - spent(before)) * 1e6 / (rate * seconds),
+            client_busy: (spent(wrk_after) - spent(wrk_before)) / (seconds - 1.0),
+        }
+    };
+    let (mut over_tls, mut over_plain) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        over_tls.push(round(&tls, &format!("https://localhost:{}/api/v1/health", tls.addr.port())));
+        over_plain.push(round(&plain, &format!("http://127.0.0.1:{}/api/v1/health", plain.addr.port())));
+    }
+    let rates = |rounds: &[Round]| rounds.iter().map(|r| format!("{:.0}", r.rate)).collect::<Vec<_>>().join(", ");
+    println!("    rounds: TLS {}; plain {}", rates(&over_tls), rates(&over_plain));
+    let median = |mut rounds: Vec<Round>| {
+        rounds.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+        rounds[rounds.len() / 2]
+    };
+    Some([median(over_tls), median(over_plain)])
 }

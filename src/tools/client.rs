@@ -52,6 +52,10 @@ pub struct Client {
     key: String,
 }
 
+/// The most memory taken ahead for an answer on its Content-Length's word
+/// (beyond it, the buffer grows as the bytes come).
+const CAPACITY_AHEAD_BYTES_MAX: usize = 1 << 32;
+
 /// How long one call may take before the tool gives up on it.
 const CALL_TIMEOUT_S: u64 = 600;
 
@@ -105,7 +109,9 @@ impl Client {
             .map_err(|e| CallError { status: None, message: format!("{method} {url}: {e}") })?;
         let mut response = self.agent.run(request).map_err(failed)?;
         let status = response.status().as_u16();
-        let mut bytes = Vec::new();
+        // Sized once from the head: a snapshot download is hundreds of MB.
+        let length = response.body().content_length().unwrap_or(0);
+        let mut bytes = Vec::with_capacity(usize::try_from(length).unwrap_or(0).min(CAPACITY_AHEAD_BYTES_MAX));
         response.body_mut().as_reader().read_to_end(&mut bytes).map_err(|e| CallError {
             status: Some(status),
             message: format!("{method} {url}: the answer broke off: {e}"),

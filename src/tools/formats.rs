@@ -487,6 +487,11 @@ pub enum Sink {
     },
 }
 
+/// Rows in one row group of an exported Parquet file: 100 MB of vectors at
+/// 768 dimensions, few enough that the writer's buffers stay small, many
+/// enough that a reader's row groups are large.
+const PARQUET_ROW_GROUP_ROWS: usize = 32_768;
+
 impl Sink {
     pub fn create(path: &Path, format: Format, dims: usize) -> Result<Sink, String> {
         let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
@@ -506,9 +511,17 @@ impl Sink {
                     Field::new("metadata", DataType::Utf8, true),
                 ]));
                 let file = File::create(path).map_err(|e| at(&e))?;
-                // No dictionaries: float vectors seldom repeat, and trying costs.
-                let properties =
-                    parquet::file::properties::WriterProperties::builder().set_dictionary_enabled(false).build();
+                // No dictionaries: float vectors seldom repeat, and trying
+                // costs. Statistics only for the ids, the one column a
+                // reader may skip row groups by; row groups of a bounded
+                // size, written as they fill rather than held to the end.
+                use parquet::file::properties::{EnabledStatistics, WriterProperties};
+                let properties = WriterProperties::builder()
+                    .set_dictionary_enabled(false)
+                    .set_statistics_enabled(EnabledStatistics::None)
+                    .set_column_statistics_enabled("id".into(), EnabledStatistics::Chunk)
+                    .set_max_row_group_row_count(Some(PARQUET_ROW_GROUP_ROWS))
+                    .build();
                 let writer =
                     parquet::arrow::ArrowWriter::try_new(file, schema.clone(), Some(properties)).map_err(|e| at(&e))?;
                 Sink::Parquet { writer: Box::new(writer), schema, dims, path: path.to_owned() }
@@ -516,8 +529,10 @@ impl Sink {
         })
     }
 
-    /// Writes a batch of float rows, each of the index's dimensions.
-    pub fn write(&mut self, rows: &Rows) -> Result<(), String> {
+    /// Writes a batch of float rows, each of the index's dimensions. It may
+    /// take the batch's ids and values rather than copy them (Parquet's
+    /// arrays own theirs): the caller clears the batch before the next.
+    pub fn write(&mut self, rows: &mut Rows) -> Result<(), String> {
         match self {
             Sink::Npy { values, ids, metadata_rows, .. } => {
                 values.extend_from_slice(&rows.values);
@@ -549,7 +564,7 @@ impl Sink {
                 let vectors = FixedSizeListArray::try_new(
                     item,
                     *dims as i32,
-                    Arc::new(Float32Array::from(rows.values.clone())),
+                    Arc::new(Float32Array::from(std::mem::take(&mut rows.values))),
                     None,
                 )
                 .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -557,7 +572,7 @@ impl Sink {
                     rows.metadata.iter().map(|m| (!m.is_empty()).then_some(m.as_str())).collect();
                 let batch = RecordBatch::try_new(
                     schema.clone(),
-                    vec![Arc::new(Int64Array::from(rows.ids.clone())), Arc::new(vectors), Arc::new(metadata)],
+                    vec![Arc::new(Int64Array::from(std::mem::take(&mut rows.ids))), Arc::new(vectors), Arc::new(metadata)],
                 )
                 .map_err(|e| format!("{}: {e}", path.display()))?;
                 writer.write(&batch).map_err(|e| format!("{}: {e}", path.display()))

@@ -98,6 +98,9 @@ pub enum Mode {
 /// first) names one; returns its exit status, or `None` for anything else.
 pub fn run(args: &[std::ffi::OsString]) -> Option<i32> {
     let which = args.get(1)?.to_str()?;
+    if which == "import" || which == "export" {
+        crate::memory::keep_freed();
+    }
     let rest = || std::iter::once(std::ffi::OsString::from(format!("quiver {which}"))).chain(args[2..].iter().cloned());
     Some(match which {
         "import" => match parse::<ImportArgs>(rest()) {
@@ -550,7 +553,7 @@ fn export(args: &ExportArgs) -> i32 {
             let metadata = row.metadata.map(|m| m.get()).filter(|m| *m != "{}" && *m != "null").unwrap_or("");
             rows.metadata.push(metadata.to_owned());
         }
-        if let Err(error) = sink.write(&rows) {
+        if let Err(error) = sink.write(&mut rows) {
             return fail(error);
         }
         written += rows.len() as u64;
@@ -597,7 +600,7 @@ fn from_snapshot(
         for text in &image.metadata[first..first + ids.len()] {
             rows.metadata.push(String::from_utf8_lossy(text).into_owned());
         }
-        sink.write(&rows)?;
+        sink.write(&mut rows)?;
         bar.inc(ids.len() as u64);
     }
     Ok((image.ids.len() as u64, image.vectors.len() as u64))

@@ -442,3 +442,15 @@ pub fn batch_body(first: usize, count: usize, texts: &[String]) -> String {
     body.push_str("]}");
     body
 }
+
+#[allow(dead_code)]
+/// The user and kernel CPU seconds of process `pid` (all its threads) so far.
+pub fn cpu_seconds(pid: u32) -> (f64, f64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/PID/stat");
+    // Fields 14 and 15 (utime, stime), counted after the parenthesised name.
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("a stat line") + 2..].split(' ').collect();
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let field = |i: usize| fields[i - 3].parse::<f64>().expect("a tick count") / ticks;
+    (field(14), field(15))
+}
