@@ -199,7 +199,7 @@ impl Connection {
                     match self.read.read_from(&mut self.transport, READ_CHUNK_BYTES) {
                         Ok(0) => return self.on_peer_closed(),
                         Ok(n) => {
-                            read_bytes += n;
+                            read_bytes += self.transport.read_cost(n);
                             self.last_activity = now;
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -480,7 +480,11 @@ impl Connection {
                 Err(_) => return Flushed::Close,
             }
         }
-        match self.transport.send_pending() {
+        let sent = self.transport.send_pending();
+        if self.transport.take_progress() {
+            self.last_activity = now;
+        }
+        match sent {
             Ok(true) => {}
             Ok(false) => return Flushed::Partly,
             Err(_) => return Flushed::Close,
@@ -496,10 +500,14 @@ impl Connection {
             self.write = Vec::new();
         }
         if self.closing && self.linger_until.is_none() {
+            // Our side shut first (over TLS, after its close_notify has
+            // left), so that the client reads an end, not a cut.
+            if !self.transport.shutdown_write() {
+                return Flushed::Partly;
+            }
             if self.readable || !self.read.is_empty() || !self.parser.is_idle() {
-                // The client may still be sending: stop our side, read what
-                // comes, close on its end or after a while.
-                self.transport.shutdown_write();
+                // The client may still be sending: read what comes, close
+                // on its end or after a while.
                 self.linger_until = Some(now + LINGER);
                 return Flushed::All;
             }

@@ -31,7 +31,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ServerConfig, ServerConnection};
 
-use crate::limits::TLS_PENDING_BYTES_MAX;
+use crate::limits::{TLS_FRAMING_BYTE_WEIGHT, TLS_PENDING_BYTES_MAX};
 
 /// The server's TLS settings, made once at start and shared by every session.
 #[derive(Clone)]
@@ -86,6 +86,13 @@ pub struct Transport {
     session: Option<Box<ServerConnection>>,
     /// The first byte from the client was looked at (TLS only).
     sniffed: bool,
+    /// TLS bytes read from the socket, and plaintext read from them, so
+    /// far; and the framing (their difference) already charged (`read_cost`).
+    wire_in: u64,
+    plain_in: u64,
+    framing_charged: u64,
+    /// TLS bytes the socket took since `take_progress`.
+    sent: usize,
 }
 
 /// The content type of a TLS handshake record: the first byte a TLS client sends.
@@ -121,7 +128,7 @@ impl Transport {
             }
             None => None,
         };
-        Ok(Transport { socket, session, sniffed: false })
+        Ok(Transport { socket, session, sniffed: false, wire_in: 0, plain_in: 0, framing_charged: 0, sent: 0 })
     }
 
     pub fn socket(&mut self) -> &mut TcpStream {
@@ -137,17 +144,40 @@ impl Transport {
     /// wait, `Ok(false)` when the socket is full.
     pub fn send_pending(&mut self) -> io::Result<bool> {
         let Some(session) = &mut self.session else { return Ok(true) };
-        send_records(session, &mut self.socket)
+        send_records(session, &mut self.socket, &mut self.sent)
     }
 
-    /// Shuts our side: a TLS session says so first (close_notify), as far
-    /// as the socket takes it.
-    pub fn shutdown_write(&mut self) {
+    /// Whether the socket took TLS records since the last call: progress
+    /// of a reader, as much as taking a reply's plaintext is.
+    pub fn take_progress(&mut self) -> bool {
+        std::mem::take(&mut self.sent) > 0
+    }
+
+    /// What reading `plaintext` bytes costs against a connection's read
+    /// budget: the bytes, and over TLS the records' framing, weighted
+    /// (`TLS_FRAMING_BYTE_WEIGHT`) for the decryption each record costs
+    /// whatever its size. Plaintext decrypted but not read yet counts as
+    /// framing until it is read, so it is charged once, early.
+    pub fn read_cost(&mut self, plaintext: usize) -> usize {
+        let framing = self.wire_in.saturating_sub(self.plain_in);
+        let new = framing.saturating_sub(self.framing_charged);
+        self.framing_charged += new;
+        plaintext.saturating_add(usize::try_from(new).unwrap_or(usize::MAX).saturating_mul(TLS_FRAMING_BYTE_WEIGHT))
+    }
+
+    /// Shuts our side, once everything before is sent: a TLS session says
+    /// so first (close_notify). `false` while the socket has not taken it
+    /// all (call again when it is writable).
+    pub fn shutdown_write(&mut self) -> bool {
         if let Some(session) = &mut self.session {
+            // Queued once: the flag is the session's.
             session.send_close_notify();
-            let _ = send_records(session, &mut self.socket);
+            if !matches!(send_records(session, &mut self.socket, &mut self.sent), Ok(true) | Err(_)) {
+                return false;
+            }
         }
         let _ = self.socket.shutdown(Shutdown::Write);
+        true
     }
 
     /// Reads and drops what the socket holds, below TLS: a closing
@@ -182,25 +212,30 @@ impl Read for Transport {
         let Some(session) = &mut self.session else { return self.socket.read(buf) };
         loop {
             match session.reader().read(buf) {
-                Ok(n) => return Ok(n),
+                Ok(n) => {
+                    self.plain_in += n as u64;
+                    return Ok(n);
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
                 Err(e) => return Err(e),
             }
             // No plaintext is buffered: records from the socket.
-            if session.read_tls(&mut self.socket)? == 0 {
+            let wire = session.read_tls(&mut self.socket)?;
+            self.wire_in += wire as u64;
+            if wire == 0 {
                 // The end: the reader now says whether it was clean.
                 session.process_new_packets().map_err(io::Error::other)?;
                 continue;
             }
             if let Err(error) = session.process_new_packets() {
                 // The alert that says why, if the socket takes it.
-                let _ = send_records(session, &mut self.socket);
+                let _ = send_records(session, &mut self.socket, &mut self.sent);
                 return Err(io::Error::new(io::ErrorKind::InvalidData, error));
             }
             // A handshake's answer leaves at once; what the socket does not
             // take now waits for it to be writable.
-            send_records(session, &mut self.socket)?;
+            send_records(session, &mut self.socket, &mut self.sent)?;
         }
     }
 }
@@ -212,11 +247,11 @@ impl Read for Transport {
 impl Write for Transport {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let Some(session) = &mut self.session else { return self.socket.write(buf) };
-        if !send_records(session, &mut self.socket)? {
+        if !send_records(session, &mut self.socket, &mut self.sent)? {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         let taken = session.writer().write(buf)?;
-        send_records(session, &mut self.socket)?;
+        send_records(session, &mut self.socket, &mut self.sent)?;
         Ok(taken)
     }
 
@@ -227,12 +262,12 @@ impl Write for Transport {
 
 /// Writes the session's waiting records until none wait (`true`) or the
 /// socket would block (`false`; on a blocking socket, its send timeout
-/// passed).
-fn send_records(session: &mut ServerConnection, socket: &mut impl Write) -> io::Result<bool> {
+/// passed), adding the bytes the socket took to `sent`.
+fn send_records(session: &mut ServerConnection, socket: &mut impl Write, sent: &mut usize) -> io::Result<bool> {
     while session.wants_write() {
         match session.write_tls(socket) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(_) => {}
+            Ok(n) => *sent += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
@@ -244,7 +279,7 @@ fn send_records(session: &mut ServerConnection, socket: &mut impl Write) -> io::
 /// `send_records` on a blocking socket: a send that waits past the
 /// socket's timeout is an error.
 fn send_all(session: &mut ServerConnection, socket: &mut impl Write) -> io::Result<()> {
-    match send_records(session, socket)? {
+    match send_records(session, socket, &mut 0)? {
         true => Ok(()),
         false => Err(io::Error::new(io::ErrorKind::TimedOut, "the client took no bytes for too long")),
     }

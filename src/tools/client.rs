@@ -53,8 +53,9 @@ pub struct Client {
 }
 
 /// The most memory taken ahead for an answer on its Content-Length's word
-/// (beyond it, the buffer grows as the bytes come).
-const CAPACITY_AHEAD_BYTES_MAX: usize = 1 << 32;
+/// (beyond it, the buffer grows as the bytes come): a server's head alone
+/// cannot make the tool take more.
+const CAPACITY_AHEAD_BYTES_MAX: usize = 1 << 30;
 
 /// How long one call may take before the tool gives up on it.
 const CALL_TIMEOUT_S: u64 = 600;

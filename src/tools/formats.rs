@@ -572,7 +572,11 @@ impl Sink {
                     rows.metadata.iter().map(|m| (!m.is_empty()).then_some(m.as_str())).collect();
                 let batch = RecordBatch::try_new(
                     schema.clone(),
-                    vec![Arc::new(Int64Array::from(std::mem::take(&mut rows.ids))), Arc::new(vectors), Arc::new(metadata)],
+                    vec![
+                        Arc::new(Int64Array::from(std::mem::take(&mut rows.ids))),
+                        Arc::new(vectors),
+                        Arc::new(metadata),
+                    ],
                 )
                 .map_err(|e| format!("{}: {e}", path.display()))?;
                 writer.write(&batch).map_err(|e| format!("{}: {e}", path.display()))

@@ -553,12 +553,14 @@ fn export(args: &ExportArgs) -> i32 {
             let metadata = row.metadata.map(|m| m.get()).filter(|m| *m != "{}" && *m != "null").unwrap_or("");
             rows.metadata.push(metadata.to_owned());
         }
+        // Counted first: the sink may take the batch's arrays.
+        let (count, values) = (rows.len() as u64, rows.values.len() as u64);
         if let Err(error) = sink.write(&mut rows) {
             return fail(error);
         }
-        written += rows.len() as u64;
-        bytes += 4 * rows.values.len() as u64;
-        bar.inc(rows.len() as u64);
+        written += count;
+        bytes += 4 * values;
+        bar.inc(count);
         match page.data.next {
             Some(next) if !page.data.embeddings.is_empty() => after = Some(next),
             _ => break,

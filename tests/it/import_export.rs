@@ -176,13 +176,19 @@ fn every_format_goes_in_and_comes_back_out_bit_for_bit() {
             assert!(said.is_empty() || !said.contains("refused:"), "{said}");
         }
     }
-    // The rows a filter matches, and nothing else.
-    let file = dir.path().join("t1.jsonl");
-    let (status, said) = tool(&server, "export", "in-2", &file, &["--filter", r#"{"tag":"t1"}"#]);
-    assert_eq!(status, 0, "{said}");
-    let lines: Vec<Value> =
-        std::fs::read_to_string(&file).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    // The rows a filter matches, and nothing else, counted in the summary.
     let matching = data.metadata.iter().filter(|m| m["tag"] == "t1").count();
+    for format in ["jsonl", "parquet", "npy"] {
+        let file = dir.path().join(format!("t1.{format}"));
+        let (status, said) = tool(&server, "export", "in-2", &file, &["--filter", r#"{"tag":"t1"}"#]);
+        assert_eq!(status, 0, "{said}");
+        assert!(said.contains(&format!("{matching} rows of 'in-2' written to ")), "{format}: {said}");
+    }
+    let lines: Vec<Value> = std::fs::read_to_string(dir.path().join("t1.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), matching);
     assert!(lines.iter().all(|l| l["metadata"]["tag"] == "t1"));
 }
