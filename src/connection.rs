@@ -215,6 +215,14 @@ impl Connection {
                             self.refuse(app, &ApiError::Http { error, body_bytes_max }, now);
                             return Progress::Waiting;
                         }
+                        Err(e) if transport::is_tls_failure(&e) => {
+                            // Closed like a refused request: the alert
+                            // leaves, our side shuts, and what the client
+                            // still sends is read and dropped, so that a
+                            // reset does not overtake the alert.
+                            self.closing = true;
+                            return Progress::Waiting;
+                        }
                         Err(_) => return Progress::Close,
                     }
                 }

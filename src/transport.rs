@@ -117,6 +117,25 @@ pub fn is_plain_http(error: &io::Error) -> bool {
     error.get_ref().is_some_and(|inner| inner.is::<PlainHttp>())
 }
 
+/// The error a read gives when the client broke the TLS protocol: the
+/// session has queued the alert that says why (`is_tls_failure`).
+#[derive(Debug)]
+struct TlsFailure(rustls::Error);
+
+impl std::fmt::Display for TlsFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TLS: {}", self.0)
+    }
+}
+
+impl std::error::Error for TlsFailure {}
+
+/// Whether a read failed because the client broke TLS: the connection
+/// ends, after the alert (`send_pending`), as one refused does.
+pub fn is_tls_failure(error: &io::Error) -> bool {
+    error.get_ref().is_some_and(|inner| inner.is::<TlsFailure>())
+}
+
 impl Transport {
     /// A socket just accepted: plain, or at the start of a TLS handshake.
     pub fn new(socket: TcpStream, tls: Option<&Tls>) -> io::Result<Transport> {
@@ -229,9 +248,9 @@ impl Read for Transport {
                 continue;
             }
             if let Err(error) = session.process_new_packets() {
-                // The alert that says why, if the socket takes it.
-                let _ = send_records(session, &mut self.socket, &mut self.sent);
-                return Err(io::Error::new(io::ErrorKind::InvalidData, error));
+                // The alert that says why is queued; it leaves with the
+                // connection's last flush.
+                return Err(io::Error::new(io::ErrorKind::InvalidData, TlsFailure(error)));
             }
             // A handshake's answer leaves at once; what the socket does not
             // take now waits for it to be writable.

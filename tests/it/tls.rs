@@ -397,6 +397,9 @@ fn a_client_that_breaks_tls_is_cut_off_alone() {
     client.stream.conn.write_tls(&mut sealed).unwrap();
     let last = sealed.len() - 1;
     sealed[last] ^= 1;
+    // More bytes behind it, unread when the server ends the session: the
+    // alert must still arrive, not a reset.
+    sealed.extend(std::iter::repeat_n(0x17, 64 * 1024));
     client.stream.sock.write_all(&sealed).unwrap();
     let error = client.stream.read_to_end(&mut Vec::new()).expect_err("an alert, not an answer");
     assert!(error.to_string().contains("alert"), "{error}");
