@@ -86,7 +86,8 @@ impl Rows {
 /// Where rows come from.
 pub enum Source {
     Npy {
-        values: Vec<f32>,
+        values: NpyValues,
+        rows: usize,
         dims: usize,
         ids: Option<Vec<i64>>,
         id_start: i64,
@@ -130,10 +131,7 @@ impl Source {
         let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
         match format {
             Format::Npy => {
-                let (values, shape) = read_npy_f32(path)?;
-                let [rows, dims] = shape[..] else {
-                    return Err(at(&format!("a {}-d array; import takes a 2-d array, one row a vector", shape.len())));
-                };
+                let (values, rows, dims) = read_npy_f32(path)?;
                 let ids_path = path.with_extension("ids.npy");
                 let ids = if ids_path.exists() {
                     let ids = read_npy_ids(&ids_path)?;
@@ -144,7 +142,7 @@ impl Source {
                 } else {
                     None
                 };
-                Ok(Source::Npy { values, dims, ids, id_start: options.id_start, next: 0 })
+                Ok(Source::Npy { values, rows, dims, ids, id_start: options.id_start, next: 0 })
             }
             Format::Jsonl => {
                 let file = File::open(path).map_err(|e| at(&e))?;
@@ -168,7 +166,7 @@ impl Source {
     /// How many rows the file holds, where that is known before reading.
     pub fn rows(&self) -> Option<u64> {
         match self {
-            Source::Npy { values, dims, .. } => Some((values.len() / (*dims).max(1)) as u64),
+            Source::Npy { rows, .. } => Some(*rows as u64),
             _ => None,
         }
     }
@@ -187,10 +185,9 @@ impl Source {
     pub fn next(&mut self, max: usize, out: &mut Rows) -> Result<bool, String> {
         out.clear();
         match self {
-            Source::Npy { values, dims, ids, id_start, next } => {
-                let rows = values.len() / *dims;
+            Source::Npy { values, rows, dims, ids, id_start, next } => {
                 out.first_row = *next as u64;
-                let end = (*next + max).min(rows);
+                let end = (*next + max).min(*rows);
                 for row in *next..end {
                     let id = match ids {
                         Some(ids) => ids[row],
@@ -200,7 +197,7 @@ impl Source {
                     out.metadata.push(String::new());
                     out.vector_ends.push((row + 1 - *next) * *dims);
                 }
-                out.values.extend_from_slice(&values[*next * *dims..end * *dims]);
+                values.take(*next * *dims..end * *dims, &mut out.values)?;
                 *next = end;
                 Ok(!out.is_empty())
             }
@@ -270,34 +267,100 @@ struct JsonRow<'a> {
     metadata: Option<&'a serde_json::value::RawValue>,
 }
 
-/// A 2-d float array as f32, in C order, and its shape. float64 values are
-/// rounded once, to the nearest f32.
-fn read_npy_f32(path: &Path) -> Result<(Vec<f32>, Vec<usize>), String> {
-    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let file = BufReader::with_capacity(1 << 20, File::open(path).map_err(|e| at(&e))?);
-    let npy = npyz::NpyFile::new(file).map_err(|e| at(&format!("not a .npy file: {e}")))?;
-    let shape: Vec<usize> = npy.shape().iter().map(|&n| n as usize).collect();
-    let order = npy.order();
-    let values: Vec<f32> = match npy.dtype() {
-        npyz::DType::Plain(kind) if kind.type_char() == npyz::TypeChar::Float && kind.size_field() == 4 => {
-            npy.into_vec::<f32>().map_err(|e| at(&e))?
+/// A `.npy` file's values, as f32 in C order: read as the import goes (C
+/// order: memory stays one batch however large the file), or read whole
+/// and reordered (Fortran order, whose rows are spread over the file).
+pub enum NpyValues {
+    Whole(Vec<f32>),
+    Stream { values: Box<dyn Iterator<Item = io::Result<f32>>>, path: PathBuf },
+}
+
+impl NpyValues {
+    /// Appends the values at `range` (the next ones, for a stream) to `out`.
+    fn take(&mut self, range: std::ops::Range<usize>, out: &mut Vec<f32>) -> Result<(), String> {
+        match self {
+            NpyValues::Whole(values) => {
+                out.extend_from_slice(&values[range]);
+                Ok(())
+            }
+            NpyValues::Stream { values, path } => {
+                out.reserve(range.len());
+                for at in range {
+                    match values.next() {
+                        Some(Ok(x)) => out.push(x),
+                        Some(Err(e)) => return Err(format!("{}: value {at}: {e}", path.display())),
+                        None => return Err(format!("{}: cut short at value {at}", path.display())),
+                    }
+                }
+                Ok(())
+            }
         }
-        npyz::DType::Plain(kind) if kind.type_char() == npyz::TypeChar::Float && kind.size_field() == 8 => {
-            npy.into_vec::<f64>().map_err(|e| at(&e))?.into_iter().map(|x| x as f32).collect()
+    }
+}
+
+/// A 2-d float array's values (float64 rounded once, to the nearest f32),
+/// rows and dimensions. A file whose size is not what its header says is
+/// refused before any row is read.
+fn read_npy_f32(path: &Path) -> Result<(NpyValues, usize, usize), String> {
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let file_bytes = std::fs::metadata(path).map_err(|e| at(&e))?.len();
+    let mut file = File::open(path).map_err(|e| at(&e))?;
+    let data_at = npy_data_offset(&mut file).map_err(|e| at(&format!("not a .npy file: {e}")))?;
+    io::Seek::rewind(&mut file).map_err(|e| at(&e))?;
+    let npy = npyz::NpyFile::new(BufReader::with_capacity(1 << 20, file))
+        .map_err(|e| at(&format!("not a .npy file: {e}")))?;
+    let shape: Vec<usize> = npy.shape().iter().map(|&n| n as usize).collect();
+    let [rows, dims] = shape[..] else {
+        return Err(at(&format!("a {}-d array; import takes a 2-d array, one row a vector", shape.len())));
+    };
+    let width = match npy.dtype() {
+        npyz::DType::Plain(kind)
+            if kind.type_char() == npyz::TypeChar::Float && [4, 8].contains(&kind.size_field()) =>
+        {
+            kind.size_field()
         }
         other => return Err(at(&format!("holds {}, not float32 or float64", other.descr()))),
     };
-    if order == npyz::Order::Fortran && shape.len() == 2 {
-        let (rows, dims) = (shape[0], shape[1]);
-        let mut c = vec![0f32; values.len()];
-        for (column, chunk) in values.chunks_exact(rows.max(1)).enumerate().take(dims) {
-            for (row, &x) in chunk.iter().enumerate() {
-                c[row * dims + column] = x;
-            }
-        }
-        return Ok((c, shape));
+    let data_bytes = (rows as u64).checked_mul(dims as u64).and_then(|n| n.checked_mul(width));
+    if data_bytes.and_then(|n| n.checked_add(data_at)) != Some(file_bytes) {
+        return Err(at(&format!(
+            "its header promises {rows} x {dims} values of {width} bytes, and the file holds {} bytes of data: \
+             cut short or not a .npy file",
+            file_bytes.saturating_sub(data_at)
+        )));
     }
-    Ok((values, shape))
+    let order = npy.order();
+    let values: Box<dyn Iterator<Item = io::Result<f32>>> = match width {
+        4 => Box::new(npy.data::<f32>().map_err(|e| at(&e))?),
+        _ => Box::new(npy.data::<f64>().map_err(|e| at(&e))?.map(|x| x.map(|x| x as f32))),
+    };
+    let mut values = NpyValues::Stream { values, path: path.to_owned() };
+    if order == npyz::Order::C {
+        return Ok((values, rows, dims));
+    }
+    let mut columns = Vec::new();
+    values.take(0..rows * dims, &mut columns)?;
+    let mut c = vec![0f32; columns.len()];
+    for (column, chunk) in columns.chunks_exact(rows.max(1)).enumerate().take(dims) {
+        for (row, &x) in chunk.iter().enumerate() {
+            c[row * dims + column] = x;
+        }
+    }
+    Ok((NpyValues::Whole(c), rows, dims))
+}
+
+/// Where a `.npy` file's data starts: after the magic string, the version,
+/// the header's length (2 bytes in version 1, 4 after) and the header.
+fn npy_data_offset(file: &mut File) -> io::Result<u64> {
+    let mut head = [0u8; 12];
+    io::Read::read_exact(file, &mut head)?;
+    if &head[..6] != b"\x93NUMPY" {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "no NumPy magic string"));
+    }
+    Ok(match head[6] {
+        1 => 10 + u64::from(u16::from_le_bytes([head[8], head[9]])),
+        _ => 12 + u64::from(u32::from_le_bytes([head[8], head[9], head[10], head[11]])),
+    })
 }
 
 /// A 1-d int64 (or int32) array of ids.
