@@ -14,9 +14,13 @@ use crate::limits::{SNAPSHOT_DOWNLOADS_MAX, SNAPSHOT_SEND_RATE_MIN_BYTES, SNAPSH
 use crate::snapshot;
 use crate::transport::Wire;
 
-/// How much lower the download child's priority is than the server's,
-/// where the system refuses it the idle class.
-const DOWNLOAD_NICENESS: libc::c_int = 19;
+/// How much lower the download child's priority is than the server's. Not
+/// the idle class, nor nice 19: on a machine whose cores are all busy a
+/// child that low gets next to no CPU, and holds its download slot and its
+/// copy-on-write memory for as long (the 503s of `SNAPSHOT_DOWNLOADS_MAX`
+/// came while tests ran in parallel); and neither made the writes' p99
+/// during downloads any better (BENCHMARKS.md).
+const DOWNLOAD_NICENESS: libc::c_int = 10;
 
 /// Why a download could not start.
 #[derive(Debug)]
@@ -59,14 +63,8 @@ impl Database {
                     // closed: other clients' sockets end when the loop
                     // closes them, not when this child does, and the data
                     // directory's lock stays the server's alone.
-                    // Behind everything else for the CPU: a copy may wait,
-                    // answers should not. In the idle class it runs on a
-                    // core nothing else wants (the loop waiting on a sync
-                    // or a client), and still gets a sliver when all are busy.
-                    let idle = libc::sched_param { sched_priority: 0 };
-                    if libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) != 0 {
-                        libc::nice(DOWNLOAD_NICENESS);
-                    }
+                    // Behind the loop for the CPU: a copy may wait, answers should not.
+                    libc::nice(DOWNLOAD_NICENESS);
                     close_all_but(fd) && libc::getppid() == parent && blocking_with_stall_limit(fd)
                 };
                 let code = match ready {
