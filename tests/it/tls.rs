@@ -89,6 +89,15 @@ impl TlsClient {
         (status, serde_json::from_slice(&body).unwrap())
     }
 
+    /// Creates an l2 index `name` of the rows' dimensions and upserts them.
+    fn fill(&mut self, name: &str, rows: &[Vec<f32>]) {
+        let create = format!(r#"{{"dimensions":{},"metric":"l2"}}"#, rows[0].len());
+        let (status, body) = self.call("PUT", &format!("/api/v1/indexes/{name}/create"), Some(&create));
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = self.call("PUT", &format!("/api/v1/embeddings/{name}/upsert"), Some(&upsert_body(rows)));
+        assert_eq!(status, 200, "{body}");
+    }
+
     fn read_frame(&mut self) -> (u16, String, Vec<u8>) {
         read_frame(&mut self.stream, &mut self.buffered)
     }
@@ -104,6 +113,12 @@ impl TlsClient {
 fn vectors(count: usize, dims: usize) -> Vec<Vec<f32>> {
     let mut rng = Rng(7);
     (0..count).map(|_| (0..dims).map(|_| rng.float()).collect()).collect()
+}
+
+/// A retrieve of ids 0 to `rows` - 1.
+fn retrieve_all(rows: usize) -> String {
+    let ids: Vec<usize> = (0..rows).collect();
+    serde_json::json!({ "ids": ids }).to_string()
 }
 
 fn upsert_body(rows: &[Vec<f32>]) -> String {
@@ -134,8 +149,7 @@ fn every_kind_of_request_over_tls() {
     assert!(upsert.len() > 8 * 16_384, "{} bytes", upsert.len());
     let (status, body) = client.call("PUT", "/api/v1/embeddings/tls-index/upsert", Some(&upsert));
     assert_eq!(status, 200, "{body}");
-    let ids: Vec<usize> = (0..rows.len()).collect();
-    let retrieve = serde_json::json!({ "ids": ids }).to_string();
+    let retrieve = retrieve_all(rows.len());
     client.send(&request_bytes("POST", "/api/v1/embeddings/tls-index/retrieve", WITH_KEY, Some(&retrieve)));
     let (status, _, reply) = client.read_frame();
     assert!(reply.len() > 200_000, "{} bytes", reply.len());
@@ -200,13 +214,8 @@ fn a_snapshot_download_over_tls_is_whole() {
     let server = certificate.start();
     let config = certificate.client_config();
     let mut client = TlsClient::connect(&server, config.clone());
-    assert_eq!(
-        client.call("PUT", "/api/v1/indexes/tls-source/create", Some(r#"{"dimensions":16,"metric":"l2"}"#)).0,
-        200
-    );
     let rows = vectors(5_000, 16);
-    let (status, body) = client.call("PUT", "/api/v1/embeddings/tls-source/upsert", Some(&upsert_body(&rows)));
-    assert_eq!(status, 200, "{body}");
+    client.fill("tls-source", &rows);
 
     let mut pipelined = request_bytes("GET", "/healthz", &[], None);
     pipelined.extend(request_bytes("GET", "/api/v1/indexes/tls-source/snapshot", WITH_KEY, None));
@@ -221,8 +230,7 @@ fn a_snapshot_download_over_tls_is_whole() {
     other.send(&request_with_bytes("PUT", "/api/v1/indexes/tls-copy/restore", WITH_KEY, Some(&image)));
     let (status, _, body) = other.read_frame();
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-    let ids: Vec<usize> = (0..rows.len()).collect();
-    let retrieve = serde_json::json!({ "ids": ids }).to_string();
+    let retrieve = retrieve_all(rows.len());
     let (_, source) = other.call("POST", "/api/v1/embeddings/tls-source/retrieve", Some(&retrieve));
     let (_, copy) = other.call("POST", "/api/v1/embeddings/tls-copy/retrieve", Some(&retrieve));
     assert_eq!(source["data"]["embeddings"].as_array().unwrap().len(), rows.len());
@@ -238,15 +246,9 @@ fn a_download_behind_a_reply_not_yet_taken() {
     let certificate = Certificate::new();
     let server = certificate.start();
     let mut client = TlsClient::connect(&server, certificate.client_config());
-    assert_eq!(
-        client.call("PUT", "/api/v1/indexes/tls-large/create", Some(r#"{"dimensions":48,"metric":"l2"}"#)).0,
-        200
-    );
     let rows = vectors(30_000, 48);
-    let (status, body) = client.call("PUT", "/api/v1/embeddings/tls-large/upsert", Some(&upsert_body(&rows)));
-    assert_eq!(status, 200, "{body}");
-    let ids: Vec<usize> = (0..rows.len()).collect();
-    let retrieve = serde_json::json!({ "ids": ids }).to_string();
+    client.fill("tls-large", &rows);
+    let retrieve = retrieve_all(rows.len());
     client.send(&request_bytes("POST", "/api/v1/embeddings/tls-large/retrieve", WITH_KEY, Some(&retrieve)));
     // The server writes until the sockets are full.
     std::thread::sleep(Duration::from_millis(500));
