@@ -196,6 +196,14 @@ const _: () = assert!(CHUNK_BYTES_MAX_DEFAULT <= BODY_BYTES_MAX_DEFAULT);
 // A single vector of the largest dimensionality must fit in a body.
 const _: () = assert!(DIMENSIONS_MAX_DEFAULT * 16 < BODY_BYTES_MAX_DEFAULT);
 
+/// Synced log bytes are dropped from the page cache this many at a time
+/// (`wal::Log::commit`). The kernel may have to drain every core's list of
+/// pages just added before it can drop them, and waits for that core to
+/// run its worker: once a commit, with both cores busy (a download), each
+/// commit waited for the next scheduler tick, 4 ms. Once a megabyte, the
+/// pages freed are still few enough to be the ones the next writes reuse.
+pub const LOG_CACHE_DROP_BYTES: u64 = 1 << 20;
+
 /// Snapshot downloads sent at once, each by a forked child: each holds the
 /// pages the loop writes to while it runs (copy-on-write), so their number
 /// bounds that memory. One more is answered 503 SNAPSHOT_UNAVAILABLE.
@@ -209,3 +217,12 @@ pub const SNAPSHOT_SEND_STALL_MS: u64 = 60_000;
 /// MB/s) beyond its first `SNAPSHOT_SEND_STALL_MS`, or it is cut off: a
 /// client that takes a byte now and then cannot hold a child for ever.
 pub const SNAPSHOT_SEND_RATE_MIN_BYTES: u64 = 1_000_000;
+
+/// The most a download's child hands the socket in one system call. A
+/// kernel built without preemption copies one call's bytes to the end
+/// before it lets anything else run on that core: one call of a whole
+/// 300 MB index held a core for 20-30 ms, and the disk's completions
+/// queued behind it (its softirq, its workers) held every commit waiting
+/// as long. Between calls the child returns to user mode, where the
+/// scheduler takes the core back for them.
+pub const SNAPSHOT_SEND_CALL_BYTES: usize = 256 << 10;

@@ -10,7 +10,9 @@ use std::os::fd::{FromRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 use super::Database;
-use crate::limits::{SNAPSHOT_DOWNLOADS_MAX, SNAPSHOT_SEND_RATE_MIN_BYTES, SNAPSHOT_SEND_STALL_MS};
+use crate::limits::{
+    SNAPSHOT_DOWNLOADS_MAX, SNAPSHOT_SEND_CALL_BYTES, SNAPSHOT_SEND_RATE_MIN_BYTES, SNAPSHOT_SEND_STALL_MS,
+};
 use crate::snapshot;
 use crate::transport::Wire;
 
@@ -160,7 +162,8 @@ unsafe fn blocking_with_stall_limit(fd: RawFd) -> bool {
         && libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDTIMEO, (&raw const stall).cast(), size) == 0
 }
 
-/// A writer that fails once its deadline has passed.
+/// A writer that fails once its deadline has passed, and hands the
+/// socket at most `SNAPSHOT_SEND_CALL_BYTES` a call.
 struct Deadline<W: Write> {
     inner: W,
     at: Instant,
@@ -171,7 +174,7 @@ impl<W: Write> Write for Deadline<W> {
         if Instant::now() > self.at {
             return Err(io::Error::new(io::ErrorKind::TimedOut, "the download took too long"));
         }
-        self.inner.write(bytes)
+        self.inner.write(&bytes[..bytes.len().min(SNAPSHOT_SEND_CALL_BYTES)])
     }
 
     fn flush(&mut self) -> io::Result<()> {

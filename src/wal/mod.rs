@@ -16,6 +16,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use crate::files::{forget_cached, sync_dir};
+use crate::limits::LOG_CACHE_DROP_BYTES;
 use crate::store::Mutation;
 pub use frame::DecodeError;
 pub use record::Record;
@@ -23,6 +24,9 @@ pub use record::Record;
 pub const SEGMENT_MAGIC: &[u8; 8] = b"QUIVWAL1";
 pub const SEGMENT_VERSION: u32 = 1;
 pub const SEGMENT_HEADER_BYTES: usize = 16;
+
+/// The page cache's page (a kernel with larger pages drops a little less).
+const PAGE_BYTES: u64 = 4096;
 
 pub fn segment_path(dir: &Path, segment: u64) -> PathBuf {
     dir.join(format!("{segment:020}.log"))
@@ -129,6 +133,8 @@ pub struct Log {
     segment: u64,
     /// Bytes of the segment known to be on disk.
     synced_bytes: u64,
+    /// Bytes of the segment dropped from the page cache (all synced).
+    uncached_bytes: u64,
     /// Records appended since the last commit.
     pending: Vec<u8>,
     fault: Fault,
@@ -159,7 +165,17 @@ impl Log {
             note_synced(dir, segment, synced_bytes);
         }
         let keep_bytes_max = crate::limits::BUF_KEEP_BYTES_MAX;
-        Log { dir: dir.to_owned(), file, segment, synced_bytes, pending: Vec::new(), fault, sync: true, keep_bytes_max }
+        Log {
+            dir: dir.to_owned(),
+            file,
+            segment,
+            synced_bytes,
+            uncached_bytes: 0,
+            pending: Vec::new(),
+            fault,
+            sync: true,
+            keep_bytes_max,
+        }
     }
 
     /// How much of the buffer of records awaiting their sync is kept once
@@ -217,13 +233,16 @@ impl Log {
             }
             if self.sync {
                 self.file.sync_data()?;
-                forget_cached(&self.file, self.synced_bytes, self.pending.len() as u64);
             }
             Ok(())
         });
         match result {
             Ok(()) => {
                 self.synced_bytes += self.pending.len() as u64;
+                let whole_pages = self.synced_bytes & !(PAGE_BYTES - 1);
+                if self.sync && whole_pages >= self.uncached_bytes + LOG_CACHE_DROP_BYTES {
+                    self.forget_synced(whole_pages);
+                }
                 if self.fault.power_loss {
                     note_synced(&self.dir, self.segment, self.synced_bytes);
                 }
@@ -241,14 +260,30 @@ impl Log {
         }
     }
 
+    /// Lets the kernel drop the segment's synced bytes up to `end` from its
+    /// page cache: a log is read back only at a start. In a megabyte at a
+    /// time (`LOG_CACHE_DROP_BYTES`), and never the page the next records
+    /// go on, which would then be read back from the disk to be added to.
+    fn forget_synced(&mut self, end: u64) {
+        if end > self.uncached_bytes {
+            forget_cached(&self.file, self.uncached_bytes, end - self.uncached_bytes);
+            self.uncached_bytes = end;
+        }
+    }
+
     /// Closes the current segment and starts the next; returns its number.
     /// Nothing may be pending.
     pub fn rotate(&mut self) -> io::Result<u64> {
         assert!(self.pending.is_empty(), "rotate with uncommitted records");
         let next = self.segment + 1;
-        self.file = new_segment(&self.dir, next)?;
+        let file = new_segment(&self.dir, next)?;
+        if self.sync {
+            self.forget_synced(self.synced_bytes);
+        }
+        self.file = file;
         self.segment = next;
         self.synced_bytes = SEGMENT_HEADER_BYTES as u64;
+        self.uncached_bytes = 0;
         if self.fault.power_loss {
             note_synced(&self.dir, next, self.synced_bytes);
         }
@@ -465,5 +500,60 @@ mod tests {
                 Log::create(dir.path(), replayed.last.unwrap() + 1).unwrap();
             }
         }
+    }
+
+    /// Which of `path`'s pages are in the page cache.
+    fn cached_pages(path: &Path) -> Vec<bool> {
+        use std::os::fd::AsRawFd;
+        let file = File::open(path).unwrap();
+        let len = file.metadata().unwrap().len() as usize;
+        // SAFETY: a read-only mapping of a file nothing cuts while it is
+        // mapped; mincore writes one byte a page into `pages`, which has
+        // room for every page of it; the mapping is undone before return.
+        unsafe {
+            let page = libc::sysconf(libc::_SC_PAGESIZE) as usize;
+            let map = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0);
+            assert_ne!(map, libc::MAP_FAILED);
+            let mut pages = vec![0u8; len.div_ceil(page)];
+            assert_eq!(libc::mincore(map, len, pages.as_mut_ptr()), 0);
+            libc::munmap(map, len);
+            pages.iter().map(|&p| p & 1 == 1).collect()
+        }
+    }
+
+    /// Synced records leave the page cache a megabyte at a time, all but
+    /// the page the next ones go on; a rotation lets the rest go.
+    #[test]
+    fn the_synced_log_leaves_the_page_cache_in_megabytes() {
+        // On the project's disk: /tmp may be a tmpfs, whose pages stay.
+        let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+        fs::create_dir_all(&target).unwrap();
+        let dir = tempfile::tempdir_in(target).unwrap();
+        let path = segment_path(dir.path(), 0);
+        let mut log = Log::create(dir.path(), 0).unwrap();
+        let record = vec![7u8; 30_000];
+        let mut dropped_at = Vec::new();
+        while log.end() < 3 << 20 {
+            log.append_with(|out| out.extend_from_slice(&record));
+            let before = log.uncached_bytes;
+            log.commit().unwrap();
+            if log.uncached_bytes != before {
+                dropped_at.push(log.uncached_bytes);
+            }
+        }
+        // Drops of a megabyte or a little more each, in whole pages.
+        assert!(dropped_at.len() >= 2, "{dropped_at:?}");
+        for (i, &at) in dropped_at.iter().enumerate() {
+            let from = if i == 0 { 0 } else { dropped_at[i - 1] };
+            assert!(at - from >= LOG_CACHE_DROP_BYTES && at - from < LOG_CACHE_DROP_BYTES + 30_000, "{dropped_at:?}");
+            assert_eq!(at % PAGE_BYTES, 0);
+        }
+        let cached = cached_pages(&path);
+        let kept = (log.uncached_bytes / PAGE_BYTES) as usize;
+        assert!(cached[..kept].iter().all(|&c| !c), "a dropped page is still cached");
+        assert!(cached[kept..].iter().all(|&c| c), "a page not yet dropped is gone");
+        log.rotate().unwrap();
+        let cached = cached_pages(&path);
+        assert!(cached[..cached.len() - 1].iter().all(|&c| !c), "a rotation kept pages of the old segment");
     }
 }
