@@ -149,6 +149,12 @@ pub struct Config {
     #[arg(long, default_value_t = limits::SNAPSHOT_LOG_BYTES_DEFAULT)]
     pub snapshot_log_bytes: u64,
 
+    /// Send a snapshot download at most this many bytes a second, so that writes and
+    /// searches keep their share of the CPU meanwhile; 0 sends as fast as the client
+    /// takes it. Otherwise at least 1,000,000.
+    #[arg(long, default_value_t = limits::SNAPSHOT_DOWNLOAD_BYTES_PER_S_DEFAULT, value_parser = download_rate)]
+    pub snapshot_download_bytes_per_s: u64,
+
     /// If the log is damaged before its end, cut it there (dropping every record after
     /// the damage) instead of refusing to start.
     #[arg(long)]
@@ -302,6 +308,16 @@ impl Config {
             snapshot_log_bytes: self.snapshot_log_bytes,
         }))
     }
+}
+
+/// A download's rate: 0 (as fast as the client takes it) or at least the
+/// rate below which a download is cut off as stalled.
+fn download_rate(text: &str) -> Result<u64, String> {
+    let rate: u64 = text.parse().map_err(|error| format!("{error}"))?;
+    if rate != 0 && rate < limits::SNAPSHOT_SEND_RATE_MIN_BYTES {
+        return Err(format!("0 (no limit) or at least {} bytes a second", limits::SNAPSHOT_SEND_RATE_MIN_BYTES));
+    }
+    Ok(rate)
 }
 
 /// The flags that a TOML file's settings stand for, leaving out those a

@@ -218,6 +218,13 @@ pub const SNAPSHOT_SEND_STALL_MS: u64 = 60_000;
 /// client that takes a byte now and then cannot hold a child for ever.
 pub const SNAPSHOT_SEND_RATE_MIN_BYTES: u64 = 1_000_000;
 
+/// How fast a snapshot download is sent by default, in bytes a second
+/// (`--snapshot-download-bytes-per-s`). Its child and the client copying
+/// at full speed take a core each: on two cores a write's p99 was three
+/// times what it is without a download. At 700 MB/s it was 1.5 times
+/// (BENCHMARKS.md), and faster than most networks carry it anyway.
+pub const SNAPSHOT_DOWNLOAD_BYTES_PER_S_DEFAULT: u64 = 700_000_000;
+
 /// The most a download's child hands the socket in one system call. A
 /// kernel built without preemption copies one call's bytes to the end
 /// before it lets anything else run on that core: one call of a whole

@@ -117,6 +117,8 @@ pub struct App {
     cluster: Option<replicated::Replicated>,
     /// The index of the download `handle` answered `Handled::Stream`.
     download: Option<String>,
+    /// How fast downloads are sent, bytes a second; 0: as fast as taken.
+    download_rate: u64,
 }
 
 impl App {
@@ -133,7 +135,14 @@ impl App {
             large_request: false,
             cluster: None,
             download: None,
+            download_rate: crate::limits::SNAPSHOT_DOWNLOAD_BYTES_PER_S_DEFAULT,
         }
+    }
+
+    /// Sends snapshot downloads at most `rate` bytes a second (0: as fast
+    /// as the client takes them).
+    pub fn set_download_rate(&mut self, rate: u64) {
+        self.download_rate = rate;
     }
 
     /// Lets `key` in too, for requests that change nothing (`Endpoint::read_only`).
@@ -328,7 +337,7 @@ impl App {
     /// connection lets go of without shutting it down.
     pub fn stream(&mut self, owed: &[u8], wire: crate::transport::Wire<'_>) -> Result<(), ApiError> {
         let name = self.download.take().expect("a download answered Handled::Stream");
-        self.db.stream_index(&name, owed, wire).map_err(|error| ApiError::SnapshotUnavailable {
+        self.db.stream_index(&name, owed, wire, self.download_rate).map_err(|error| ApiError::SnapshotUnavailable {
             reason: match error {
                 crate::db::StreamError::Busy => format!(
                     "{} snapshot downloads are being sent, the most at once; try again later",

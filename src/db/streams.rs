@@ -36,10 +36,11 @@ pub enum StreamError {
 impl Database {
     /// Forks a child that writes `prefix` (the replies the connection owes,
     /// then this answer's head), then index `name`'s snapshot image, to
-    /// `wire` (the socket, through its TLS session if it has one), and ends.
+    /// `wire` (the socket, through its TLS session if it has one), at most
+    /// `rate` bytes a second (0: as fast as the client takes them), and ends.
     /// The caller lets go of the socket without shutting it down: it is the
     /// child's now, and so is the session's copy.
-    pub fn stream_index(&mut self, name: &str, prefix: &[u8], wire: Wire<'_>) -> Result<(), StreamError> {
+    pub fn stream_index(&mut self, name: &str, prefix: &[u8], wire: Wire<'_>, rate: u64) -> Result<(), StreamError> {
         self.reap_streams();
         if self.streams.len() >= SNAPSHOT_DOWNLOADS_MAX {
             return Err(StreamError::Busy);
@@ -70,7 +71,7 @@ impl Database {
                     close_all_but(fd) && libc::getppid() == parent && blocking_with_stall_limit(fd)
                 };
                 let code = match ready {
-                    true if send(wire, prefix, index).is_ok() => {
+                    true if send(wire, prefix, index, rate).is_ok() => {
                         // SAFETY: the child's own socket.
                         unsafe { end_gracefully(fd) };
                         0
@@ -162,19 +163,32 @@ unsafe fn blocking_with_stall_limit(fd: RawFd) -> bool {
         && libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDTIMEO, (&raw const stall).cast(), size) == 0
 }
 
-/// A writer that fails once its deadline has passed, and hands the
-/// socket at most `SNAPSHOT_SEND_CALL_BYTES` a call.
-struct Deadline<W: Write> {
+/// The child's writer to its socket: at most `SNAPSHOT_SEND_CALL_BYTES` a
+/// call, no faster than `rate` bytes a second (0: as fast as the socket
+/// takes them), failing once its deadline has passed.
+struct Paced<W: Write> {
     inner: W,
-    at: Instant,
+    started: Instant,
+    deadline: Instant,
+    rate: u64,
+    sent: u64,
 }
 
-impl<W: Write> Write for Deadline<W> {
+impl<W: Write> Write for Paced<W> {
     fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        if Instant::now() > self.at {
+        if Instant::now() > self.deadline {
             return Err(io::Error::new(io::ErrorKind::TimedOut, "the download took too long"));
         }
-        self.inner.write(&bytes[..bytes.len().min(SNAPSHOT_SEND_CALL_BYTES)])
+        let sent = self.inner.write(&bytes[..bytes.len().min(SNAPSHOT_SEND_CALL_BYTES)])?;
+        self.sent += sent as u64;
+        if self.rate > 0 {
+            // Not on before the bytes sent so far are due.
+            let due = Duration::from_secs_f64(self.sent as f64 / self.rate as f64);
+            if let Some(early) = due.checked_sub(self.started.elapsed()) {
+                std::thread::sleep(early);
+            }
+        }
+        Ok(sent)
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -184,15 +198,16 @@ impl<W: Write> Write for Deadline<W> {
 
 /// The child's work: the prefix, then the image, then (over TLS) the
 /// session's close.
-fn send(wire: Wire<'_>, prefix: &[u8], index: &crate::store::Index) -> io::Result<()> {
+fn send(wire: Wire<'_>, prefix: &[u8], index: &crate::store::Index, rate: u64) -> io::Result<()> {
     // SAFETY: the socket is open for the life of the child; ManuallyDrop
     // leaves closing it to `_exit`.
     let socket = ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(wire.fd()) });
     // A whole download has a deadline too: a client taking a byte now and
     // then would otherwise hold its child, and its memory, for ever.
     let seconds = SNAPSHOT_SEND_STALL_MS / 1000 + snapshot::image_bytes(index) / SNAPSHOT_SEND_RATE_MIN_BYTES;
-    let deadline = Deadline { inner: &*socket, at: Instant::now() + Duration::from_secs(seconds) };
-    let mut out = BufWriter::with_capacity(1 << 20, wire.writer(deadline));
+    let started = Instant::now();
+    let paced = Paced { inner: &*socket, started, deadline: started + Duration::from_secs(seconds), rate, sent: 0 };
+    let mut out = BufWriter::with_capacity(1 << 20, wire.writer(paced));
     out.write_all(prefix)?;
     snapshot::write_image(&mut out, index)?;
     out.flush()?;

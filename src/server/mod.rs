@@ -165,6 +165,7 @@ fn serve(config: Config) -> io::Result<()> {
         metrics_public: config.metrics_public,
     };
     let mut app = App::new(database, api_key, limits);
+    app.set_download_rate(config.snapshot_download_bytes_per_s);
     if let Some(key) = read_only_key {
         app.set_read_only_key(key);
     }

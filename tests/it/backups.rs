@@ -305,3 +305,44 @@ fn pipelined_replies_come_first_and_downloads_are_bounded() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// `--snapshot-download-bytes-per-s` paces a download: it takes at least
+/// its bytes over the rate, and what arrives restores the same rows.
+/// A rate a download would be cut off below is refused at start.
+#[test]
+fn a_download_keeps_to_its_rate() {
+    let rate = 2_000_000u64;
+    let server = Server::start_with(&["--snapshot-download-bytes-per-s", &rate.to_string()]);
+    create_index(&server, "paced", 768, "l2");
+    let embeddings: Vec<String> = (0..400)
+        .map(|i: i64| {
+            let data: Vec<String> = (0..768).map(|d| format!("{}", ((i * 7 + d) % 97) as f32 * 0.25)).collect();
+            format!(r#"{{"id":{i},"data":[{}]}}"#, data.join(","))
+        })
+        .collect();
+    let body = format!(r#"{{"embeddings":[{}]}}"#, embeddings.join(","));
+    assert_eq!(server.call("PUT", "/api/v1/embeddings/paced/insert", Some(&body)).status, 200);
+    let started = Instant::now();
+    let (status, head, image) = download(&server, "paced");
+    let took = started.elapsed().as_secs_f64();
+    assert_eq!(status, 200, "{head}");
+    assert!(image.len() > 1_200_000, "{} bytes", image.len());
+    // Only a floor: a slow machine may take longer, never less. The last
+    // call's bytes arrive before the child's pause after them.
+    let paced = image.len() - quiver::limits::SNAPSHOT_SEND_CALL_BYTES;
+    let floor = paced as f64 / rate as f64 * 0.95;
+    assert!(took >= floor, "{} bytes in {took:.3} s, faster than {rate} bytes a second", image.len());
+    let (status, restored) = restore(&server, "paced-copy", &image);
+    assert_eq!(status, 200, "{restored}");
+    assert_eq!(rows(&server, "paced"), rows(&server, "paced-copy"));
+
+    for value in ["999999", "1", "fast"] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_quiver"))
+            .args(["--snapshot-download-bytes-per-s", value])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{value}");
+        let message = String::from_utf8_lossy(&output.stderr);
+        assert!(message.contains("--snapshot-download-bytes-per-s"), "{message}");
+    }
+}
