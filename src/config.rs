@@ -151,7 +151,7 @@ pub struct Config {
 
     /// Send a snapshot download at most this many bytes a second, so that writes and
     /// searches keep their share of the CPU meanwhile; 0 sends as fast as the client
-    /// takes it. Otherwise at least 1,000,000.
+    /// takes it. Otherwise at least 2,000,000.
     #[arg(long, default_value_t = limits::SNAPSHOT_DOWNLOAD_BYTES_PER_S_DEFAULT, value_parser = download_rate)]
     pub snapshot_download_bytes_per_s: u64,
 
@@ -310,14 +310,29 @@ impl Config {
     }
 }
 
-/// A download's rate: 0 (as fast as the client takes it) or at least the
-/// rate below which a download is cut off as stalled.
+/// A download's rate: 0 (as fast as the client takes it) or at least
+/// twice the rate below which a download is cut off as stalled, so that
+/// pacing alone never makes it that slow.
 fn download_rate(text: &str) -> Result<u64, String> {
     let rate: u64 = text.parse().map_err(|error| format!("{error}"))?;
-    if rate != 0 && rate < limits::SNAPSHOT_SEND_RATE_MIN_BYTES {
-        return Err(format!("0 (no limit) or at least {} bytes a second", limits::SNAPSHOT_SEND_RATE_MIN_BYTES));
+    let floor = 2 * limits::SNAPSHOT_SEND_RATE_MIN_BYTES;
+    if rate != 0 && rate < floor {
+        return Err(format!("0 (no limit) or at least {floor} bytes a second"));
     }
     Ok(rate)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_download_rate_is_none_or_past_its_floor() {
+        for (text, rate) in [("0", Some(0)), ("2000000", Some(2_000_000)), ("700000000", Some(700_000_000))] {
+            assert_eq!(super::download_rate(text).ok(), rate, "{text}");
+        }
+        for text in ["1", "1999999", "-1", "fast", ""] {
+            assert!(super::download_rate(text).is_err(), "{text}");
+        }
+    }
 }
 
 /// The flags that a TOML file's settings stand for, leaving out those a

@@ -221,8 +221,9 @@ pub const SNAPSHOT_SEND_RATE_MIN_BYTES: u64 = 1_000_000;
 /// How fast a snapshot download is sent by default, in bytes a second
 /// (`--snapshot-download-bytes-per-s`). Its child and the client copying
 /// at full speed take a core each: on two cores a write's p99 was three
-/// times what it is without a download. At 700 MB/s it was 1.5 times
-/// (BENCHMARKS.md), and faster than most networks carry it anyway.
+/// times what it is without a download; at 700 MB/s, 1.5 to 2.1 times
+/// in the bench and 1.35 to 1.45 by hand (BENCHMARKS.md). That is faster
+/// than most networks carry a download anyway.
 pub const SNAPSHOT_DOWNLOAD_BYTES_PER_S_DEFAULT: u64 = 700_000_000;
 
 /// The most a download's child hands the socket in one system call. A

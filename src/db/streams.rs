@@ -174,21 +174,49 @@ struct Paced<W: Write> {
     sent: u64,
 }
 
-impl<W: Write> Write for Paced<W> {
-    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        if Instant::now() > self.deadline {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, "the download took too long"));
+impl<W: Write> Paced<W> {
+    fn in_time(&self) -> io::Result<()> {
+        match Instant::now() > self.deadline {
+            true => Err(io::Error::new(io::ErrorKind::TimedOut, "the download took too long")),
+            false => Ok(()),
         }
-        let sent = self.inner.write(&bytes[..bytes.len().min(SNAPSHOT_SEND_CALL_BYTES)])?;
+    }
+
+    /// Counts `sent` bytes, and goes on only once they are due.
+    fn paced(&mut self, sent: usize) -> usize {
         self.sent += sent as u64;
         if self.rate > 0 {
-            // Not on before the bytes sent so far are due.
             let due = Duration::from_secs_f64(self.sent as f64 / self.rate as f64);
             if let Some(early) = due.checked_sub(self.started.elapsed()) {
                 std::thread::sleep(early);
             }
         }
-        Ok(sent)
+        sent
+    }
+}
+
+impl<W: Write> Write for Paced<W> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.in_time()?;
+        let sent = self.inner.write(&bytes[..bytes.len().min(SNAPSHOT_SEND_CALL_BYTES)])?;
+        Ok(self.paced(sent))
+    }
+
+    /// TLS records come this way, many a call, up to the same cap.
+    fn write_vectored(&mut self, slices: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        self.in_time()?;
+        let mut room = SNAPSHOT_SEND_CALL_BYTES;
+        let mut taken = Vec::with_capacity(slices.len());
+        for slice in slices {
+            if room == 0 {
+                break;
+            }
+            let len = slice.len().min(room);
+            taken.push(io::IoSlice::new(&slice[..len]));
+            room -= len;
+        }
+        let sent = self.inner.write_vectored(&taken)?;
+        Ok(self.paced(sent))
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -203,8 +231,11 @@ fn send(wire: Wire<'_>, prefix: &[u8], index: &crate::store::Index, rate: u64) -
     // leaves closing it to `_exit`.
     let socket = ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(wire.fd()) });
     // A whole download has a deadline too: a client taking a byte now and
-    // then would otherwise hold its child, and its memory, for ever.
-    let seconds = SNAPSHOT_SEND_STALL_MS / 1000 + snapshot::image_bytes(index) / SNAPSHOT_SEND_RATE_MIN_BYTES;
+    // then would otherwise hold its child, and its memory, for ever. The
+    // slowest pace allowed (`config`) sends well within it, TLS records'
+    // framing and all.
+    let bytes = prefix.len() as u64 + snapshot::image_bytes(index);
+    let seconds = SNAPSHOT_SEND_STALL_MS / 1000 + bytes / SNAPSHOT_SEND_RATE_MIN_BYTES;
     let started = Instant::now();
     let paced = Paced { inner: &*socket, started, deadline: started + Duration::from_secs(seconds), rate, sent: 0 };
     let mut out = BufWriter::with_capacity(1 << 20, wire.writer(paced));

@@ -336,13 +336,16 @@ fn a_download_keeps_to_its_rate() {
     assert_eq!(status, 200, "{restored}");
     assert_eq!(rows(&server, "paced"), rows(&server, "paced-copy"));
 
-    for value in ["999999", "1", "fast"] {
+    let dir = tempfile::tempdir().unwrap();
+    for value in ["1999999", "1", "fast"] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_quiver"))
-            .args(["--snapshot-download-bytes-per-s", value])
+            .args(["--port", "0", "--snapshot-download-bytes-per-s", value, "--data-dir"])
+            .arg(dir.path().join("data"))
             .output()
             .unwrap();
         assert_eq!(output.status.code(), Some(2), "{value}");
         let message = String::from_utf8_lossy(&output.stderr);
         assert!(message.contains("--snapshot-download-bytes-per-s"), "{message}");
     }
+    assert!(!dir.path().join("data").exists(), "nothing was written");
 }
