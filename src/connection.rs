@@ -15,7 +15,7 @@ use crate::limits::{
     BUF_KEEP_BYTES_MAX, READ_BUF_INITIAL_BYTES, READ_BYTES_PER_TICK_MAX, READ_CHUNK_BYTES, WRITE_PENDING_BYTES_MAX,
 };
 use crate::log;
-use crate::transport::{self, Transport};
+use crate::transport::{self, Refusal, Transport};
 
 /// How long a closing connection keeps reading (and discarding) what the
 /// client is still sending, so that our last answer is not lost to a reset.
@@ -207,23 +207,25 @@ impl Connection {
                             return Progress::Waiting;
                         }
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) if transport::is_plain_http(&e) => {
-                            let error = HttpError::Malformed(
-                                "this port speaks HTTPS (the server runs with --tls-cert): use https://",
-                            );
-                            let body_bytes_max = self.parser.limits().body_bytes_max;
-                            self.refuse(app, &ApiError::Http { error, body_bytes_max }, now);
-                            return Progress::Waiting;
-                        }
-                        Err(e) if transport::is_tls_failure(&e) => {
-                            // Closed like a refused request: the alert
-                            // leaves, our side shuts, and what the client
-                            // still sends is read and dropped, so that a
-                            // reset does not overtake the alert.
-                            self.closing = true;
-                            return Progress::Waiting;
-                        }
-                        Err(_) => return Progress::Close,
+                        Err(e) => match transport::refusal(&e) {
+                            Some(Refusal::PlainHttp) => {
+                                let error = HttpError::Malformed(
+                                    "this port speaks HTTPS (the server runs with --tls-cert): use https://",
+                                );
+                                let body_bytes_max = self.parser.limits().body_bytes_max;
+                                self.refuse(app, &ApiError::Http { error, body_bytes_max }, now);
+                                return Progress::Waiting;
+                            }
+                            Some(Refusal::Broken(_)) => {
+                                // Closed like a refused request: the alert
+                                // leaves, our side shuts, and what the client
+                                // still sends is read and dropped, so that a
+                                // reset does not overtake the alert.
+                                self.closing = true;
+                                return Progress::Waiting;
+                            }
+                            None => return Progress::Close,
+                        },
                     }
                 }
             }

@@ -98,42 +98,31 @@ pub struct Transport {
 /// The content type of a TLS handshake record: the first byte a TLS client sends.
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
-/// The error a TLS connection's first read gives when the client spoke
-/// plain HTTP: the transport is plain from then on, so that the refusal
-/// reaches the client in words it reads (`is_plain_http`).
+/// Why a read on a TLS connection failed on the client's account.
 #[derive(Debug)]
-struct PlainHttp;
+pub enum Refusal {
+    /// The client spoke plain HTTP: the transport is plain from then on,
+    /// so that the refusal reaches the client in words it reads.
+    PlainHttp,
+    /// The client broke the TLS protocol: the session has queued the
+    /// alert that says why, which leaves with the connection's last flush.
+    Broken(rustls::Error),
+}
 
-impl std::fmt::Display for PlainHttp {
+impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("plain HTTP on a TLS port")
+        match self {
+            Refusal::PlainHttp => f.write_str("plain HTTP on a TLS port"),
+            Refusal::Broken(error) => write!(f, "TLS: {error}"),
+        }
     }
 }
 
-impl std::error::Error for PlainHttp {}
+impl std::error::Error for Refusal {}
 
-/// Whether a read failed because the client spoke plain HTTP to a TLS port.
-pub fn is_plain_http(error: &io::Error) -> bool {
-    error.get_ref().is_some_and(|inner| inner.is::<PlainHttp>())
-}
-
-/// The error a read gives when the client broke the TLS protocol: the
-/// session has queued the alert that says why (`is_tls_failure`).
-#[derive(Debug)]
-struct TlsFailure(rustls::Error);
-
-impl std::fmt::Display for TlsFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TLS: {}", self.0)
-    }
-}
-
-impl std::error::Error for TlsFailure {}
-
-/// Whether a read failed because the client broke TLS: the connection
-/// ends, after the alert (`send_pending`), as one refused does.
-pub fn is_tls_failure(error: &io::Error) -> bool {
-    error.get_ref().is_some_and(|inner| inner.is::<TlsFailure>())
+/// The refusal a read failed with, if it failed on the client's account.
+pub fn refusal(error: &io::Error) -> Option<&Refusal> {
+    error.get_ref().and_then(|inner| inner.downcast_ref::<Refusal>())
 }
 
 impl Transport {
@@ -225,7 +214,7 @@ impl Read for Transport {
             self.sniffed = true;
             if first[0] != TLS_HANDSHAKE_RECORD && first[0].is_ascii_alphabetic() {
                 self.session = None;
-                return Err(io::Error::new(io::ErrorKind::InvalidData, PlainHttp));
+                return Err(io::Error::new(io::ErrorKind::InvalidData, Refusal::PlainHttp));
             }
         }
         let Some(session) = &mut self.session else { return self.socket.read(buf) };
@@ -250,7 +239,7 @@ impl Read for Transport {
             if let Err(error) = session.process_new_packets() {
                 // The alert that says why is queued; it leaves with the
                 // connection's last flush.
-                return Err(io::Error::new(io::ErrorKind::InvalidData, TlsFailure(error)));
+                return Err(io::Error::new(io::ErrorKind::InvalidData, Refusal::Broken(error)));
             }
             // A handshake's answer leaves at once; what the socket does not
             // take now waits for it to be writable.
