@@ -106,10 +106,17 @@ impl Database {
         let forking = Instant::now();
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
+        // The child writes the indexes' rows, never their codes.
+        let rows_only = self.store.rows_for_forks(None);
         // SAFETY: the process is single-threaded here (above); the child only
         // writes files and leaves with `_exit`, running no destructors of the
-        // parent's state.
-        match unsafe { libc::fork() } {
+        // parent's state, and reads of the indexes only their rows, which
+        // `rows_only` leaves it.
+        let forked = unsafe { libc::fork() };
+        if forked != 0 {
+            drop(rows_only);
+        }
+        match forked {
             -1 => log::error(
                 "snapshot_failed",
                 format_args!("cannot fork to write a snapshot: {}", io::Error::last_os_error()),

@@ -53,10 +53,17 @@ impl Database {
         let forking = Instant::now();
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
+        // The child reads this index's rows alone (`send`).
+        let rows_only = self.store.rows_for_forks(Some(name));
         // SAFETY: the process is single-threaded here (above); the child
         // writes to one socket and leaves with `_exit`, running no
-        // destructors of the parent's state.
-        match unsafe { libc::fork() } {
+        // destructors of the parent's state, and reads of the store only
+        // what `send` writes, `index`'s parts, which `rows_only` leaves it.
+        let forked = unsafe { libc::fork() };
+        if forked != 0 {
+            drop(rows_only);
+        }
+        match forked {
             -1 => Err(StreamError::Fork(io::Error::last_os_error())),
             0 => {
                 // SAFETY: plain syscalls on our own process and descriptors.

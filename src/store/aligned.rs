@@ -220,6 +220,24 @@ impl<T: Pod> Aligned<T> {
     }
 }
 
+impl<T> Aligned<T> {
+    /// Whether a child forked from now on gets the values: with `false` a
+    /// map is left out of the child's address space (`MADV_DONTFORK`), so
+    /// the fork copies none of its page tables and the parent's writes to
+    /// it fault no copies while the child lives; `true` gives it back to
+    /// later forks. A small one, in the allocator's heap, is always
+    /// inherited. Only advice: where the system refuses, the child gets the
+    /// map as before.
+    pub fn inherit(&self, inherited: bool) {
+        #[cfg(target_os = "linux")]
+        if let Room::Mapped(map) = &self.room {
+            let _ = map.advise(if inherited { Advice::DoFork } else { Advice::DontFork });
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = inherited;
+    }
+}
+
 /// Asks for the map in huge pages (where the system gives them on request):
 /// a fork (a snapshot, a download) then copies a 2 MiB page's one entry
 /// rather than 512, so the loop it stops waits that much less, and scans

@@ -733,6 +733,12 @@ pub struct Codes {
 }
 
 impl Codes {
+    /// Whether a child forked from now on gets the codes' bytes
+    /// (`Aligned::inherit`); the rest is small.
+    pub fn inherit(&self, inherited: bool) {
+        self.bytes.inherit(inherited);
+    }
+
     /// Codes on `grid` for rows of `dims` values, if an index of that many
     /// keeps them.
     pub fn new(dims: usize, grid: Grid) -> Option<Codes> {

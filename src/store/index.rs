@@ -281,6 +281,16 @@ impl Index {
         Ok(Index { dims, metric, vectors, inverse_norms, norms, codes, ids, metadata, rows, meta })
     }
 
+    /// Whether a child forked from now on gets this index's two large
+    /// arrays, its vectors and its codes (`Aligned::inherit`). What
+    /// `parts` gives stays readable in a child with `rows`.
+    pub fn inherit(&self, rows: bool, codes: bool) {
+        self.vectors.inherit(rows);
+        if let Some(own) = &self.codes {
+            own.inherit(codes);
+        }
+    }
+
     /// The rows, for writing a snapshot: ids, vectors (row after row), metadata texts.
     pub fn parts(&self) -> Parts<'_> {
         (&self.ids, &self.vectors, &self.metadata)

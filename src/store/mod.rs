@@ -93,9 +93,37 @@ pub struct Store {
     indexes: BTreeMap<String, Index>,
 }
 
+/// While it lives, a child forked from the process gets of the indexes'
+/// large arrays only the rows a snapshot writes (`Store::rows_for_forks`):
+/// the page tables of the rest are not copied, which is most of a fork's
+/// stall, and the loop's writes to them fault no copies while the child
+/// runs. A child must read nothing else of them: those pages are not in
+/// its address space. Dropped, it gives every array back to later forks.
+#[must_use = "forks see the arrays again only when it is dropped"]
+pub struct ForkRows<'a> {
+    store: &'a Store,
+}
+
+impl Drop for ForkRows<'_> {
+    fn drop(&mut self) {
+        for index in self.store.indexes.values() {
+            index.inherit(true, true);
+        }
+    }
+}
+
 impl Store {
     pub fn new() -> Store {
         Store::default()
+    }
+
+    /// Leaves every index's codes, and the rows of all but `only` (of all
+    /// when `None`), out of children forked while the guard lives.
+    pub fn rows_for_forks(&self, only: Option<&str>) -> ForkRows<'_> {
+        for (name, index) in &self.indexes {
+            index.inherit(only.is_none_or(|only| only == name), false);
+        }
+        ForkRows { store: self }
     }
 
     pub fn index(&self, name: &str) -> Option<&Index> {

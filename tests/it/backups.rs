@@ -349,3 +349,79 @@ fn a_download_keeps_to_its_rate() {
     }
     assert!(!dir.path().join("data").exists(), "nothing was written");
 }
+
+/// A fork leaves out of its child the large arrays the child never reads
+/// (every index's codes; for a download, the other indexes' rows) and
+/// gives them back to later forks: a download of each index after the
+/// other's restores the same rows, and a snapshot after a download, which
+/// reads every index's rows, is written.
+#[test]
+fn forks_leave_out_what_their_children_never_read_and_give_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    // Arrays of over a megabyte each, so each is a map of its own (vectors
+    // 4.9 MB, codes 1.2 MB), and a snapshot every 6 MB of log.
+    const DIMS: usize = 512;
+    const ROWS: usize = 2400;
+    let args = ["--api-key", KEY, "--snapshot-log-bytes", "6000000"];
+    let server = Server::start_in(None, data_dir.clone(), &args, &[]);
+    let write = |name: &str, salt: usize| {
+        for first in (0..ROWS).step_by(400) {
+            let items: Vec<String> = (first..first + 400)
+                .map(|id| {
+                    let data: Vec<String> = (0..DIMS)
+                        .map(|d| (((id * 31 + d * 7 + salt) % 1009) as f32 * 0.25 - 100.0).to_string())
+                        .collect();
+                    format!(r#"{{"id":{id},"data":[{}],"metadata":{{"n":"{id}"}}}}"#, data.join(","))
+                })
+                .collect();
+            let body = format!(r#"{{"embeddings":[{}]}}"#, items.join(","));
+            let r = server.call("PUT", &format!("/api/v1/embeddings/{name}/upsert"), Some(&body));
+            assert_eq!(r.status, 200, "{r:?}");
+        }
+    };
+    create_index(&server, "cos", DIMS, "cosine");
+    create_index(&server, "euclid", DIMS, "l2");
+    write("cos", 0);
+    write("euclid", 1);
+    server.wait_for_log("snapshot generation 1 written", Duration::from_secs(60));
+
+    let (status, head, image) = download(&server, "cos");
+    assert_eq!(status, 200, "{head}");
+    assert_eq!(restore(&server, "cos-copy", &image).0, 200);
+    assert_eq!(rows(&server, "cos-copy"), rows(&server, "cos"));
+    // The next snapshot's child reads both indexes' rows.
+    write("euclid", 2);
+    write("cos", 3);
+    server.wait_for_log("snapshot generation 2 written", Duration::from_secs(60));
+    let (status, head, image) = download(&server, "euclid");
+    assert_eq!(status, 200, "{head}");
+    assert_eq!(restore(&server, "euclid-copy", &image).0, 200);
+    let before: Vec<_> = ["cos", "euclid", "cos-copy", "euclid-copy"].map(|name| rows(&server, name)).into();
+    assert_eq!((before[0].len(), before[1].len()), (ROWS, ROWS));
+    assert_eq!(before[1], before[3]);
+
+    // The searches still use the codes the forks left out: the nearest
+    // rows, as a brute force in f64 ranks them.
+    let query: Vec<f64> = (0..DIMS).map(|d| ((d * 13) % 101) as f64 - 50.0).collect();
+    let mut oracle: Vec<(f64, i64)> = before[1]
+        .iter()
+        .map(|(&id, row)| {
+            let data = row["data"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap());
+            (data.zip(&query).map(|(x, q)| (x - q) * (x - q)).sum(), id)
+        })
+        .collect();
+    oracle.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let search = format!(r#"{{"queryVector":{query:?},"k":5}}"#);
+    let r = server.call("POST", "/api/v1/embeddings/euclid/search", Some(&search));
+    assert_eq!(r.status, 200, "{r:?}");
+    let hits = r.body["data"]["nearest_neighbors"].as_object().unwrap();
+    for (rank, (_, id)) in oracle[..5].iter().enumerate() {
+        assert_eq!(hits[&id.to_string()]["rank"], rank, "{hits:?}");
+    }
+
+    server.kill();
+    let server = Server::start_in(None, data_dir, &args, &[]);
+    let after: Vec<_> = ["cos", "euclid", "cos-copy", "euclid-copy"].map(|name| rows(&server, name)).into();
+    assert_eq!(after, before);
+}
