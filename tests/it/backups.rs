@@ -385,18 +385,20 @@ fn forks_leave_out_what_their_children_never_read_and_give_it_back() {
     write("cos", 0);
     write("euclid", 1);
     server.wait_for_log("snapshot generation 1 written", Duration::from_secs(60));
+    // An index downloaded and restored as `{name}-copy`.
+    let copy = |name: &str| {
+        let (status, head, image) = download(&server, name);
+        assert_eq!(status, 200, "{head}");
+        assert_eq!(restore(&server, &format!("{name}-copy"), &image).0, 200);
+    };
 
-    let (status, head, image) = download(&server, "cos");
-    assert_eq!(status, 200, "{head}");
-    assert_eq!(restore(&server, "cos-copy", &image).0, 200);
+    copy("cos");
     assert_eq!(rows(&server, "cos-copy"), rows(&server, "cos"));
     // The next snapshot's child reads both indexes' rows.
     write("euclid", 2);
     write("cos", 3);
     server.wait_for_log("snapshot generation 2 written", Duration::from_secs(60));
-    let (status, head, image) = download(&server, "euclid");
-    assert_eq!(status, 200, "{head}");
-    assert_eq!(restore(&server, "euclid-copy", &image).0, 200);
+    copy("euclid");
     let before: Vec<_> = ["cos", "euclid", "cos-copy", "euclid-copy"].map(|name| rows(&server, name)).into();
     assert_eq!((before[0].len(), before[1].len()), (ROWS, ROWS));
     assert_eq!(before[1], before[3]);
