@@ -37,6 +37,27 @@ pub fn forget_cached(file: &File, offset: u64, len: u64) {
     advise(file, offset, len, libc::POSIX_FADV_DONTNEED);
 }
 
+/// `forget_cached` for the pages wholly inside `len` bytes from `offset`.
+/// The kernel keeps a page also holding bytes outside them, but for the
+/// file's last page, which it drops when the range ends at the file's end:
+/// that is the page a log's next records go on, which would then be read
+/// back from the disk to be added to. A range without a whole page costs
+/// no call.
+pub fn forget_whole_pages(file: &File, offset: u64, len: u64) {
+    let page = page_bytes();
+    let (first, end) = (offset.next_multiple_of(page), (offset + len) & !(page - 1));
+    if end > first {
+        forget_cached(file, first, end - first);
+    }
+}
+
+/// The page cache's page size.
+pub fn page_bytes() -> u64 {
+    // SAFETY: sysconf reads a value the C library holds; no memory of ours.
+    let bytes = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(bytes).ok().filter(|b| b.is_power_of_two()).unwrap_or(4096)
+}
+
 /// `posix_fadvise`: only advice, whose failure changes nothing written or read.
 fn advise(file: &File, offset: u64, len: u64, advice: libc::c_int) {
     let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else { return };

@@ -55,7 +55,7 @@ use bytes::Bytes;
 use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
 
-use crate::files::{forget_cached, sync_dir};
+use crate::files::{forget_whole_pages, sync_dir};
 use crate::log as oplog;
 use crate::wal::frame::{self, DecodeError, Reader};
 use crate::wal::{self, Place, ReplayError};
@@ -579,8 +579,9 @@ fn split_cached<'a>(slots: impl IntoIterator<Item = &'a Slot>) -> (Vec<Place>, V
 
 /// Reads the records at `places` (in a log's order) back from their
 /// segments (`readers`), handing each to `take` with the buffer it lies
-/// in. Records close together are read at once, and dropped from the page
-/// cache once read, as they were once written.
+/// in. Records close together are read at once, and the whole pages they
+/// fill dropped from the page cache once read (`forget_whole_pages`): never
+/// the page the log's next records go on.
 fn read_records(
     readers: &BTreeMap<u64, File>,
     places: &[Place],
@@ -605,7 +606,7 @@ fn read_records(
         let len = places[end - 1].offset + places[end - 1].len - first.offset;
         let mut buffer = vec![0; len as usize];
         file.read_exact_at(&mut buffer, first.offset)?;
-        forget_cached(file, first.offset, len);
+        forget_whole_pages(file, first.offset, len);
         let buffer = Bytes::from(buffer);
         for place in &places[at..end] {
             let from = (place.offset - first.offset) as usize;

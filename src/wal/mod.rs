@@ -15,7 +15,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use crate::files::{forget_cached, sync_dir};
+use crate::files::{forget_cached, page_bytes, sync_dir};
 use crate::limits::LOG_CACHE_DROP_BYTES;
 use crate::store::Mutation;
 pub use frame::DecodeError;
@@ -24,13 +24,6 @@ pub use record::Record;
 pub const SEGMENT_MAGIC: &[u8; 8] = b"QUIVWAL1";
 pub const SEGMENT_VERSION: u32 = 1;
 pub const SEGMENT_HEADER_BYTES: usize = 16;
-
-/// The page cache's page size.
-fn page_bytes() -> u64 {
-    // SAFETY: sysconf reads a value the C library holds; no memory of ours.
-    let bytes = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(bytes).ok().filter(|b| b.is_power_of_two()).unwrap_or(4096)
-}
 
 pub fn segment_path(dir: &Path, segment: u64) -> PathBuf {
     dir.join(format!("{segment:020}.log"))
@@ -506,47 +499,11 @@ mod tests {
         }
     }
 
-    /// Which of `path`'s pages are in the page cache.
-    fn cached_pages(path: &Path) -> Vec<bool> {
-        use std::os::fd::AsRawFd;
-        let file = File::open(path).unwrap();
-        let len = file.metadata().unwrap().len() as usize;
-        // SAFETY: a read-only mapping of a file nothing cuts while it is
-        // mapped; mincore writes one byte a page into `pages`, which has
-        // room for every page of it; the mapping is undone before return.
-        unsafe {
-            let page = page_bytes() as usize;
-            let map = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0);
-            assert_ne!(map, libc::MAP_FAILED);
-            let mut pages = vec![0u8; len.div_ceil(page)];
-            assert_eq!(libc::mincore(map, len, pages.as_mut_ptr()), 0);
-            libc::munmap(map, len);
-            pages.iter().map(|&p| p & 1 == 1).collect()
-        }
-    }
-
     /// Synced records leave the page cache a megabyte at a time, all but
     /// the page the next ones go on; a rotation lets the rest go.
     #[test]
     fn the_synced_log_leaves_the_page_cache_in_megabytes() {
-        // On the project's disk: /tmp may be a tmpfs, whose pages stay.
-        let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
-        fs::create_dir_all(&target).unwrap();
-        let dir = tempfile::tempdir_in(target).unwrap();
-        // Where the filesystem keeps its own cache (ZFS, tmpfs), the advice
-        // drops nothing: seen on a probe first.
-        let probe = dir.path().join("probe");
-        let file = File::create(&probe).unwrap();
-        (&file).write_all(&vec![1u8; 1 << 20]).unwrap();
-        file.sync_data().unwrap();
-        forget_cached(&file, 0, 1 << 20);
-        if cached_pages(&probe).iter().all(|&c| c) {
-            crate::testing::skip(
-                "the synced log leaves the page cache",
-                "this filesystem keeps pages it is advised to drop",
-            );
-            return;
-        }
+        let Some(dir) = crate::testing::dir_that_drops_pages("the synced log leaves the page cache") else { return };
         let path = segment_path(dir.path(), 0);
         let mut log = Log::create(dir.path(), 0).unwrap();
         let record = vec![7u8; 30_000];
@@ -566,12 +523,12 @@ mod tests {
             assert!(at - from >= LOG_CACHE_DROP_BYTES && at - from < LOG_CACHE_DROP_BYTES + 30_000, "{dropped_at:?}");
             assert_eq!(at % page_bytes(), 0);
         }
-        let cached = cached_pages(&path);
+        let cached = crate::testing::cached_pages(&path);
         let kept = (log.uncached_bytes / page_bytes()) as usize;
         assert!(cached[..kept].iter().all(|&c| !c), "a dropped page is still cached");
         assert!(cached[kept..].iter().all(|&c| c), "a page not yet dropped is gone");
         log.rotate().unwrap();
-        let cached = cached_pages(&path);
+        let cached = crate::testing::cached_pages(&path);
         assert!(cached[..cached.len() - 1].iter().all(|&c| !c), "a rotation kept pages of the old segment");
     }
 }

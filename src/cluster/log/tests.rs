@@ -351,3 +351,41 @@ fn an_entry_damaged_on_disk_is_an_error_not_a_wrong_entry() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Records read back leave the page cache in the whole pages they fill,
+/// never the file's last page, which the log's next records go on, even
+/// when they end at the file's end (where the kernel, asked to, drops a
+/// last page that is not whole).
+#[test]
+fn records_read_back_keep_the_page_the_log_goes_on() {
+    let Some(dir) = crate::testing::dir_that_drops_pages("records read back keep the log's last page") else { return };
+    let page = crate::files::page_bytes();
+    let path = dir.path().join("segment");
+    let file = File::create(&path).unwrap();
+    // Large enough that whole blocks of pages (large folios) lie inside.
+    let len = 1024 * page + 100;
+    file.write_all_at(&vec![5u8; len as usize], 0).unwrap();
+    file.sync_data().unwrap();
+    let readers = BTreeMap::from([(7, File::open(&path).unwrap())]);
+    let read = |places: &[Place]| {
+        let mut read = 0;
+        read_records(&readers, places, |_, record| {
+            assert!(record.iter().all(|&b| b == 5));
+            read += record.len() as u64;
+            Ok(())
+        })
+        .unwrap();
+        read
+    };
+    let place = |offset: u64, len: u64| Place { segment: 7, offset, len };
+    // Within one page: nothing is dropped.
+    assert_eq!(read(&[place(10, 50), place(70, 20)]), 70);
+    assert!(crate::testing::cached_pages(&path).iter().all(|&c| c));
+    // From inside the first page to the file's end: pages between may go
+    // (as whole as the kernel's own blocks of pages let it), the first and
+    // the last stay.
+    assert_eq!(read(&[place(100, 512 * page), place(100 + 512 * page, len - 100 - 512 * page)]), len - 100);
+    let cached = crate::testing::cached_pages(&path);
+    assert!(cached[0] && cached[1024], "{cached:?}");
+    assert!(cached.iter().filter(|&&c| !c).count() >= 512, "too few pages dropped: {cached:?}");
+}
