@@ -58,6 +58,47 @@ pub fn page_bytes() -> u64 {
     u64::try_from(bytes).ok().filter(|b| b.is_power_of_two()).unwrap_or(4096)
 }
 
+/// Which of `path`'s pages are in the page cache (for tests).
+#[cfg(test)]
+pub fn cached_pages(path: &std::path::Path) -> Vec<bool> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    let len = file.metadata().unwrap().len() as usize;
+    // SAFETY: a read-only mapping of a file nothing cuts while it is
+    // mapped; mincore writes one byte a page into `pages`, which has
+    // room for every page of it; the mapping is undone before return.
+    unsafe {
+        let page = page_bytes() as usize;
+        let map = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0);
+        assert_ne!(map, libc::MAP_FAILED);
+        let mut pages = vec![0u8; len.div_ceil(page)];
+        assert_eq!(libc::mincore(map, len, pages.as_mut_ptr()), 0);
+        libc::munmap(map, len);
+        pages.iter().map(|&p| p & 1 == 1).collect()
+    }
+}
+
+/// A directory for `test` on the project's disk (`/tmp` may be a tmpfs,
+/// whose pages stay) whose filesystem drops the pages it is advised to,
+/// as a probe shows first. Where it keeps them (ZFS, tmpfs): none, and a
+/// skip recorded.
+#[cfg(test)]
+pub fn dir_that_drops_pages(test: &str) -> Option<tempfile::TempDir> {
+    let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    let dir = tempfile::tempdir_in(target).unwrap();
+    let probe = dir.path().join("probe");
+    let file = std::fs::File::create(&probe).unwrap();
+    std::io::Write::write_all(&mut &file, &vec![1u8; 1 << 20]).unwrap();
+    file.sync_data().unwrap();
+    forget_cached(&file, 0, 1 << 20);
+    if cached_pages(&probe).iter().all(|&c| c) {
+        crate::testing::skip(test, "this filesystem keeps pages it is advised to drop");
+        return None;
+    }
+    Some(dir)
+}
+
 /// `posix_fadvise`: only advice, whose failure changes nothing written or read.
 fn advise(file: &File, offset: u64, len: u64, advice: libc::c_int) {
     let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else { return };

@@ -503,7 +503,7 @@ mod tests {
     /// the page the next ones go on; a rotation lets the rest go.
     #[test]
     fn the_synced_log_leaves_the_page_cache_in_megabytes() {
-        let Some(dir) = crate::testing::dir_that_drops_pages("the synced log leaves the page cache") else { return };
+        let Some(dir) = crate::files::dir_that_drops_pages("the synced log leaves the page cache") else { return };
         let path = segment_path(dir.path(), 0);
         let mut log = Log::create(dir.path(), 0).unwrap();
         let record = vec![7u8; 30_000];
@@ -523,12 +523,12 @@ mod tests {
             assert!(at - from >= LOG_CACHE_DROP_BYTES && at - from < LOG_CACHE_DROP_BYTES + 30_000, "{dropped_at:?}");
             assert_eq!(at % page_bytes(), 0);
         }
-        let cached = crate::testing::cached_pages(&path);
+        let cached = crate::files::cached_pages(&path);
         let kept = (log.uncached_bytes / page_bytes()) as usize;
         assert!(cached[..kept].iter().all(|&c| !c), "a dropped page is still cached");
         assert!(cached[kept..].iter().all(|&c| c), "a page not yet dropped is gone");
         log.rotate().unwrap();
-        let cached = crate::testing::cached_pages(&path);
+        let cached = crate::files::cached_pages(&path);
         assert!(cached[..cached.len() - 1].iter().all(|&c| !c), "a rotation kept pages of the old segment");
     }
 }

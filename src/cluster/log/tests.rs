@@ -358,7 +358,7 @@ fn an_entry_damaged_on_disk_is_an_error_not_a_wrong_entry() {
 /// last page that is not whole).
 #[test]
 fn records_read_back_keep_the_page_the_log_goes_on() {
-    let Some(dir) = crate::testing::dir_that_drops_pages("records read back keep the log's last page") else { return };
+    let Some(dir) = crate::files::dir_that_drops_pages("records read back keep the log's last page") else { return };
     let page = crate::files::page_bytes();
     let path = dir.path().join("segment");
     let file = File::create(&path).unwrap();
@@ -380,12 +380,12 @@ fn records_read_back_keep_the_page_the_log_goes_on() {
     let place = |offset: u64, len: u64| Place { segment: 7, offset, len };
     // Within one page: nothing is dropped.
     assert_eq!(read(&[place(10, 50), place(70, 20)]), 70);
-    assert!(crate::testing::cached_pages(&path).iter().all(|&c| c));
+    assert!(crate::files::cached_pages(&path).iter().all(|&c| c));
     // From inside the first page to the file's end: pages between may go
     // (as whole as the kernel's own blocks of pages let it), the first and
     // the last stay.
     assert_eq!(read(&[place(100, 512 * page), place(100 + 512 * page, len - 100 - 512 * page)]), len - 100);
-    let cached = crate::testing::cached_pages(&path);
+    let cached = crate::files::cached_pages(&path);
     assert!(cached[0] && cached[1024], "{cached:?}");
     assert!(cached.iter().filter(|&&c| !c).count() >= 512, "too few pages dropped: {cached:?}");
 }
