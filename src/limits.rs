@@ -222,8 +222,9 @@ pub const SNAPSHOT_SEND_RATE_MIN_BYTES: u64 = 1_000_000;
 /// (`--snapshot-download-bytes-per-s`). Its child and the client copying
 /// at full speed take a core each: on two cores a write's p99 was three
 /// times what it is without a download; at 700 MB/s, 1.5 to 2.1 times
-/// in the bench and 1.35 to 1.45 by hand (BENCHMARKS.md). That is faster
-/// than most networks carry a download anyway.
+/// in the bench, and 1.24 to 1.35 once a download's fork left out the
+/// arrays its child never reads (BENCHMARKS.md). That is faster than most
+/// networks carry a download anyway.
 pub const SNAPSHOT_DOWNLOAD_BYTES_PER_S_DEFAULT: u64 = 700_000_000;
 
 /// The most a download's child hands the socket in one system call. A
