@@ -332,6 +332,18 @@ impl<'a> Lanes<'a> {
     }
 }
 
+/// Asks for the cache lines of `bytes` to be brought into L1, without
+/// waiting for them.
+#[inline(always)]
+pub fn prefetch_lines(bytes: &[u8]) {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    for line in bytes.iter().step_by(64) {
+        safe_arch::prefetch_t0(line);
+    }
+    #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+    let _ = bytes;
+}
+
 /// How a row's scale is chosen: the products' bound (this module) wants
 /// the finest scale; the coordinate distances' (`floors`) a power of two,
 /// so that one code of the query serves every row of that scale.
@@ -995,17 +1007,27 @@ impl Codes {
     /// be brought into cache, without waiting for them.
     #[inline(always)]
     pub fn prefetch(&self, row: usize, rows: usize) {
-        let start = (row * self.stride).min(self.bytes.len());
-        let end = ((row + rows) * self.stride).min(self.bytes.len());
-        // The logarithmic grid's sign bits are left to the hardware's
-        // prefetcher: the scans read them in order, and only where a value
-        // is negative; a test here costs every scan of every grid.
-        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-        for line in self.bytes[start..end].iter().step_by(64) {
-            safe_arch::prefetch_t0(line);
-        }
-        #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
-        let _ = (start, end);
+        prefetch_lines(self.codes_of(row..row + rows));
+    }
+
+    /// The codes of `rows` (those there are) in `shares` parts of whole
+    /// cache lines, each for `prefetch_lines`: a scan that asks for a part
+    /// at a time, between its sums, fetches the rows while it works.
+    pub fn shares(&self, rows: Range<usize>, shares: usize) -> std::slice::Chunks<'_, u8> {
+        let bytes = self.codes_of(rows);
+        bytes.chunks(bytes.len().div_ceil(shares.max(1)).next_multiple_of(64).max(64))
+    }
+
+    /// The stored codes of `rows`, those there are. The logarithmic grid's
+    /// sign bits are not among them: they are left to the hardware's
+    /// prefetcher, as the scans read them in order, and only where a value
+    /// is negative; a test in `prefetch` would cost every scan of every
+    /// grid.
+    #[inline(always)]
+    fn codes_of(&self, rows: Range<usize>) -> &[u8] {
+        let start = (rows.start * self.stride).min(self.bytes.len());
+        let end = (rows.end * self.stride).clamp(start, self.bytes.len());
+        &self.bytes[start..end]
     }
 
     /// How many rows have codes.
@@ -1744,6 +1766,25 @@ mod tests {
         *seed ^= *seed << 13;
         *seed ^= *seed >> 7;
         *seed ^= *seed << 17;
+    }
+
+    /// A run's shares to prefetch are its rows' codes in order, whole cache
+    /// lines each but the last, at most as many as asked for; rows past
+    /// the last give none.
+    #[test]
+    fn shares_are_the_rows_codes_in_whole_lines() {
+        let dims = 100;
+        let vectors: Vec<f32> = (0..37 * dims).map(|i| (i % 17) as f32 - 8.0).collect();
+        let codes = Codes::of(dims, Grid::Fitted, &vectors).unwrap();
+        let stride = codes.stride();
+        for shares in 1..70 {
+            let parts: Vec<&[u8]> = codes.shares(5..29, shares).collect();
+            assert!(parts.len() <= shares, "{} parts for {shares}", parts.len());
+            assert!(parts.iter().rev().skip(1).all(|part| part.len() % 64 == 0), "{shares}");
+            assert_eq!(parts.concat(), &codes.bytes()[5 * stride..29 * stride], "{shares}");
+        }
+        let past = codes.bytes().len().div_ceil(stride);
+        assert_eq!(codes.shares(past..past + 8, 4).count(), 0);
     }
 
     /// The rounding without a library call is `f64::round` at every half
