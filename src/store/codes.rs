@@ -330,6 +330,42 @@ impl<'a> Lanes<'a> {
         #[cfg(not(target_arch = "x86_64"))]
         unreachable!("no kernel is available off x86-64")
     }
+
+    /// The bound of each row of `rows` for `query` (`Bounds::nearest`, as
+    /// `rules_out_run` finds it: a row is ruled out against a threshold
+    /// exactly when its bound is above it), `LANES` rows at a time:
+    /// `ahead(row)` as `rules_out_run`'s, then `keys(row, bounds)` with
+    /// the bound of row `row + r` in `bounds[r]`.
+    #[inline(always)]
+    pub fn keys_run(
+        &self,
+        query: &LaneQuery,
+        rows: Range<usize>,
+        (ahead, keys): (impl FnMut(usize), impl FnMut(usize, [f32; LANES])),
+    ) {
+        assert!(rows.end <= self.rows && rows.len().is_multiple_of(LANES), "whole lanes of rows");
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `rules_out_run`.
+        unsafe {
+            x86::keys_run_avx2(
+                (self.bytes, rows, self.dims),
+                (query.signs, query.sum),
+                self.terms,
+                query.terms,
+                (ahead, keys),
+            )
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("no kernel is available off x86-64")
+    }
+
+    /// `keys_run` of the `LANES` rows from `row`.
+    #[cfg(test)]
+    pub fn keys(&self, query: &LaneQuery, row: usize) -> [f32; LANES] {
+        let mut found = [f32::NAN; LANES];
+        self.keys_run(query, row..row + LANES, (|_| {}, |_, keys| found = keys));
+        found
+    }
 }
 
 /// Asks for the cache lines of `bytes` to be brought into L1, without
@@ -1532,9 +1568,53 @@ pub(super) mod x86 {
         terms: [&[f32]; 6],
         query: super::QueryTerms,
         threshold: f32,
-        calls: (impl FnMut(usize), impl FnMut(usize, u32) -> f32),
+        (ahead, mut undecided): (impl FnMut(usize), impl FnMut(usize, u32) -> f32),
     ) {
-        let run = ((bytes, rows, dims), (signs, sum), terms, query, threshold, calls);
+        // SAFETY: the CPU has AVX2, as the caller promises (and below).
+        let mut threshold_lanes = unsafe { _mm256_set1_ps(threshold) };
+        let decide = |row, nearest| {
+            // SAFETY: as above.
+            let ruled = unsafe { _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(nearest, threshold_lanes)) } as u32;
+            if ruled != (1 << super::LANES) - 1 {
+                // SAFETY: as above.
+                threshold_lanes = unsafe { _mm256_set1_ps(undecided(row, ruled)) };
+            }
+        };
+        // SAFETY: as the caller promises.
+        unsafe { nearest_run_avx2(((bytes, rows, dims), (signs, sum), terms, query, (ahead, decide))) }
+    }
+
+    /// `Lanes::keys_run` on AVX2: `rules_out_run_avx2`'s bound of each
+    /// `LANES` rows, handed to `keys(row, bounds)` (the bound of row
+    /// `row + r` in `bounds[r]`) instead of compared with a threshold.
+    ///
+    /// # Safety
+    /// As `rules_out_run_avx2`.
+    #[inline(always)]
+    pub(super) unsafe fn keys_run_avx2(
+        (bytes, rows, dims): (&[u8], Range<usize>, usize),
+        (signs, sum): (&[i8], i32),
+        terms: [&[f32]; 6],
+        query: super::QueryTerms,
+        (ahead, mut keys): (impl FnMut(usize), impl FnMut(usize, [f32; super::LANES])),
+    ) {
+        let decide = |row, nearest| {
+            let mut lanes = [0f32; super::LANES];
+            // SAFETY: 8 f32s into 8; the CPU has AVX2, as the caller promises.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), nearest) };
+            keys(row, lanes);
+        };
+        // SAFETY: as the caller promises.
+        unsafe { nearest_run_avx2(((bytes, rows, dims), (signs, sum), terms, query, (ahead, decide))) }
+    }
+
+    /// `run_avx2` for the query's shape and the rows' length.
+    ///
+    /// # Safety
+    /// As `rules_out_run_avx2`.
+    #[inline(always)]
+    unsafe fn nearest_run_avx2(run: Run<'_, impl FnMut(usize), impl FnMut(usize, __m256)>) {
+        let ((_, _, dims), _, _, query, _) = run;
         // SAFETY: as the caller promises.
         unsafe {
             match (query.shape, dims >= ROW_BY_ROW_DIMS_MIN) {
@@ -1564,22 +1644,23 @@ pub(super) mod x86 {
     const IP: u8 = 1;
     const L2: u8 = 2;
 
-    /// What `run_avx2` takes: `rules_out_run_avx2`'s arguments.
-    type Run<'a, A, U> =
-        ((&'a [u8], Range<usize>, usize), (&'a [i8], i32), [&'a [f32]; 6], super::QueryTerms, f32, (A, U));
+    /// What `run_avx2` takes: `rules_out_run_avx2`'s arguments but the
+    /// threshold, and what to do with each `LANES` rows' bounds.
+    type Run<'a, A, D> = ((&'a [u8], Range<usize>, usize), (&'a [i8], i32), [&'a [f32]; 6], super::QueryTerms, (A, D));
 
-    /// `rules_out_run_avx2` for the query's shape `SHAPE`, the rows'
-    /// products summed `ROW_BY_ROW` or a block of every row at a time
+    /// The bound of each `LANES` rows of the run, for the query's shape
+    /// `SHAPE`, handed to `decide(row, bounds)`: the rows' products summed
+    /// `ROW_BY_ROW` or a block of every row at a time
     /// (`ROW_BY_ROW_DIMS_MIN`).
     ///
     /// # Safety
     /// As `rules_out_run_avx2`.
     #[inline(always)]
     unsafe fn run_avx2<const SHAPE: u8, const ROW_BY_ROW: bool>(
-        ((bytes, rows, dims), (signs, sum), terms, query, mut threshold, (mut ahead, mut undecided)): Run<
+        ((bytes, rows, dims), (signs, sum), terms, query, (mut ahead, mut decide)): Run<
             '_,
             impl FnMut(usize),
-            impl FnMut(usize, u32) -> f32,
+            impl FnMut(usize, __m256),
         >,
     ) {
         // SAFETY: the CPU has AVX2, as the caller promises.
@@ -1596,7 +1677,6 @@ pub(super) mod x86 {
                 (all(query.per_residual), all(query.per_centred), all(query.per_norm));
             let (absolute, query_scale, query_squared, shrink) =
                 (all(query.absolute), all(query.query_scale), all(query.query_squared), all(query.shrink));
-            let mut threshold_lanes = all(threshold);
             for row in rows.step_by(super::LANES) {
                 ahead(row);
                 let start = row * dims;
@@ -1646,11 +1726,7 @@ pub(super) mod x86 {
                         _mm256_sub_ps(_mm256_mul_ps(floor, shrink), absolute)
                     }
                 };
-                let ruled = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(nearest, threshold_lanes)) as u32;
-                if ruled != (1 << super::LANES) - 1 {
-                    threshold = undecided(row, ruled);
-                    threshold_lanes = all(threshold);
-                }
+                decide(row, nearest);
             }
         }
     }

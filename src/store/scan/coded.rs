@@ -313,6 +313,14 @@ impl View<'_> {
         }
     }
 
+    /// `kernel`'s lanes over this index's codes and terms, if it has lanes.
+    pub(super) fn lanes(&self, kernel: cpu::Kernel) -> Option<codes::Lanes<'_>> {
+        let codes = self.codes.expect("a coded pass is of an index with codes");
+        // Only cosine's bound reads the rows' scales.
+        let row_scales = if self.metric.is_scaled() { self.inverse_norms } else { self.norms };
+        kernel.lanes(codes, (self.norms, row_scales))
+    }
+
     /// `scan_coded` through the products' bound on a kernel with lanes
     /// (`codes::Lanes`): a run of rows (`RUN_BYTES`) at a time, which each
     /// query of a group decides in turn, `LANES` rows at a time in
@@ -342,9 +350,7 @@ impl View<'_> {
         tops: &mut [TopK],
     ) -> FirstPass {
         let codes = self.codes.expect("a coded scan is of an index with codes");
-        // Only cosine's bound reads the rows' scales.
-        let row_scales = if self.metric.is_scaled() { self.inverse_norms } else { self.norms };
-        let lanes = coded.kernel.lanes(codes, (self.norms, row_scales)).expect("a kernel with lanes");
+        let lanes = self.lanes(coded.kernel).expect("a kernel with lanes");
         let tile = coded.kernel.query_tile();
         // The queries made ready once, in a tile's worth at a time: a scan
         // allocates nothing.

@@ -1,13 +1,15 @@
-//! A lone search through a floors' first pass, scoring rows in the order
-//! of their bounds (`View::search_in_order`).
+//! A lone search through a floors' first pass, or through the products'
+//! on a small index, scoring rows in the order of their bounds
+//! (`View::search_in_order`).
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use super::coded::{CODES_PREFETCH_ROWS, RESCORE_LAG};
 use super::exact::offer;
 use super::threads::{in_parts, merge_partials, share_in, threshold_of};
 use super::{FirstPass, View};
-use crate::store::codes::{self, floors::Grids, Codes};
+use crate::store::codes::{self, floors::Grids, Codes, LaneQuery, Lanes, LANES};
 use crate::store::cpu;
 use crate::store::topk::TopK;
 
@@ -29,6 +31,89 @@ pub(super) struct InOrder {
 /// The most rows `InOrder::left` keeps room for between searches.
 pub(super) const LEFT_KEPT: usize = 1 << 16;
 
+/// A lone search's query and scales, its top, the threads' tops and the
+/// rows they take at a time, and the ordered search's buffers.
+pub(super) type Lone<'a, 'b> = ((&'a [f32], &'a [f32]), &'b mut TopK, (&'b mut [Vec<TopK>], usize), &'b mut InOrder);
+
+/// Where an ordered search's keys come from.
+#[derive(Clone, Copy)]
+pub(super) enum Keyed<'a> {
+    /// A floors' (`Grids::keys_of`).
+    Floors(cpu::Kernel, &'a Grids),
+    /// The products' bound, in lanes (`Lanes::keys_run`), on an index of
+    /// at least `LANES` rows.
+    Products(&'a Lanes<'a>, &'a LaneQuery<'a>),
+}
+
+impl Keyed<'_> {
+    /// Each row of `rows`' key, handed to `note(row, key)` in turn.
+    #[inline(always)]
+    fn keys_of(self, codes: &Codes, rows: Range<usize>, mut note: impl FnMut(usize, f32)) {
+        match self {
+            Keyed::Floors(kernel, grids) => {
+                let mut row = rows.start;
+                while row + codes::ROWS <= rows.end {
+                    codes.prefetch(row + CODES_PREFETCH_ROWS, codes::ROWS);
+                    let found = grids.keys_of::<{ codes::ROWS }>(kernel, codes, std::array::from_fn(|r| row + r));
+                    for (r, key) in found.into_iter().enumerate() {
+                        note(row + r, key);
+                    }
+                    row += codes::ROWS;
+                }
+                for row in row..rows.end {
+                    let [key] = grids.keys_of(kernel, codes, [row]);
+                    note(row, key);
+                }
+            }
+            Keyed::Products(lanes, query) => {
+                let whole = rows.start + rows.len() / LANES * LANES;
+                let ahead = |row| codes.prefetch(row + CODES_PREFETCH_ROWS, LANES);
+                // Those of `mine` among the `LANES` rows from `row`.
+                let mut emit = |row: usize, keys: [f32; LANES], mine: &Range<usize>| {
+                    for (r, key) in keys.into_iter().enumerate().filter(|&(r, _)| mine.contains(&(row + r))) {
+                        // A NaN bound rules nothing out (`rules_out`): its
+                        // row is kept, first. NaN marks the rows scored.
+                        note(row + r, if key.is_nan() { f32::NEG_INFINITY } else { key });
+                    }
+                };
+                lanes.keys_run(query, rows.start..whole, (ahead, |row, keys| emit(row, keys, &rows)));
+                if whole < rows.end {
+                    // The last rows, of whole lanes that hold them (the
+                    // index has at least `LANES` rows); the others there
+                    // are another step's.
+                    let start = rows.end.max(LANES) - LANES;
+                    let last = whole..rows.end;
+                    lanes.keys_run(query, start..start + LANES, (|_| {}, |row, keys| emit(row, keys, &last)));
+                }
+            }
+        }
+    }
+
+    /// Pushes onto `left` every row not `beyond` `threshold`, with its key
+    /// (`keys[row]`, f32 bits; NaN for a row already scored, which is
+    /// skipped).
+    fn left_of(self, codes: &Codes, keys: &[AtomicU32], threshold: f32, left: &mut Vec<(f32, u32)>) {
+        match self {
+            Keyed::Floors(_, grids) => grids.left_of(codes, keys, threshold, left),
+            Keyed::Products(..) => left.extend(keys.iter().enumerate().filter_map(|(row, key)| {
+                let key = f32::from_bits(key.load(Ordering::Relaxed));
+                (key <= threshold).then_some((key, row as u32))
+            })),
+        }
+    }
+
+    /// Whether row `row`, whose key is `key`, is strictly farther than
+    /// `threshold` whatever its exact distance: the products' rule
+    /// (`Lanes::rules_out`) as the floors'.
+    #[inline(always)]
+    fn beyond(self, codes: &Codes, row: usize, key: f32, threshold: f32) -> bool {
+        match self {
+            Keyed::Floors(_, grids) => grids.beyond(codes, row, key, threshold),
+            Keyed::Products(..) => key > threshold,
+        }
+    }
+}
+
 impl InOrder {
     /// Lets a list of rows left longer than `LEFT_KEPT` go.
     fn let_go(&mut self) {
@@ -48,17 +133,18 @@ pub(super) const EXACT_SCAN_SHARE: usize = 4;
 pub(super) const THIRD_STEP_SPLIT_MIN: usize = 64;
 
 impl View<'_> {
-    /// A lone search through a floors' first pass, in three steps instead
+    /// A lone search through a floors' first pass, or the products' on a
+    /// small index (`Keyed`), in three steps instead
     /// of one, so that it scores exactly only the rows whose bound is
     /// within its final k-th distance, not those within the k-th of the
     /// rows read so far (about a third as many, on random data):
     /// 1. the threads read every row's codes, taking `chunk` rows at a
-    ///    time, and note each row's key (`Grids::keys_of`: its bound, or
+    ///    time, and note each row's key (`Keyed::keys_of`: its bound, or
     ///    for lp what its bound follows from without a root), and each the
     ///    k least keys it found;
     /// 2. the rows of those least keys are scored exactly: the k-th nearest
     ///    of them is at least as near as the answer's k-th;
-    /// 3. the other rows not beyond it (`Grids::beyond`) are scored in the
+    /// 3. the other rows not beyond it (`Keyed::beyond`) are scored in the
     ///    order of their keys, each unless it is beyond the k-th nearest
     ///    kept by then.
     ///
@@ -67,11 +153,8 @@ impl View<'_> {
     /// bit for bit.
     pub(super) fn search_in_order(
         &self,
-        (query, scales): (&[f32], &[f32]),
-        (kernel, grids): (cpu::Kernel, &Grids),
-        top: &mut TopK,
-        (partials, chunk): (&mut [Vec<TopK>], usize),
-        order: &mut InOrder,
+        keyed: Keyed,
+        ((query, scales), top, (partials, chunk), order): Lone<'_, '_>,
     ) -> FirstPass {
         let codes = self.codes.expect("a coded pass has codes");
         let (rows, k) = (self.len(), top.k());
@@ -84,7 +167,7 @@ impl View<'_> {
         let keys = &order.keys[..rows];
         // 1. Every row's key; each thread's k least in its `TopK`.
         let taken = AtomicUsize::new(0);
-        in_parts(top, partials, k, |least, _, _| self.note_keys((kernel, grids, codes), (keys, &taken, chunk), least));
+        in_parts(top, partials, k, |least, _, _| self.note_keys((keyed, codes), (keys, &taken, chunk), least));
         // 2. The rows of the least keys, scored.
         order.least.clear();
         order.least.extend(top.sorted().iter().map(|c| c.row as usize));
@@ -100,7 +183,7 @@ impl View<'_> {
         // 3. The rest not beyond the k-th nearest of those, least key first.
         let within = top.threshold().unwrap_or(f32::INFINITY);
         order.left.clear();
-        grids.left_of(codes, keys, within, &mut order.left);
+        keyed.left_of(codes, keys, within, &mut order.left);
         let pass = if order.left.len() > rows / EXACT_SCAN_SHARE {
             // The bounds tell too few rows apart (rows alike): every row's
             // exact scan, in order and in tiles, costs less than scoring
@@ -109,7 +192,7 @@ impl View<'_> {
         } else {
             order.left.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
             let left = (&order.left[..], within);
-            let rescored = self.score_left((query, scales), (grids, codes), left, top, partials);
+            let rescored = self.score_left((query, scales), (keyed, codes), left, top, partials);
             FirstPass { rows: rows as u64, rescored: (order.least.len() + rescored) as u64 }
         };
         order.let_go();
@@ -121,7 +204,7 @@ impl View<'_> {
     /// `keys` and offering it to `least`.
     fn note_keys(
         &self,
-        (kernel, grids, codes): (cpu::Kernel, &Grids, &Codes),
+        (keyed, codes): (Keyed, &Codes),
         (keys, taken, chunk): (&[AtomicU32], &AtomicUsize, usize),
         least: &mut TopK,
     ) {
@@ -131,24 +214,10 @@ impl View<'_> {
             if start >= rows {
                 break;
             }
-            let end = (start + chunk).min(rows);
-            let mut note = |row: usize, key: f32| {
+            keyed.keys_of(codes, start..(start + chunk).min(rows), |row, key| {
                 keys[row].store(key.to_bits(), Ordering::Relaxed);
                 offer(least, key, self.ids[row], row);
-            };
-            let mut row = start;
-            while row + codes::ROWS <= end {
-                codes.prefetch(row + CODES_PREFETCH_ROWS, codes::ROWS);
-                let found = grids.keys_of::<{ codes::ROWS }>(kernel, codes, std::array::from_fn(|r| row + r));
-                for (r, key) in found.into_iter().enumerate() {
-                    note(row + r, key);
-                }
-                row += codes::ROWS;
-            }
-            for row in row..end {
-                let [key] = grids.keys_of(kernel, codes, [row]);
-                note(row, key);
-            }
+            });
         }
     }
 
@@ -188,7 +257,7 @@ impl View<'_> {
     fn score_left(
         &self,
         (query, scales): (&[f32], &[f32]),
-        (grids, codes): (&Grids, &Codes),
+        (keyed, codes): (Keyed, &Codes),
         (left, within): (&[(f32, u32)], f32),
         top: &mut TopK,
         partials: &mut [Vec<TopK>],
@@ -199,7 +268,7 @@ impl View<'_> {
         let third = |top: &mut TopK, part: usize, parts: usize| {
             let mut scored = 0;
             for (n, &(key, row)) in left.iter().enumerate().skip(part).step_by(parts) {
-                if grids.beyond(codes, row as usize, key, threshold_of(&farthest, top)) {
+                if keyed.beyond(codes, row as usize, key, threshold_of(&farthest, top)) {
                     continue;
                 }
                 // The thread's rows a few places on, asked for meanwhile.
