@@ -17,7 +17,7 @@ use crate::store::topk::TopK;
 /// bounds (`View::search_in_order`), kept from search to search.
 #[derive(Default)]
 pub(super) struct InOrder {
-    /// Each row's key (f32 bits, `Grids::keys_of`), written by whichever
+    /// Each row's key (f32 bits, `Keyed::keys_of`), written by whichever
     /// thread read its codes.
     pub(super) keys: Vec<AtomicU32>,
     /// The rows of the least keys each thread found.
@@ -134,10 +134,10 @@ pub(super) const THIRD_STEP_SPLIT_MIN: usize = 64;
 
 impl View<'_> {
     /// A lone search through a floors' first pass, or the products' on a
-    /// small index (`Keyed`), in three steps instead
-    /// of one, so that it scores exactly only the rows whose bound is
-    /// within its final k-th distance, not those within the k-th of the
-    /// rows read so far (about a third as many, on random data):
+    /// small index (`Keyed`), in three steps instead of one, so that it
+    /// scores exactly only the rows whose bound is within its final k-th
+    /// distance, not those within the k-th of the rows read so far (about a
+    /// third as many, on random data):
     /// 1. the threads read every row's codes, taking `chunk` rows at a
     ///    time, and note each row's key (`Keyed::keys_of`: its bound, or
     ///    for lp what its bound follows from without a root), and each the
