@@ -958,6 +958,20 @@ fn a_lone_search_of_a_small_index_scores_rows_in_the_order_of_their_bounds() {
                 in_rows_order += pass.rescored / 2;
             }
         }
+        // Indexes about `LANES` rows, the least the ordered search takes,
+        // find what the f32 scan finds.
+        for rows in [1, LANES - 1, LANES, LANES + 1] {
+            let mut small = Index::new(dims, metric);
+            for (id, v) in vectors[..rows].iter().enumerate() {
+                small.upsert(id as i64, v, b"");
+            }
+            let mut query = vectors[rows].clone();
+            small.prepare_query(&mut query).unwrap();
+            let (mut want, mut got) = (TopK::new(), [TopK::new()]);
+            small.search_f32(&query, 10, &mut want);
+            small.view().search_in_chunks(&[&query], &[10], &mut got, (&mut [], 1 << 20), None, &mut buffers);
+            assert_eq!(got[0].sorted(), want.sorted(), "{metric:?}, {rows} rows");
+        }
         // Measured: 0.8 to 2.0% of the rows in order, 5.8 to 8.3% in the rows' order.
         assert!(
             ordered * 3 < in_rows_order,
