@@ -24,22 +24,30 @@
 //!
 //! # Centred codes
 //! Rows that share a large common part (image patches, all positive and
-//! alike) would spend their 8 bits on it. So a row `x` is coded as `y = x -
-//! μ`, for an offset `μ` (f32 values) the index keeps: each dimension's
-//! median over its rows (`Codes::centre`). Each `y_i` is computed in f64,
-//! off `x_i - μ_i` by at most 2^-53 of itself; the residual `e = (x - μ) -
-//! a c` is bounded by `r_x`, from the residuals computed in f64 plus 2^-50
-//! of `|y|` for those roundings, and `|x - μ|` by `n_x`, both rounded up.
-//! Each row also keeps `t_x`, `μ . y` rounded to nearest f32: within
-//! `2^-24 |t_x|` of itself and `(n + 4) 2^-52 |μ| n_x` of `μ . (x - μ)`.
-//! Any `μ` is sound, zero among them (an index not yet centred).
+//! alike) would spend their 8 bits on it, and rows that share it at
+//! different magnitudes (patches dark and bright) on their multiple of it.
+//! So a row `x` is coded as `y = x - κμ`, for an offset `μ` (f32 values)
+//! the index keeps, each dimension's median over its rows (`Codes::centre`),
+//! and a multiple `κ` (an f32) the row keeps: `x . μ / |μ|^2`, the multiple
+//! nearest `x`, within `±K` for `K = 8` (`offset_multiple`). Each `κ μ_i` is
+//! exact in f64 (two f32s' 24 significant bits), and each `y_i` computed in
+//! f64, off `x_i - κ μ_i` by at most 2^-53 of itself; the residual
+//! `e = (x - κμ) - a c` is bounded by `r_x`, from the residuals computed in
+//! f64 plus 2^-50 of `|y|` for those roundings, and `|x - κμ|` by `n_x`,
+//! both rounded up. Each row also keeps `t_x`, `μ . y` rounded to nearest
+//! f32: within `2^-24 |t_x| + 2^-150` of itself (the second term where it
+//! is subnormal, as it is for a row that is nearly its multiple of `μ`) and
+//! `(n + 4) 2^-52 |μ| n_x` of `μ . (x - κμ)`. Any `μ` and any `κ` within
+//! `±K` are sound, zeros among them (an index not yet centred). An index
+//! whose rows would not be coded much tighter from their own multiples
+//! (`multiples_pay`) codes each from `κ = 1`, and keeps no multiples.
 //!
-//! A query is coded the same way from `λμ`, for `λ` the power of two nearest
-//! `q . μ / |μ|^2` (0 where that is not positive, or `λμ` not exact in
-//! f32): the multiple of `μ` nearest the query, so that a query scaled to
-//! unit norm (cosine, ip) is centred as well as one drawn like the rows.
-//! Its code `d`, scale `b`, residual bound `r_q` and `n_q >= |q - λμ|` come
-//! as a row's do.
+//! A query is coded the same way from its own multiple `λ` of `μ`, `t_q /
+//! |μ|^2` (`t_q` about `q . μ`, below) rounded to an f32, without bounds (0
+//! where it is not finite): the multiple of `μ` nearest the query, so that
+//! a query scaled to unit norm (cosine, ip) is centred as well as one drawn
+//! like the rows. Its code `d`, scale `b`, residual bound `r_q` and `n_q >=
+//! |q - λμ|` come as a row's do.
 //!
 //! # Why a ruled-out row cannot belong in the answer
 //! Let `q` be the query, and `x` a row, with their codes as above. `C = sum
@@ -48,14 +56,15 @@
 //! sum d_i`: indexes of more dimensions keep no codes). Exactly, in real
 //! numbers, with `f = (q - λμ) - b d`,
 //!
-//! `s = q . x = q . μ + λ μ . (x - μ) + a b C + b (d . e) + f . (x - μ)`,
+//! `s = q . x = κ q . μ + λ μ . (x - κμ) + a b C + b (d . e) + f . (x - κμ)`,
 //!
 //! and by Cauchy-Schwarz, with `|b d| <= n_q + r_q`,
-//! `|s - q . μ - λ t_x - a b C| <= (n_q + r_q) r_x + R n_x =: E`, where `R
-//! = r_q + |λ| (n + 4) 2^-52 |μ|` (the second term for `t_x`; its `2^-24`
-//! is the margin's, below). `q . μ` is summed in f64 from exact products,
-//! rounded to an f32 `t_q`, and `ε_q` bounds how far `t_q` is from it
-//! (`Codes::offset_product`). `|q|` and `|x|` below are the norms' upper
+//! `|s - κ q . μ - λ t_x - a b C| <= (n_q + r_q) r_x + R n_x =: E`, where
+//! `R = r_q + |λ| (n + 4) 2^-52 |μ|` (the second term for `t_x`; its
+//! `2^-24` is the margin's, below). `q . μ` is summed in f64 from exact
+//! products, rounded to an f32 `t_q`, and `ε_q` bounds how far `t_q` is from
+//! it (`Codes::offset_product`), so that `κ t_q` is within `K ε_q` of `κ q .
+//! μ`. `|q|` and `|x|` below are the norms' upper
 //! bounds the bfloat16 pass also uses (infinite above 2^60, which makes
 //! every bound infinite and rules nothing out).
 //!
@@ -68,7 +77,7 @@
 //! itself, so that `d_f >= d (1 - g - 2^-20) - A` with `d = |q|^2 + |x|^2 -
 //! 2 s`.
 //!
-//! So, with `T = t_q + ε_q + λ t_x + a b C + E`:
+//! So, with `T = κ t_q + K ε_q + λ t_x + a b C + E`:
 //! - cosine and ip: `s_f <= S = T + g |q||x| + A`; `S` is mapped to a
 //!   distance exactly as `s_f` is (`screen::distance`, or a negation): the
 //!   map is monotone, so the result is no farther than the row's exact
@@ -83,23 +92,28 @@
 //! reorders them). The query's terms are kept rounded the safe way: `b` and
 //! `λ` exactly, `P = n_q + r_q`, `R` and `G` (`g |q|` for cosine and ip, 0
 //! for l2) rounded up, `|q|^2` down. With `u = 2^-24`, per pair:
-//! - `o_x = λ t_x` is exact (`λ` a power of two) but for a subnormal result;
-//!   `p = (a C) b` passes through three roundings (`C` to f32 among them):
-//!   within `3.01 u |abC|` of `abC`; `e = (p + t_q) + o_x` two more, within
-//!   `2.01 u (|p| + |t_q| + |o_x|)`; `o = (P r_x + R n_x) + G |x|` five, all
-//!   of non-negative terms: within `4.01 u o`; `s = e + o` one more. With
-//!   `t_x`'s own `u |o_x|`, `s >= abC + t_q + λ μ . y + (true o) - 6.1 u (|p|
-//!   + |o_x| + o) - 3.1 u |t_q|`.
+//! - `o_x = λ t_x` passes through one rounding, within `u |o_x|`; `c = t_q
+//!   κ` through one, within `u |κ t_q|`; `p = (a C)
+//!   b` through three (`C` to f32 among them): within `3.01 u |abC|` of
+//!   `abC`; `e = (p + c) + o_x` two more, within `2.01 u (|p| + |c| +
+//!   |o_x|)`; `o = (P r_x + R n_x) + G |x|` five, all of non-negative terms:
+//!   within `4.01 u o`; `s = e + o` one more. With `t_x`'s own `u |o_x|`,
+//!   `s >= abC + κ t_q + λ μ . y + (true o) - 6.1 u (|p| + |o_x| + o) - 4.1
+//!   u |c|`.
 //! - The margin `m = (|p| + |o_x| + o) 2^-19` is at least `31.99 u (|p| +
-//!   |o_x| + o)`, and `s + m` loses at most `1.0001 u (|p| + |t_q| + |o_x| +
-//!   o)` to its rounding: the sum stays above the exact one less `4.2 u
-//!   |t_q|` by `24 u (|p| + |o_x| + o)`, which also pays for the rounding
-//!   of the last addition, of `A_q = 2 A + 2^-140 + 2 ε_q + 2^-21 |t_q|`
-//!   (rounded up), whose last term pays for the `4.2 u |t_q|`.
+//!   |o_x| + o)`, and `s + m` loses at most `1.0001 u (|p| + |c| + |o_x| +
+//!   o)` to its rounding: the sum stays above the exact one less `5.2 u |c|`
+//!   by `24 u (|p| + |o_x| + o)`, which also pays for the rounding of the
+//!   last addition, of `A_q = 2 A + 2^-140 + K (2 ε_q + 2^-21 |t_q|) + 2^-148
+//!   |λ|` (rounded up). Its third term pays for the `K ε_q` between `κ t_q`
+//!   and `κ q . μ` and for the `5.2 u |c| <= 5.3 u K |t_q|`; its last for the
+//!   `2^-150 |λ|` a subnormal `t_x` may be off in `o_x`. (`|c|` is left out
+//!   of the margin so that each pair's bound is no longer a chain of
+//!   operations than it was before rows had multiples.)
 //! - Subnormal results are off by at most 2^-150 each, absolutely, in a
-//!   dozen operations: far less than the `A + 2^-140` that `A_q` adds beyond
-//!   `A`. So the ceiling `e + o + m + A_q`, as computed, is at least `S`
-//!   (for l2, at least `T`).
+//!   dozen or so operations: far less than the `A + 2^-140` that `A_q` adds
+//!   beyond `A`. So the ceiling `e + o + m + A_q`, as computed, is at least
+//!   `S` (for l2, at least `T`).
 //! - l2 takes `|x|^2 >= X (1 - 2^-19)` for `X = |x| |x|` rounded (the norm
 //!   bound is within 2^-22 of `|x|`), and subtracts `(|q|^2 + X + 2
 //!   |ceiling|) 2^-17` from `|q|^2 + X - 2 ceiling`: 128 u of those
@@ -195,10 +209,20 @@ impl Kernel {
         let rows = codes.len();
         // Every row, and whole blocks past the last: within the slack.
         assert!(rows * codes.dims + SLACK <= codes.bytes.len() && SLACK >= 32);
-        let terms =
-            [&codes.scales[..], &codes.residuals, &codes.centred_norms, &codes.offset_products, norms, row_scales];
-        assert!(terms.iter().all(|terms| terms.len() == rows), "a term per row");
-        Some(Lanes { kernel: self, bytes: &codes.bytes, dims: codes.dims, rows, terms })
+        let terms = [
+            &codes.scales[..],
+            &codes.residuals,
+            &codes.centred_norms,
+            &codes.offset_products,
+            &codes.offset_multiples,
+            norms,
+            row_scales,
+        ];
+        // Each row's multiple only where the rows have them (`Codes::multiples`).
+        let multiples = codes.multiples;
+        let kept = |(t, terms): (usize, &&[f32])| terms.len() == rows || (t == MULTIPLES_TERM && !multiples);
+        assert!(terms.iter().enumerate().all(kept), "a term per row");
+        Some(Lanes { kernel: self, bytes: &codes.bytes, dims: codes.dims, rows, terms, multiples })
     }
 
     /// `C` of the query `code` with each of `rows` of `codes`, wherever
@@ -258,9 +282,13 @@ pub struct Lanes<'a> {
     bytes: &'a [u8],
     dims: usize,
     rows: usize,
-    /// Per row: its code's scale, residual bound, `|x - μ|`, `μ . (x - μ)`,
-    /// norm bound and (cosine) scale.
-    terms: [&'a [f32]; 6],
+    /// Per row: its code's scale, residual bound, `|x - κμ|`, `μ . (x -
+    /// κμ)`, `κ` (none where `multiples` is not set), norm bound and
+    /// (cosine) scale.
+    terms: [&'a [f32]; ROW_TERMS],
+    /// Whether the rows have multiples of the offset (`Codes::multiples`):
+    /// where they have not, each is 1, and the kernel reads none.
+    multiples: bool,
 }
 
 /// One query's side of `Lanes::rules_out`, checked once (`Lanes::query`).
@@ -315,11 +343,12 @@ impl<'a> Lanes<'a> {
         // where the CPU has its instructions (`Kernel::on_this_cpu`); every
         // row's code and whole blocks past it lie in `bytes`, the query's
         // code is padded to whole blocks, and every term has a value per
-        // row (asserted in `Kernel::lanes` and `Lanes::query`), so the
-        // loads of the rows of `rows` stay inside them.
+        // row, the multiples where `multiples` is set (asserted in
+        // `Kernel::lanes` and `Lanes::query`), so the loads of the rows of
+        // `rows` stay inside them.
         unsafe {
             x86::rules_out_run_avx2(
-                (self.bytes, rows, self.dims),
+                (self.bytes, rows, self.dims, self.multiples),
                 (query.signs, query.sum),
                 self.terms,
                 query.terms,
@@ -348,7 +377,7 @@ impl<'a> Lanes<'a> {
         // SAFETY: as in `rules_out_run`.
         unsafe {
             x86::keys_run_avx2(
-                (self.bytes, rows, self.dims),
+                (self.bytes, rows, self.dims, self.multiples),
                 (query.signs, query.sum),
                 self.terms,
                 query.terms,
@@ -538,15 +567,81 @@ fn total_order(bits: i32) -> i32 {
     bits ^ (((bits >> 31) as u32) >> 1) as i32
 }
 
+/// The most a row's multiple of the offset may be, either way
+/// (`offset_multiple`): each query's bound allows for its `q . μ`, and
+/// its error, taken this many times (`Bounds::absolute`).
+const OFFSET_MULTIPLE_MAX: f64 = 8.0;
+
+/// The multiple `κ` of the `offset` `μ` (`|μ|^2` about `squared`) a row
+/// `v` is coded from (the module doc, "Centred codes"): `v . μ / |μ|^2`,
+/// the multiple nearest `v`, so that rows of one pattern at different
+/// magnitudes (image patches bright and dark) are all centred, within
+/// `OFFSET_MULTIPLE_MAX` either way; 0 where there is no offset or it
+/// overflows. Any `κ` is sound: only how tight the codes are depends on it.
+fn offset_multiple(v: &[f32], offset: &[f32], squared: f64) -> f32 {
+    let product: f64 = v.iter().zip(offset).map(|(&x, &m)| f64::from(x) * f64::from(m)).sum();
+    let multiple = (product / squared).clamp(-OFFSET_MULTIPLE_MAX, OFFSET_MULTIPLE_MAX);
+    if multiple.is_finite() {
+        multiple as f32
+    } else {
+        0.0
+    }
+}
+
+/// Rows coded from their own multiples of the offset must have squares
+/// about them at most this part of those about the offset itself, on
+/// average over the rows (`multiples_pay`).
+const MULTIPLES_SPREAD_MAX: f64 = 0.75;
+
+/// Whether the rows of `vectors` (`dims` each) are told apart enough better
+/// coded from their own multiples of `offset` (`|offset|^2` about
+/// `squared`) than from the offset itself to pay for each pair's bound
+/// reading each row's multiple: each row's square about its multiple at
+/// most `MULTIPLES_SPREAD_MAX` of its square about the offset, on average
+/// over at most `OFFSET_GLANCE_ROWS` rows spread evenly (each row counts
+/// alike, as each row's bound is as tight as its own code). Image patches,
+/// bright and dark, have it; GloVe's words have not, and searches of
+/// 400,000 x 50 took 5 to 15% longer reading multiples for no row fewer
+/// scored.
+fn multiples_pay(dims: usize, vectors: &[f32], offset: &[f32], squared: f64) -> bool {
+    let rows = vectors.len() / dims;
+    if rows == 0 || squared == 0.0 {
+        return false;
+    }
+    let (mut parts, mut counted) = (0.0f64, 0.0f64);
+    for row in (0..rows).step_by(rows.div_ceil(OFFSET_GLANCE_ROWS)) {
+        let v = &vectors[row * dims..(row + 1) * dims];
+        let multiple = f64::from(offset_multiple(v, offset, squared));
+        let (mut about_offset, mut about_multiple) = (0.0f64, 0.0f64);
+        for (&x, &m) in v.iter().zip(offset) {
+            let (x, m) = (f64::from(x), f64::from(m));
+            about_offset += (x - m) * (x - m);
+            about_multiple += (x - multiple * m) * (x - multiple * m);
+        }
+        // A row on the offset gains nothing; one of values beyond f64's
+        // squares (NaN) leaves the sum NaN, and so no multiples.
+        parts += if about_offset > 0.0 { about_multiple / about_offset } else { 1.0 };
+        counted += 1.0;
+    }
+    parts <= counted * MULTIPLES_SPREAD_MAX
+}
+
 /// A vector's centred code on the fitted grid (`Centred`): the code, with
-/// codes from `-levels` to `levels`, of `y = x - μ` for the `offset` `μ`
-/// (the module doc's "Centred codes"), each `y_i` computed in f64 and so
+/// codes from `-levels` to `levels`, of `y = x - κμ` for the `offset` `μ`
+/// and its `multiple` `κ` (the module doc's "Centred codes"), each `κ μ_i`
+/// exact in f64 (two f32s' 24 significant bits each) and each `y_i` so
 /// rounded at most once, with a residual bound that covers that rounding;
-/// `|x - μ|`, rounded up; and `μ . y`, rounded to nearest. Hands the codes
+/// `|x - κμ|`, rounded up; and `μ . y`, rounded to nearest. Hands the codes
 /// to `put` as `encode` does.
-fn encode_centred(v: &[f32], offset: &[f32], levels: i8, mut put: impl FnMut(usize, &[i8])) -> Centred {
+fn encode_centred(
+    v: &[f32],
+    (offset, multiple): (&[f32], f32),
+    levels: i8,
+    mut put: impl FnMut(usize, &[i8]),
+) -> Centred {
     let top = f64::from(levels);
-    let centred = |(&x, &m): (&f32, &f32)| f64::from(x) - f64::from(m);
+    let kappa = f64::from(multiple);
+    let centred = |(&x, &m): (&f32, &f32)| f64::from(x) - kappa * f64::from(m);
     let largest = v.iter().zip(offset).map(centred).fold(0.0f64, |m, y| m.max(y.abs()));
     if largest == 0.0 {
         v.chunks(CHUNK).enumerate().for_each(|(c, chunk)| put(c * CHUNK, &[0; CHUNK][..chunk.len()]));
@@ -554,7 +649,7 @@ fn encode_centred(v: &[f32], offset: &[f32], levels: i8, mut put: impl FnMut(usi
         return Centred { code, norm: 0.0, offset_product: 0.0 };
     }
     let scale = f32_at_least(largest / top).max(f32::from_bits(1));
-    let (step, top) = (f64x4::splat(f64::from(scale)), f64x4::splat(top));
+    let (step, top, kappa) = (f64x4::splat(f64::from(scale)), f64x4::splat(top), f64x4::splat(kappa));
     // Eight partial sums each of `e_i^2`, `y_i^2` and `μ_i y_i`, value `i`
     // in sum `i % 8`, four to a register.
     let (mut squares, mut centred_squares, mut products) = ([f64x4::ZERO; 2], [f64x4::ZERO; 2], [f64x4::ZERO; 2]);
@@ -564,7 +659,7 @@ fn encode_centred(v: &[f32], offset: &[f32], levels: i8, mut put: impl FnMut(usi
             // A short last group is padded with zeros: `y = 0`, code 0, and
             // nothing added to any sum.
             let (x, m) = (widened(values), widened(offsets));
-            let y = [x[0] - m[0], x[1] - m[1]];
+            let y = [x[0] - kappa * m[0], x[1] - kappa * m[1]];
             let e = code_eight(y, step, top, codes);
             for half in 0..2 {
                 squares[half] += e[half] * e[half];
@@ -583,7 +678,7 @@ fn encode_centred(v: &[f32], offset: &[f32], levels: i8, mut put: impl FnMut(usi
     let margin = 1.0 + 2f64.powi(-30);
     let residual = squares.sqrt() * margin;
     let norm = centred_squares.sqrt() * margin;
-    // `y_i` is off `x_i - μ_i` by at most 2^-53 of itself, and `e_i` off
+    // `y_i` is off `x_i - κ μ_i` by at most 2^-53 of itself, and `e_i` off
     // `y_i - a c_i` by 2^-53 of itself: 2^-50 of `|y|` covers both.
     let code = Encoded { scale, sum, residual: f32_at_least(residual + norm * 2f64.powi(-50)) };
     Centred { code, norm: f32_at_least(norm), offset_product: product as f32 }
@@ -593,11 +688,12 @@ fn encode_centred(v: &[f32], offset: &[f32], levels: i8, mut put: impl FnMut(usi
 #[derive(Clone, Copy, Debug)]
 struct Centred {
     code: Encoded,
-    /// `|x - μ|`, rounded up.
+    /// `|x - κμ|`, rounded up.
     norm: f32,
-    /// `μ . y`, rounded to nearest: within `2^-24` of itself and `(n + 4)
-    /// 2^-52 |μ||x - μ|` of `μ . (x - μ)` (each product and sum off by at
-    /// most 2^-53 of the magnitudes, and `y` off `x - μ` by 2^-52 of `|y|`).
+    /// `μ . y`, rounded to nearest: within `2^-24` of itself (and `2^-150`
+    /// where subnormal) and `(n + 4)
+    /// 2^-52 |μ||x - κμ|` of `μ . (x - κμ)` (each product and sum off by at
+    /// most 2^-53 of the magnitudes, and `y` off `x - κμ` by 2^-52 of `|y|`).
     offset_product: f32,
 }
 
@@ -762,11 +858,17 @@ pub struct Codes {
     scales: Vec<f32>,
     residuals: Vec<f32>,
     /// Fitted only: the offset `μ` the rows' codes are taken from (the
-    /// module doc, "Centred codes"), zero until a `centre` first moves it,
-    /// and each row's `|x - μ|`, rounded up.
+    /// module doc, "Centred codes"), zero until a `centre` first moves it;
+    /// each row's multiple `κ` of it (`offset_multiple`), and its `|x -
+    /// κμ|`, rounded up.
     offset: Vec<f32>,
+    offset_multiples: Vec<f32>,
     centred_norms: Vec<f32>,
-    /// Fitted only: each row's `μ . (x - μ)`, rounded to nearest (`Centred`).
+    /// Fitted only: whether rows are coded from their own multiples of
+    /// the offset (`multiples_pay`); where they are not, each row's `κ` is
+    /// 1 and `offset_multiples` is empty.
+    multiples: bool,
+    /// Fitted only: each row's `μ . (x - κμ)`, rounded to nearest (`Centred`).
     offset_products: Vec<f32>,
     /// `|μ|^2`, summed in f64 once per offset (`set_offset`), for
     /// `offset_norm` and each query's `offset_scale_for`.
@@ -804,7 +906,9 @@ impl Codes {
             scales: Vec::new(),
             residuals: Vec::new(),
             offset: if grid == Grid::Fitted { vec![0.0; dims] } else { Vec::new() },
+            offset_multiples: Vec::new(),
             centred_norms: Vec::new(),
+            multiples: false,
             offset_products: Vec::new(),
             offset_squared: 0.0,
             exponents,
@@ -829,6 +933,10 @@ impl Codes {
             codes.centred_norms.reserve_exact(rows);
             codes.offset_products.reserve_exact(rows);
             codes.set_offset(offset_of(dims, vectors, OFFSET_SAMPLE_ROWS));
+            codes.set_multiples(multiples_pay(dims, vectors, &codes.offset, codes.offset_squared));
+            if codes.multiples {
+                codes.offset_multiples.reserve_exact(rows);
+            }
         }
         for v in vectors.chunks_exact(dims) {
             codes.push(v);
@@ -863,6 +971,7 @@ impl Codes {
         }
         let whole = self.len() <= OFFSET_GLANCE_ROWS;
         self.set_offset(if whole { glance } else { offset_of(self.dims, vectors, OFFSET_SAMPLE_ROWS) });
+        self.set_multiples(multiples_pay(self.dims, vectors, &self.offset, self.offset_squared));
         for (row, v) in vectors.chunks_exact(self.dims).enumerate() {
             self.set(row, v);
         }
@@ -870,24 +979,40 @@ impl Codes {
     }
 
     /// `λ` for a query whose `q . μ` is about `product` (the module doc,
-    /// "Centred codes"): the power of two
-    /// nearest `q . μ / |μ|^2`, the multiple of `μ` nearest the query, so
-    /// that a query scaled to unit norm (cosine, ip) centres as well as one
-    /// from the rows' own distribution; 0 where `q . μ <= 0`, or where `λμ`
-    /// is not exact in f32 (it leaves f32's normal range). Leaves `λμ` in
-    /// `offset`.
-    fn offset_scale_for(&self, product: f32, offset: &mut Vec<f32>) -> f32 {
-        let ratio = f64::from(product) / self.offset_squared;
-        let scale = if ratio > 0.0 && ratio.is_finite() { 2f64.powi(ratio.log2().round() as i32) } else { 0.0 };
-        offset.clear();
-        offset.extend(self.offset.iter().map(|&m| (scale * f64::from(m)) as f32));
-        let exact = offset.iter().zip(&self.offset).all(|(&o, &m)| f64::from(o) == scale * f64::from(m));
-        if exact && scale as f32 as f64 == scale {
-            scale as f32
+    /// "Centred codes"): `q . μ / |μ|^2`, the multiple of `μ` nearest the
+    /// query, so that a query scaled to unit norm (cosine, ip) centres as
+    /// well as one from the rows' own distribution; 0 where it is not
+    /// finite in f32 (no offset yet, or one far smaller than the query).
+    fn offset_scale_for(&self, product: f32) -> f32 {
+        let scale = (f64::from(product) / self.offset_squared) as f32;
+        if scale.is_finite() {
+            scale
         } else {
-            offset.iter_mut().for_each(|o| *o = 0.0);
             0.0
         }
+    }
+
+    /// Codes rows from here on from their own multiples of the offset, or
+    /// not (`multiples`), with room for each row's multiple where they are.
+    fn set_multiples(&mut self, multiples: bool) {
+        self.multiples = multiples;
+        self.offset_multiples = if multiples { vec![0.0; self.len()] } else { Vec::new() };
+    }
+
+    /// Row `row`'s multiple of the offset, `κ` (1 where rows have none).
+    #[inline(always)]
+    fn multiple(&self, row: usize) -> f32 {
+        if self.multiples {
+            self.offset_multiples[row]
+        } else {
+            1.0
+        }
+    }
+
+    /// Whether rows are coded from their own multiples of the offset.
+    #[cfg(test)]
+    pub fn has_multiples(&self) -> bool {
+        self.multiples
     }
 
     fn set_offset(&mut self, offset: Vec<f32>) {
@@ -967,6 +1092,9 @@ impl Codes {
         // take back.
         self.scales.push(0.0);
         self.residuals.push(0.0);
+        if self.multiples {
+            self.offset_multiples.push(0.0);
+        }
         if self.grid == Grid::Fitted {
             self.centred_norms.push(0.0);
             self.offset_products.push(0.0);
@@ -983,9 +1111,13 @@ impl Codes {
             let signs = if signs { &mut self.signs[row * stride / 8..(row + 1) * stride / 8] } else { &mut [][..] };
             Encoded { scale: ratios::encode(v, out, signs), sum: 0, residual: 0.0 }
         } else if self.grid == Grid::Fitted {
-            let centred = encode_centred(v, &self.offset, 127, |at, codes| {
+            let multiple = if self.multiples { offset_multiple(v, &self.offset, self.offset_squared) } else { 1.0 };
+            let centred = encode_centred(v, (&self.offset, multiple), 127, |at, codes| {
                 out[at..at + codes.len()].iter_mut().zip(codes).for_each(|(o, &code)| *o = stored(code))
             });
+            if self.multiples {
+                self.offset_multiples[row] = multiple;
+            }
             self.centred_norms[row] = centred.norm;
             self.offset_products[row] = centred.offset_product;
             centred.code
@@ -1034,6 +1166,9 @@ impl Codes {
         self.scales.swap_remove(row);
         self.residuals.swap_remove(row);
         if self.grid == Grid::Fitted {
+            if self.multiples {
+                self.offset_multiples.swap_remove(row);
+            }
             self.centred_norms.swap_remove(row);
             self.offset_products.swap_remove(row);
         }
@@ -1081,7 +1216,11 @@ impl Codes {
     /// Bytes held per row, for the memory formula.
     pub fn bytes_per_row(&self) -> usize {
         let signs = if self.grid == (Grid::Logarithmic { signs: true }) { self.stride / 8 } else { 0 };
-        let centred = if self.grid == Grid::Fitted { 8 } else { 0 };
+        let centred = match (self.grid, self.multiples) {
+            (Grid::Fitted, true) => 12,
+            (Grid::Fitted, false) => 8,
+            _ => 0,
+        };
         self.stride + signs + 8 + centred
     }
 }
@@ -1105,8 +1244,6 @@ pub struct QueryCode {
     offset_scale: f32,
     /// `t_q`, `q . μ` rounded, and `ε_q` (`Codes::offset_product`).
     offset_product: (f32, f32),
-    /// `λμ`, its buffer kept.
-    offset: Vec<f32>,
 }
 
 impl QueryCode {
@@ -1122,12 +1259,13 @@ impl QueryCode {
     pub fn encode(&mut self, query: &[f32], kernel: Kernel, rows: &Codes) {
         assert_eq!(query.len(), rows.offset.len(), "an offset value per dimension");
         self.offset_product = rows.offset_product(query);
-        self.offset_scale = rows.offset_scale_for(self.offset_product.0, &mut self.offset);
+        self.offset_scale = rows.offset_scale_for(self.offset_product.0);
         let padded = query.len().next_multiple_of(SLACK);
         self.signs.clear();
         self.signs.resize(padded, 0);
         let (signs, levels) = (&mut self.signs, kernel.query_levels());
-        let centred = encode_centred(query, &self.offset, levels, |at, d| signs[at..at + d.len()].copy_from_slice(d));
+        let offset = (&rows.offset[..], self.offset_scale);
+        let centred = encode_centred(query, offset, levels, |at, d| signs[at..at + d.len()].copy_from_slice(d));
         let Encoded { scale, sum, residual } = centred.code;
         (self.dims, self.levels, self.sum, self.scale, self.residual) = (query.len(), levels, sum, scale, residual);
         self.centred_norm = centred.norm;
@@ -1183,15 +1321,16 @@ pub struct Bounds {
     scale: [f32; QUERIES_MAX],
     /// `P = |q| + r_q`, rounded up: it multiplies the row's residual bound.
     per_residual: [f32; QUERIES_MAX],
-    /// `R = r_q + (n + 4) 2^-52 |μ|`, rounded up: it multiplies the row's
-    /// `|x - μ|` (the second term for the row's `μ . (x - μ)`).
+    /// `R = r_q + |λ| (n + 4) 2^-52 |μ|`, rounded up: it multiplies the
+    /// row's `|x - κμ|` (the second term for the row's `μ . (x - κμ)`).
     per_centred: [f32; QUERIES_MAX],
     /// `G`, rounded up: it multiplies the row's norm bound. `g |q|` for
     /// cosine and ip; 0 for l2, whose kernel error is a factor.
     per_norm: [f32; QUERIES_MAX],
-    /// `q . μ`, rounded to nearest (`Codes::offset_product`).
+    /// `q . μ`, rounded to nearest (`Codes::offset_product`), which the
+    /// row's `κ` multiplies.
     offset_product: [f32; QUERIES_MAX],
-    /// `λ`, which multiplies the row's `μ . (x - μ)`.
+    /// `λ`, which multiplies the row's `μ . (x - κμ)`.
     offset_scale: [f32; QUERIES_MAX],
     /// `|q|^2`, rounded down (l2).
     query_squared: [f32; QUERIES_MAX],
@@ -1199,7 +1338,8 @@ pub struct Bounds {
     query_scale: [f32; QUERIES_MAX],
     /// l2: `1 - g - 2^-17`, rounded down.
     shrink: f32,
-    /// `A_q = 2 A + 2^-140 + 2 ε_q + 2^-21 |q . μ|`, rounded up.
+    /// `A_q = 2 A + 2^-140 + K (2 ε_q + 2^-21 |q . μ|) + 2^-148 |λ|`, rounded
+    /// up.
     absolute: [f32; QUERIES_MAX],
 }
 
@@ -1218,6 +1358,11 @@ struct QueryTerms {
     shrink: f32,
     absolute: f32,
 }
+
+/// The terms the bound reads of each row (`Bounds::rules_out_of`), and
+/// where among them its multiple of the offset is.
+const ROW_TERMS: usize = 7;
+const MULTIPLES_TERM: usize = 4;
 
 /// The bound's margin for its own roundings (the module doc): `2^-19` of
 /// the magnitudes it sums, and l2's `2^-17`.
@@ -1278,8 +1423,9 @@ impl Bounds {
                 Shape::L2 => 0.0,
             };
             bounds.offset_product[q] = product;
-            let offset = 2.0 * f64::from(off) + f64::from(product.abs()) * 2f64.powi(-21);
-            bounds.absolute[q] = up(absolute + offset);
+            let rows_offsets = 2.0 * f64::from(off) + f64::from(product.abs()) * 2f64.powi(-21);
+            let offsets = OFFSET_MULTIPLE_MAX * rows_offsets + lambda.abs() * 2f64.powi(-148);
+            bounds.absolute[q] = up(absolute + offsets);
             bounds.query_squared[q] = f32_at_most(squared_norm * (1.0 - BOUND_SURPLUS));
             bounds.query_scale[q] = query_scale;
         }
@@ -1320,17 +1466,18 @@ impl Bounds {
     ) -> [u32; Q] {
         let (scales, residuals) = (rows.map(|row| codes.scales[row]), rows.map(|row| codes.residuals[row]));
         let (centred, offsets) = (rows.map(|row| codes.centred_norms[row]), rows.map(|row| codes.offset_products[row]));
-        self.rules_out_of(dots, [scales, residuals, centred, offsets, norms, row_scales], thresholds)
+        let multiples = rows.map(|row| codes.multiple(row));
+        self.rules_out_of(dots, [scales, residuals, centred, offsets, multiples, norms, row_scales], thresholds)
     }
 
     /// `rules_out` of the rows given as their codes' scales, their
-    /// residual bounds, their `|x - μ|`, their `μ . (x - μ)`, their norm
-    /// bounds and their scales.
+    /// residual bounds, their `|x - κμ|`, their `μ . (x - κμ)`, their `κ`,
+    /// their norm bounds and their scales.
     #[inline(always)]
     pub fn rules_out_of<const Q: usize, const R: usize>(
         &self,
         dots: [[i32; R]; Q],
-        rows: [[f32; R]; 6],
+        rows: [[f32; R]; ROW_TERMS],
         thresholds: [f32; Q],
     ) -> [u32; Q] {
         const { assert!(Q <= QUERIES_MAX) };
@@ -1349,14 +1496,14 @@ impl Bounds {
         &self,
         shape: Shape,
         dots: [[i32; R]; Q],
-        [scales, residuals, centred, offsets, norms, row_scales]: [[f32; R]; 6],
+        [scales, residuals, centred, offsets, multiples, norms, row_scales]: [[f32; R]; ROW_TERMS],
         thresholds: [f32; Q],
     ) -> [u32; Q] {
         let mut ruled = [0; Q];
         for q in 0..Q {
             let mut nearest = [0.0f32; R];
             for r in 0..R {
-                let row = [scales[r], residuals[r], centred[r], offsets[r], norms[r], row_scales[r]];
+                let row = [scales[r], residuals[r], centred[r], offsets[r], multiples[r], norms[r], row_scales[r]];
                 nearest[r] = self.nearest(shape, q, row, dots[q][r]);
             }
             for (r, &nearest) in nearest.iter().enumerate() {
@@ -1368,15 +1515,16 @@ impl Bounds {
 
     /// The nearest query `q`'s distance to a row can be (`rules_out`), of
     /// `shape`, the row's code having scale `row_code_scale`, residual
-    /// bound `residual`, `|x - μ|` at most `centred` and `μ . (x - μ)`
-    /// about `offset`: NaN where the arithmetic overflowed, which rules
-    /// nothing out.
+    /// bound `residual`, `|x - κμ|` at most `centred`, `μ . (x - κμ)`
+    /// about `offset` and `κ` `multiple`: NaN where the arithmetic
+    /// overflowed, which rules nothing out.
     #[inline(always)]
-    fn nearest(&self, shape: Shape, q: usize, row: [f32; 6], dot: i32) -> f32 {
-        let [row_code_scale, residual, centred, offset, norm, row_scale] = row;
+    fn nearest(&self, shape: Shape, q: usize, row: [f32; ROW_TERMS], dot: i32) -> f32 {
+        let [row_code_scale, residual, centred, offset, multiple, norm, row_scale] = row;
         let offset = offset * self.offset_scale[q];
+        let centre = self.offset_product[q] * multiple;
         let product = (row_code_scale * dot as f32) * self.scale[q];
-        let estimate = (product + self.offset_product[q]) + offset;
+        let estimate = (product + centre) + offset;
         let off = (self.per_residual[q] * residual + self.per_centred[q] * centred) + self.per_norm[q] * norm;
         let margin = ((product.abs() + offset.abs()) + off) * MARGIN;
         let ceiling = ((estimate + off) + margin) + self.absolute[q];
@@ -1554,7 +1702,8 @@ pub(super) mod x86 {
     /// # Safety
     /// The CPU must have AVX2; the query must hold `dims` rounded up to 32
     /// values and `bytes` as many from each of the rows' starts; every term
-    /// must have a value for each of the rows.
+    /// must have a value for each of the rows (the multiples, `terms[4]`,
+    /// where `multiples` is set: they are read only then).
     ///
     /// Always inlined, into the scan compiled for AVX2
     /// (`View::scan_coded_for`), whose instructions the intrinsics then
@@ -1563,9 +1712,9 @@ pub(super) mod x86 {
     /// the metric's shape matched, the bound cost more than the products.
     #[inline(always)]
     pub(super) unsafe fn rules_out_run_avx2(
-        (bytes, rows, dims): (&[u8], Range<usize>, usize),
+        (bytes, rows, dims, multiples): (&[u8], Range<usize>, usize, bool),
         (signs, sum): (&[i8], i32),
-        terms: [&[f32]; 6],
+        terms: [&[f32]; super::ROW_TERMS],
         query: super::QueryTerms,
         threshold: f32,
         (ahead, mut undecided): (impl FnMut(usize), impl FnMut(usize, u32) -> f32),
@@ -1581,7 +1730,7 @@ pub(super) mod x86 {
             }
         };
         // SAFETY: as the caller promises.
-        unsafe { nearest_run_avx2(((bytes, rows, dims), (signs, sum), terms, query, (ahead, decide))) }
+        unsafe { nearest_run_avx2(((bytes, rows, dims, multiples), (signs, sum), terms, query, (ahead, decide))) }
     }
 
     /// `Lanes::keys_run` on AVX2: `rules_out_run_avx2`'s bound of each
@@ -1592,9 +1741,9 @@ pub(super) mod x86 {
     /// As `rules_out_run_avx2`.
     #[inline(always)]
     pub(super) unsafe fn keys_run_avx2(
-        (bytes, rows, dims): (&[u8], Range<usize>, usize),
+        (bytes, rows, dims, multiples): (&[u8], Range<usize>, usize, bool),
         (signs, sum): (&[i8], i32),
-        terms: [&[f32]; 6],
+        terms: [&[f32]; super::ROW_TERMS],
         query: super::QueryTerms,
         (ahead, mut keys): (impl FnMut(usize), impl FnMut(usize, [f32; super::LANES])),
     ) {
@@ -1605,25 +1754,32 @@ pub(super) mod x86 {
             keys(row, lanes);
         };
         // SAFETY: as the caller promises.
-        unsafe { nearest_run_avx2(((bytes, rows, dims), (signs, sum), terms, query, (ahead, decide))) }
+        unsafe { nearest_run_avx2(((bytes, rows, dims, multiples), (signs, sum), terms, query, (ahead, decide))) }
     }
 
-    /// `run_avx2` for the query's shape and the rows' length.
+    /// `run_avx2` for the query's shape, the rows' length and whether they
+    /// have multiples of the offset.
     ///
     /// # Safety
     /// As `rules_out_run_avx2`.
     #[inline(always)]
     unsafe fn nearest_run_avx2(run: Run<'_, impl FnMut(usize), impl FnMut(usize, __m256)>) {
-        let ((_, _, dims), _, _, query, _) = run;
+        let ((_, _, dims, multiples), _, _, query, _) = run;
         // SAFETY: as the caller promises.
         unsafe {
-            match (query.shape, dims >= ROW_BY_ROW_DIMS_MIN) {
-                (super::Shape::Cosine, false) => run_avx2::<COSINE, false>(run),
-                (super::Shape::Ip, false) => run_avx2::<IP, false>(run),
-                (super::Shape::L2, false) => run_avx2::<L2, false>(run),
-                (super::Shape::Cosine, true) => run_avx2::<COSINE, true>(run),
-                (super::Shape::Ip, true) => run_avx2::<IP, true>(run),
-                (super::Shape::L2, true) => run_avx2::<L2, true>(run),
+            match (query.shape, dims >= ROW_BY_ROW_DIMS_MIN, multiples) {
+                (super::Shape::Cosine, false, false) => run_avx2::<COSINE, false, false>(run),
+                (super::Shape::Ip, false, false) => run_avx2::<IP, false, false>(run),
+                (super::Shape::L2, false, false) => run_avx2::<L2, false, false>(run),
+                (super::Shape::Cosine, true, false) => run_avx2::<COSINE, true, false>(run),
+                (super::Shape::Ip, true, false) => run_avx2::<IP, true, false>(run),
+                (super::Shape::L2, true, false) => run_avx2::<L2, true, false>(run),
+                (super::Shape::Cosine, false, true) => run_avx2::<COSINE, false, true>(run),
+                (super::Shape::Ip, false, true) => run_avx2::<IP, false, true>(run),
+                (super::Shape::L2, false, true) => run_avx2::<L2, false, true>(run),
+                (super::Shape::Cosine, true, true) => run_avx2::<COSINE, true, true>(run),
+                (super::Shape::Ip, true, true) => run_avx2::<IP, true, true>(run),
+                (super::Shape::L2, true, true) => run_avx2::<L2, true, true>(run),
             }
         }
     }
@@ -1646,18 +1802,25 @@ pub(super) mod x86 {
 
     /// What `run_avx2` takes: `rules_out_run_avx2`'s arguments but the
     /// threshold, and what to do with each `LANES` rows' bounds.
-    type Run<'a, A, D> = ((&'a [u8], Range<usize>, usize), (&'a [i8], i32), [&'a [f32]; 6], super::QueryTerms, (A, D));
+    type Run<'a, A, D> = (
+        (&'a [u8], Range<usize>, usize, bool),
+        (&'a [i8], i32),
+        [&'a [f32]; super::ROW_TERMS],
+        super::QueryTerms,
+        (A, D),
+    );
 
     /// The bound of each `LANES` rows of the run, for the query's shape
     /// `SHAPE`, handed to `decide(row, bounds)`: the rows' products summed
     /// `ROW_BY_ROW` or a block of every row at a time
-    /// (`ROW_BY_ROW_DIMS_MIN`).
+    /// (`ROW_BY_ROW_DIMS_MIN`), each row's multiple of the offset read
+    /// where the rows have `MULTIPLES` (else 1: `t_q` as it is).
     ///
     /// # Safety
     /// As `rules_out_run_avx2`.
     #[inline(always)]
-    unsafe fn run_avx2<const SHAPE: u8, const ROW_BY_ROW: bool>(
-        ((bytes, rows, dims), (signs, sum), terms, query, (mut ahead, mut decide)): Run<
+    unsafe fn run_avx2<const SHAPE: u8, const ROW_BY_ROW: bool, const MULTIPLES: bool>(
+        ((bytes, rows, dims, _), (signs, sum), terms, query, (mut ahead, mut decide)): Run<
             '_,
             impl FnMut(usize),
             impl FnMut(usize, __m256),
@@ -1703,11 +1866,14 @@ pub(super) mod x86 {
                 }
                 let dots = _mm256_sub_epi32(sum8_lanes(sums), offset);
                 // 8 f32s each, as the caller promises.
+                let load = |terms: &[f32]| _mm256_loadu_ps(terms.as_ptr().add(row));
+                let [scales, residuals, centred, offsets, multiples, norms, row_scales] = terms;
                 let [scales, residuals, centred, offsets, norms, row_scales] =
-                    terms.map(|terms| _mm256_loadu_ps(terms.as_ptr().add(row)));
+                    [scales, residuals, centred, offsets, norms, row_scales].map(load);
                 let offsets = _mm256_mul_ps(offsets, offset_scale);
+                let centre = if MULTIPLES { _mm256_mul_ps(offset_product, load(multiples)) } else { offset_product };
                 let product = _mm256_mul_ps(_mm256_mul_ps(scales, _mm256_cvtepi32_ps(dots)), scale);
-                let estimate = _mm256_add_ps(_mm256_add_ps(product, offset_product), offsets);
+                let estimate = _mm256_add_ps(_mm256_add_ps(product, centre), offsets);
                 let off = _mm256_add_ps(
                     _mm256_add_ps(_mm256_mul_ps(per_residual, residuals), _mm256_mul_ps(per_centred, centred)),
                     _mm256_mul_ps(per_norm, norms),
@@ -1833,8 +1999,8 @@ mod tests {
     use wide::f64x4;
 
     use super::{
-        code_eight, encode, encode_centred, offset_of, stored, Codes, Grid, NormAbove, CHUNK, OFFSET_SAMPLE_ROWS,
-        OFFSET_TILE,
+        code_eight, encode, encode_centred, offset_multiple, offset_of, stored, Codes, Grid, NormAbove, CHUNK,
+        OFFSET_MULTIPLE_MAX, OFFSET_SAMPLE_ROWS, OFFSET_TILE,
     };
 
     /// The next of Marsaglia's xorshift numbers, in `seed`.
@@ -1916,70 +2082,98 @@ mod tests {
         }
     }
 
-    /// Each centred code is its value's difference from the offset over the
-    /// scale rounded, the residual bound is not below the exact residual's
-    /// norm, worked out without rounding (each difference and its error kept
-    /// apart), and `μ . y` is within its stated bound of `μ . (x - μ)`,
-    /// whatever the offset's magnitude against the values'.
+    /// Each centred code is its value's difference from the offset's
+    /// multiple over the scale rounded, the residual bound is not below the
+    /// exact residual's norm, worked out without rounding (each difference
+    /// and its error kept apart), and `μ . y` is within its stated bound of
+    /// `μ . (x - κμ)`, whatever the offset's magnitude against the values',
+    /// for the multiple `offset_multiple` chooses and others.
     #[test]
     fn centred_residual_bounds_hold_for_offsets_of_any_magnitude() {
+        let mut seed = 0x853c_49e6_748f_ea9bu64;
+        let mut next = move || {
+            xorshift(&mut seed);
+            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        let cases =
+            [(1.0f32, 0.0f32, 0.0f32), (1.0, 3.0, 0.0), (1e-30, 1.0, 0.0), (1e30, 1e-30, 0.0), (1e-3, 1e3, 0.0)];
+        // Rows along the offset, at magnitudes from 0 to past `OFFSET_MULTIPLE_MAX`.
+        let along = [(0.1, 1.0, 2.5), (1e-3, 3.0, 0.3), (1.0, 1.0, -1.5), (0.5, 1e30, 7.9), (1.0, 1e-3, 20.0)];
+        for n in [1usize, 50, 64, 65, 768] {
+            for (value, offset, times) in cases.into_iter().chain(along) {
+                let mu: Vec<f32> = (0..n).map(|_| offset * next()).collect();
+                let v: Vec<f32> = mu.iter().map(|&m| value * next() + times * m).collect();
+                let squared = mu.iter().map(|&m| f64::from(m) * f64::from(m)).sum();
+                for multiple in [offset_multiple(&v, &mu, squared), 1.0, 0.0, -2.5, OFFSET_MULTIPLE_MAX as f32] {
+                    centred_code_holds(
+                        &v,
+                        (&mu, multiple),
+                        format!("{n} values of {value} + {times} x an offset of {offset}, from {multiple} x it"),
+                    );
+                }
+            }
+        }
+        // The multiple chosen is the nearest, clamped.
+        let mu = [3.0f32, -4.0];
+        let multiple = |v: [f32; 2]| offset_multiple(&v, &mu, 25.0);
+        assert_eq!(multiple([6.0, -8.0]), 2.0);
+        assert_eq!(multiple([4.0, 3.0]), 0.0);
+        assert_eq!(multiple([-300.0, 400.0]), -OFFSET_MULTIPLE_MAX as f32);
+        assert_eq!(multiple([f32::MAX, -f32::MAX]), OFFSET_MULTIPLE_MAX as f32);
+        assert_eq!(offset_multiple(&[1.0, 2.0], &[0.0, 0.0], 0.0), 0.0);
+    }
+
+    /// `centred_residual_bounds_hold_for_offsets_of_any_magnitude` for one
+    /// vector `v`, its offset `mu` and multiple of it.
+    fn centred_code_holds(v: &[f32], (mu, multiple): (&[f32], f32), what: String) {
         // `a - b` as the rounded difference and what the rounding lost.
         let two_difference = |a: f64, b: f64| {
             let d = a - b;
             let bv = a - d;
             (d, (a - (d + bv)) + (bv - b))
         };
-        let mut seed = 0x853c_49e6_748f_ea9bu64;
-        let mut next = move || {
-            xorshift(&mut seed);
-            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        };
-        for n in [1usize, 50, 64, 65, 768] {
-            for (value, offset) in [(1.0f32, 0.0f32), (1.0, 3.0), (1e-30, 1.0), (1e30, 1e-30), (1e-3, 1e3)] {
-                let v: Vec<f32> = (0..n).map(|_| value * next()).collect();
-                let mu: Vec<f32> = (0..n).map(|_| offset * next()).collect();
-                let mut codes = vec![0i8; n];
-                let centred = encode_centred(&v, &mu, 127, |at, c| codes[at..at + c.len()].copy_from_slice(c));
-                let (encoded, norm, offset_product) = (centred.code, centred.norm, centred.offset_product);
-                let (mut squares, mut centred) = (0.0f64, 0.0f64);
-                for ((&x, &m), &c) in v.iter().zip(&mu).zip(&codes) {
-                    let (y, lost) = two_difference(f64::from(x), f64::from(m));
-                    let (e, lost_e) = two_difference(y, f64::from(encoded.scale) * f64::from(c));
-                    squares += (e + (lost + lost_e)).powi(2);
-                    centred += (y + lost).powi(2);
-                }
-                let what = format!("{n} values of {value} from an offset of {offset}");
-                let scale = f64::from(encoded.scale);
-                for ((&x, &m), &c) in v.iter().zip(&mu).zip(&codes) {
-                    let nearest = ((f64::from(x) - f64::from(m)) / scale).round().clamp(-127.0, 127.0);
-                    assert_eq!(c, nearest as i8, "{what}: {x} from {m}");
-                }
-                assert_eq!(encoded.sum, codes.iter().map(|&c| i32::from(c)).sum::<i32>(), "{what}");
-                assert!(f64::from(encoded.residual) >= squares.sqrt(), "{what}");
-                assert!(f64::from(norm) >= centred.sqrt(), "{what}");
-                // `μ . (x - μ)` from exact products (`mul_add` finds each
-                // rounding's error), summed with compensation: off by about
-                // 2^-53 of itself, far inside the bound's 2^-24.
-                let (mut exact, mut compensation, mut magnitude) = (0.0f64, 0.0f64, 0.0f64);
-                for (&x, &m) in v.iter().zip(&mu) {
-                    let (y, lost) = two_difference(f64::from(x), f64::from(m));
-                    let product = f64::from(m) * y;
-                    for term in [product, f64::from(m).mul_add(y, -product), f64::from(m) * lost] {
-                        let sum = exact + term;
-                        compensation +=
-                            if exact.abs() >= term.abs() { (exact - sum) + term } else { (term - sum) + exact };
-                        exact = sum;
-                    }
-                    magnitude += f64::from(m) * f64::from(m);
-                }
-                let exact = exact + compensation;
-                let t = f64::from(offset_product);
-                let bound = t.abs() * 2f64.powi(-24)
-                    + (n + 4) as f64 * 2f64.powi(-52) * magnitude.sqrt() * f64::from(norm)
-                    + exact.abs() * 2f64.powi(-50);
-                assert!((t - exact).abs() <= bound, "{what}: {t} against {exact}");
-            }
+        let n = v.len();
+        // `κ μ_i`, exact in f64.
+        let centre: Vec<f64> = mu.iter().map(|&m| f64::from(multiple) * f64::from(m)).collect();
+        let mut codes = vec![0i8; n];
+        let centred = encode_centred(v, (mu, multiple), 127, |at, c| codes[at..at + c.len()].copy_from_slice(c));
+        let (encoded, norm, offset_product) = (centred.code, centred.norm, centred.offset_product);
+        let (mut squares, mut centred) = (0.0f64, 0.0f64);
+        for ((&x, &m), &c) in v.iter().zip(&centre).zip(&codes) {
+            let (y, lost) = two_difference(f64::from(x), m);
+            let (e, lost_e) = two_difference(y, f64::from(encoded.scale) * f64::from(c));
+            squares += (e + (lost + lost_e)).powi(2);
+            centred += (y + lost).powi(2);
         }
+        let scale = f64::from(encoded.scale);
+        for ((&x, &m), &c) in v.iter().zip(&centre).zip(&codes) {
+            let nearest = ((f64::from(x) - m) / scale).round().clamp(-127.0, 127.0);
+            assert_eq!(c, nearest as i8, "{what}: {x} from {m}");
+        }
+        assert_eq!(encoded.sum, codes.iter().map(|&c| i32::from(c)).sum::<i32>(), "{what}");
+        assert!(f64::from(encoded.residual) >= squares.sqrt(), "{what}");
+        assert!(f64::from(norm) >= centred.sqrt(), "{what}");
+        // `μ . (x - κμ)` from exact products (`mul_add` finds each
+        // rounding's error), summed with compensation: off by about
+        // 2^-53 of itself, far inside the bound's 2^-24.
+        let (mut exact, mut compensation, mut magnitude) = (0.0f64, 0.0f64, 0.0f64);
+        for ((&x, &m), &centre) in v.iter().zip(mu).zip(&centre) {
+            let (y, lost) = two_difference(f64::from(x), centre);
+            let product = f64::from(m) * y;
+            for term in [product, f64::from(m).mul_add(y, -product), f64::from(m) * lost] {
+                let sum = exact + term;
+                compensation += if exact.abs() >= term.abs() { (exact - sum) + term } else { (term - sum) + exact };
+                exact = sum;
+            }
+            magnitude += f64::from(m) * f64::from(m);
+        }
+        let exact = exact + compensation;
+        let t = f64::from(offset_product);
+        let bound = t.abs() * 2f64.powi(-24)
+            + 2f64.powi(-150)
+            + (n + 4) as f64 * 2f64.powi(-52) * magnitude.sqrt() * f64::from(norm)
+            + exact.abs() * 2f64.powi(-50);
+        assert!((t - exact).abs() <= bound, "{what}: {t} against {exact}");
     }
 
     /// The offset is each dimension's median over the sampled rows, in
@@ -2031,9 +2225,12 @@ mod tests {
         let coded_from_the_offset = |codes: &Codes, vectors: &[f32]| {
             for (row, v) in vectors.chunks(dims).enumerate() {
                 let mut want = vec![0u8; dims];
-                let centred = encode_centred(v, &codes.offset, 127, |at, c| {
+                let multiple =
+                    if codes.multiples { offset_multiple(v, &codes.offset, codes.offset_squared) } else { 1.0 };
+                let centred = encode_centred(v, (&codes.offset, multiple), 127, |at, c| {
                     want[at..at + c.len()].iter_mut().zip(c).for_each(|(w, &c)| *w = stored(c))
                 });
+                assert_eq!(codes.multiple(row), multiple, "row {row}");
                 assert_eq!(&codes.bytes()[row * codes.stride()..][..dims], &want[..], "row {row}");
                 assert_eq!(codes.scale_and_residual(row), (centred.code.scale, centred.code.residual), "row {row}");
                 assert_eq!(codes.centred_norms[row], centred.norm, "row {row}");

@@ -38,8 +38,9 @@ const LANE_QUERIES: usize = 32;
 /// about 2,000 dimensions those are more than this, and come from L2.
 const RUN_BYTES: usize = 16 << 10;
 
-/// The bytes of each row's terms that `Lanes` reads besides its codes.
-const RUN_TERM_BYTES: usize = 24;
+/// The bytes of each row's terms that `Lanes` reads besides its codes, at
+/// most: 24, and 4 more where the rows have multiples of the offset.
+const RUN_TERM_BYTES: usize = 28;
 
 /// Rows a lone search's int8 pass takes at a time where the kernel's
 /// registers are 256 bits wide: the eight rows' products are summed in one

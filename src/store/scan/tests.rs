@@ -384,6 +384,27 @@ fn hard_for_codes(seed: u64, dims: usize, metric: Metric) -> Vec<Vec<f32>> {
     rows
 }
 
+/// Rows along one common part at magnitudes across the numeric domain,
+/// either way, with and without a little of something else: each coded
+/// from its own multiple of the offset (`codes::offset_multiple`), up to
+/// the most it may be and past it. The first 32 are of moderate
+/// magnitudes, so that the index (each row twice, `twins_of`) is centred
+/// from them at 64 rows and given multiples; the rest come after.
+fn along_an_offset(seed: u64, dims: usize, metric: Metric) -> Vec<Vec<f32>> {
+    let common: Vec<f32> = random_vectors(seed, dims, 1)[0].iter().map(|x| 3.0 + x).collect();
+    let noise = random_vectors(seed + 1, dims, 72);
+    let moderate = [0.25, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 0.9];
+    let extreme = [0.0, 1e-30, 7.9, 8.0, 20.0, -3.0, 1e20, 1e-40, 1e30, 1.0];
+    let times = moderate.iter().cycle().take(32).chain(extreme.iter().cycle().take(40));
+    let by = [0.0, 1e-3, 0.3, 2.0];
+    let rows = noise.iter().zip(times).enumerate().map(|(n, (noise, &t))| {
+        let by = by[if n < 32 { n % 3 } else { n % 4 }];
+        common.iter().zip(noise).map(|(&c, &e)| t * c + by * e).collect::<Vec<f32>>()
+    });
+    let index = Index::new(dims, metric);
+    rows.filter(|v| index.check_vector(v).is_ok()).collect()
+}
+
 /// `rows` as `metric` takes them: their magnitudes for js, which
 /// refuses values below zero.
 fn fit_for(metric: Metric, mut rows: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
@@ -469,11 +490,17 @@ fn int8_kernels(what: &str) -> Vec<cpu::Kernel> {
 fn the_int8_pass_never_rules_out_a_row_at_its_own_distance() {
     let kernels = int8_kernels("the int8 bound");
     for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
-        for dims in (1..=64).chain([65, 127, 768, 1536]) {
-            let rows = hard_for_codes(dims as u64, dims, metric);
-            let index = twins_of(&rows, metric);
+        let dims = (1..=64).chain([65, 127, 768, 1536]);
+        let sets = dims
+            .flat_map(|dims| [(dims, false), (dims, true)])
+            .filter(|&(dims, along)| !along || dims % 7 == 1 || dims == 768);
+        for (dims, along) in sets {
+            let rows_for =
+                |seed| if along { along_an_offset(seed, dims, metric) } else { hard_for_codes(seed, dims, metric) };
+            let index = twins_of(&rows_for(dims as u64), metric);
             let Some(codes) = codes_or_skip(&index, "the int8 bound") else { return };
-            for (q, mut query) in hard_for_codes(1000 + dims as u64, dims, metric).into_iter().step_by(3).enumerate() {
+            assert!(!along || codes.has_multiples(), "{metric:?}, {dims} dims: rows along an offset have multiples");
+            for (q, mut query) in rows_for(1000 + dims as u64).into_iter().step_by(3).enumerate() {
                 index.prepare_query(&mut query).unwrap();
                 for &kernel in &kernels {
                     let pass = Pass::new(&index, &[&query], kernel);
@@ -568,46 +595,56 @@ fn the_bound_in_lanes_is_the_bound_pair_by_pair() {
 /// patches lie near their mean) are told apart by their centred codes: the
 /// first pass rules most pairs out, as it does random rows, and finds
 /// exactly what the f32 scan finds, in an index filled a row at a time
-/// (centred as it grows) and in one loaded whole.
+/// (centred as it grows) and in one loaded whole. So are rows that share it
+/// at magnitudes from a quarter to twice (patches dark and bright): each is
+/// coded from its own multiple of the offset.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn centred_codes_rule_out_rows_that_share_a_common_part() {
     let kernels = int8_kernels("centred codes");
-    for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
-        for dims in [64, 192] {
-            let shifted = |seed, count| -> Vec<Vec<f32>> {
-                let vectors = random_vectors(seed, dims, count);
-                vectors.into_iter().map(|v| v.iter().map(|x| 3.0 + 0.5 * x).collect()).collect()
-            };
-            let rows = shifted(dims as u64, 3000);
-            let grown = twins_of(&rows, metric);
-            let ids: Vec<i64> = (0..rows.len() as i64).collect();
-            let metadata = vec![Default::default(); rows.len()];
-            let loaded = Index::from_parts(dims, metric, ids, Aligned::from_slice(&rows.concat()), metadata).unwrap();
-            for index in [&grown, &loaded] {
-                if codes_or_skip(index, "centred codes").is_none() {
-                    return;
+    let cases = [Metric::Cosine, Metric::Ip, Metric::L2].into_iter().flat_map(|metric| {
+        [64, 192].into_iter().flat_map(move |dims| [false, true].map(|magnitudes| (metric, dims, magnitudes)))
+    });
+    for (metric, dims, magnitudes) in cases {
+        let shifted = |seed, count| -> Vec<Vec<f32>> {
+            let vectors = random_vectors(seed, dims, count);
+            // From 1/4 to 2 where they vary: the floats are from -1 to 1.
+            let times = random_vectors(seed + 1, 1, count).concat();
+            let magnitude = |n: usize| if magnitudes { 1.125 + 0.875 * times[n] } else { 1.0 };
+            let row = |(n, v): (usize, Vec<f32>)| v.iter().map(|x| magnitude(n) * (3.0 + 0.5 * x)).collect();
+            vectors.into_iter().enumerate().map(row).collect()
+        };
+        let rows = shifted(dims as u64, 3000);
+        let grown = twins_of(&rows, metric);
+        let ids: Vec<i64> = (0..rows.len() as i64).collect();
+        let metadata = vec![Default::default(); rows.len()];
+        let loaded = Index::from_parts(dims, metric, ids, Aligned::from_slice(&rows.concat()), metadata).unwrap();
+        for index in [&grown, &loaded] {
+            let Some(codes) = codes_or_skip(index, "centred codes") else { return };
+            // Each kernel's bound with and without them.
+            assert_eq!(codes.has_multiples(), magnitudes, "{metric:?}, {dims} dims: rows' multiples");
+            let (mut passed, mut rescored) = (0, 0);
+            for mut query in shifted(9000 + dims as u64, 20) {
+                index.prepare_query(&mut query).unwrap();
+                let scale = index.metric().query_scale(|| kernels::squared_norm(&query));
+                let scan = |coded: Option<&Coded>, top: &mut TopK| {
+                    top.reset(10);
+                    index.view().scan_exact(&[&query], &[scale], coded, 0..index.len(), std::slice::from_mut(top))
+                };
+                let mut want = TopK::new();
+                scan(None, &mut want);
+                for &kernel in &kernels {
+                    let pass = Pass::new(index, &[&query], kernel);
+                    let mut got = TopK::new();
+                    let first = scan(Some(&pass.coded()), &mut got);
+                    assert_eq!(got.sorted(), want.sorted(), "{metric:?}, {dims} dims, {}", kernel.name());
+                    (passed, rescored) = (passed + first.rows, rescored + first.rescored);
                 }
-                let (mut passed, mut rescored) = (0, 0);
-                for mut query in shifted(9000 + dims as u64, 20) {
-                    index.prepare_query(&mut query).unwrap();
-                    let scale = index.metric().query_scale(|| kernels::squared_norm(&query));
-                    let scan = |coded: Option<&Coded>, top: &mut TopK| {
-                        top.reset(10);
-                        index.view().scan_exact(&[&query], &[scale], coded, 0..index.len(), std::slice::from_mut(top))
-                    };
-                    let mut want = TopK::new();
-                    scan(None, &mut want);
-                    for &kernel in &kernels {
-                        let pass = Pass::new(index, &[&query], kernel);
-                        let mut got = TopK::new();
-                        let first = scan(Some(&pass.coded()), &mut got);
-                        assert_eq!(got.sorted(), want.sorted(), "{metric:?}, {dims} dims, {}", kernel.name());
-                        (passed, rescored) = (passed + first.rows, rescored + first.rescored);
-                    }
-                }
-                assert!(rescored * 20 < passed, "{metric:?}, {dims} dims: {rescored} of {passed} rows rescored");
             }
+            assert!(
+                rescored * 20 < passed,
+                "{metric:?}, {dims} dims, magnitudes {magnitudes}: {rescored} of {passed} rows rescored"
+            );
         }
     }
 }
