@@ -1789,29 +1789,38 @@ pub(super) mod x86 {
         unsafe { nearest_run_avx2(((bytes, rows, dims, multiples), (signs, sum), terms, query, (ahead, decide))) }
     }
 
-    /// `run_avx2` for the query's shape, the rows' length and whether they
-    /// have multiples of the offset.
+    /// `run_avx2` for the query's shape (`shaped_run_avx2` for the rest).
     ///
     /// # Safety
     /// As `rules_out_run_avx2`.
     #[inline(always)]
     unsafe fn nearest_run_avx2(run: Run<'_, impl FnMut(usize), impl Decide>) {
-        let ((_, _, dims, multiples), _, _, query, _) = run;
+        let (_, _, _, query, _) = run;
         // SAFETY: as the caller promises.
         unsafe {
-            match (query.shape, dims >= ROW_BY_ROW_DIMS_MIN, multiples) {
-                (super::Shape::Cosine, false, false) => run_avx2::<COSINE, false, false>(run),
-                (super::Shape::Ip, false, false) => run_avx2::<IP, false, false>(run),
-                (super::Shape::L2, false, false) => run_avx2::<L2, false, false>(run),
-                (super::Shape::Cosine, true, false) => run_avx2::<COSINE, true, false>(run),
-                (super::Shape::Ip, true, false) => run_avx2::<IP, true, false>(run),
-                (super::Shape::L2, true, false) => run_avx2::<L2, true, false>(run),
-                (super::Shape::Cosine, false, true) => run_avx2::<COSINE, false, true>(run),
-                (super::Shape::Ip, false, true) => run_avx2::<IP, false, true>(run),
-                (super::Shape::L2, false, true) => run_avx2::<L2, false, true>(run),
-                (super::Shape::Cosine, true, true) => run_avx2::<COSINE, true, true>(run),
-                (super::Shape::Ip, true, true) => run_avx2::<IP, true, true>(run),
-                (super::Shape::L2, true, true) => run_avx2::<L2, true, true>(run),
+            match query.shape {
+                super::Shape::Cosine => shaped_run_avx2::<COSINE>(run),
+                super::Shape::Ip => shaped_run_avx2::<IP>(run),
+                super::Shape::L2 => shaped_run_avx2::<L2>(run),
+            }
+        }
+    }
+
+    /// `run_avx2` of `SHAPE` for the rows' length and whether they have
+    /// multiples of the offset.
+    ///
+    /// # Safety
+    /// As `rules_out_run_avx2`.
+    #[inline(always)]
+    unsafe fn shaped_run_avx2<const SHAPE: u8>(run: Run<'_, impl FnMut(usize), impl Decide>) {
+        let ((_, _, dims, multiples), ..) = run;
+        // SAFETY: as the caller promises.
+        unsafe {
+            match (dims >= ROW_BY_ROW_DIMS_MIN, multiples) {
+                (false, false) => run_avx2::<SHAPE, false, false>(run),
+                (true, false) => run_avx2::<SHAPE, true, false>(run),
+                (false, true) => run_avx2::<SHAPE, false, true>(run),
+                (true, true) => run_avx2::<SHAPE, true, true>(run),
             }
         }
     }
