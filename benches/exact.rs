@@ -11,6 +11,7 @@
 //! `-- 1000000x128` that size only (`-- 400000x50`: GloVe's shape, random).
 //! The table goes to `target/exact-bench-<build>.md`, where the build is
 //! `native` (`-C target-cpu=native`) or `portable` (plain `cargo build`).
+//! `QUIVER_SIMD=avx2` holds quiver to AVX2's kernels, as it does the server.
 
 #[allow(dead_code)]
 #[path = "../tests/it/harness.rs"]
@@ -106,6 +107,12 @@ fn main() {
         chosen.is_empty() || chosen.iter().any(|c| *c == format!("{rows}x{dims}") || (c == "small" && rows == 100_000))
     };
     let build = if cfg!(target_feature = "avx2") { "native" } else { "portable" };
+    // `QUIVER_SIMD=avx2`, as the server takes it: AVX2's kernels on a CPU
+    // that has wider ones.
+    if std::env::var("QUIVER_SIMD").is_ok_and(|simd| simd.eq_ignore_ascii_case("avx2")) {
+        cpu::set(cpu::Paths::choose(cpu::Simd::Avx2, true).expect("QUIVER_SIMD=avx2: this CPU has AVX2"))
+            .expect("the paths fixed once");
+    }
     let paths = cpu::paths();
     println!("exact: lone search, k = {K}, one thread, {build} build, {}", paths.describe());
     let python = python();
