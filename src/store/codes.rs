@@ -1907,10 +1907,17 @@ pub(super) mod x86 {
                         _mm256_madd_epi16(_mm256_maddubs_epi16(x, q), ones)
                     };
                     if ROW_BY_ROW {
+                        // A row's blocks in two sums, of the even and the
+                        // odd ones: two chains of additions half as long.
                         for (r, sum) in sums.iter_mut().enumerate() {
-                            for at in (0..dims).step_by(32) {
-                                *sum = _mm256_add_epi32(*sum, product(at, r, query_at(at)));
+                            let mut halves = [_mm256_setzero_si256(); 2];
+                            for at in (0..dims).step_by(64) {
+                                halves[0] = _mm256_add_epi32(halves[0], product(at, r, query_at(at)));
+                                if at + 32 < dims {
+                                    halves[1] = _mm256_add_epi32(halves[1], product(at + 32, r, query_at(at + 32)));
+                                }
                             }
+                            *sum = _mm256_add_epi32(halves[0], halves[1]);
                         }
                     } else {
                         for at in (0..dims).step_by(32) {

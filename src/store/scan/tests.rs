@@ -546,7 +546,7 @@ fn the_bound_in_lanes_is_the_bound_pair_by_pair() {
         return;
     }
     for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
-        for dims in [1, 7, 31, 32, 33, 50, 64, 65, 127, 768] {
+        for dims in [1, 7, 31, 32, 33, 50, 64, 65, 127, 257, 768] {
             let index = twins_of(&hard_for_codes(dims as u64, dims, metric), metric);
             let Some(codes) = codes_or_skip(&index, "the bound in lanes") else { return };
             let view = index.view();
