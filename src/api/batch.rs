@@ -165,10 +165,10 @@ impl Batches {
     /// parked: while fewer clients answered in the last run have come back
     /// than it answered (`gathering`), and a parked search still to run
     /// scans a large index, at most half the last run's time and
-    /// `GATHER_WINDOW_MAX` (`window_after`). Searches that missed the last run and waited
-    /// through it do not count as returned: they would otherwise stand in
-    /// for clients still on their way, and every batch after one that some
-    /// missed would be as short. A lone client never waits (it was alone
+    /// `GATHER_WINDOW_MAX` (`window_after`). Searches that missed the last
+    /// run and waited through it do not count as returned: they would
+    /// otherwise stand in for clients still on their way, and every batch
+    /// after one that some missed would be as short. A lone client never waits (it was alone
     /// last run too). Only searches still to run count: a change runs those
     /// parked before it, and the searches after it wait for its sync, so a
     /// turn with a change waits for nothing.
@@ -244,9 +244,9 @@ impl Batches {
 
 /// The wait for more searches after a run that took `took`: half of it.
 /// Python clients, whose interpreter runs one thread at a time, come back
-/// one by one: with an eighth, 8 of them on 400,000 x 50
-/// were run 4.7 to 4.9 at a time and answered 1,935 and 2,012 searches/s;
-/// with half, 7.98 at a time and 2,059 and 2,125 (`real_data.py`'s clients,
+/// one by one: with an eighth, 8 of them on GloVe's 399,000 x 50 were run
+/// 4.7 to 4.9 at a time and answered 1,935 and 2,012 searches/s; with
+/// half, 7.98 at a time and 2,059 and 2,125 (`real_data.py`'s clients,
 /// builds taken in turn). A client that has gone costs one wait: the next
 /// run expects as many as it answered.
 fn window_after(took: Duration) -> Duration {
