@@ -331,15 +331,21 @@ impl View<'_> {
     /// A query's threshold is read at the start of each run and again after
     /// each `LANES` rows it could not all rule out.
     ///
-    /// The codes of the run after each are asked for while the group
-    /// decides this one, a share before each `LANES` rows of each query.
-    /// Left to the hardware, a lone search of 400,000 x 50 on two threads
-    /// waited on memory for 40% of its time, and took 2.5 ms over HTTP
-    /// where it takes 1.7. Asked for by the group's first query alone, 16
-    /// rows ahead, a group of 32 at 768 dimensions waited for each run in
-    /// that query's few hundred cycles: spread over the group, 32 clients
-    /// on 100,000 x 768 answered 984 to 1,008 searches/s against 880 (the
-    /// load bench's wide section, builds taken in turn).
+    /// The codes of the run after each are asked for while a group of
+    /// queries decides this one, a share before each `LANES` rows of each
+    /// query. Asked for by the group's first query alone, 16 rows ahead, a
+    /// group of 32 at 768 dimensions waited for each run in that query's
+    /// few hundred cycles: spread over the group, 32 clients on 100,000 x
+    /// 768 answered 984 to 1,008 searches/s against 880 (the load bench's
+    /// wide section, builds taken in turn). A lone query leaves the next
+    /// run to the hardware's prefetcher: its shares were half a run each
+    /// at 768 dimensions (96 lines at once), and without them a lone
+    /// search of 100,000 x 768 took 1.97 and 2.26 ms over HTTP where it
+    /// took 2.70 and 2.85 (AVX2, the load bench, two runs each), and one
+    /// of GloVe's 399,000 x 50 0.57 and 0.67 ms where it took 0.66 and
+    /// 0.70, while 32 clients kept their 1,488 to 1,504 searches/s. (An
+    /// earlier machine had measured the 400,000 x 50 search slower left to
+    /// the hardware.)
     #[inline(always)]
     pub(super) fn scan_coded_lanes(
         &self,
@@ -375,6 +381,8 @@ impl View<'_> {
                     false if group.end < queries.len() => whole.start..(whole.start + run_rows).min(whole.end),
                     false => run.end..run.end,
                 };
+                // A lone query leaves them to the hardware (see above).
+                let next = if group.len() > 1 { next } else { next.end..next.end };
                 let mut shares = codes.shares(next, group.len() * (run.len() / LANES));
                 for q in group.clone() {
                     let query = ready[q - first].as_ref().expect("made ready");
