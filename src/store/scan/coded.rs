@@ -375,14 +375,14 @@ impl View<'_> {
                 // The run after this one (after the last, the next group's
                 // first) is asked for from memory in a share per query and
                 // `LANES` rows of this one, so that its fetching overlaps
-                // the whole group's sums here, not the first query's alone.
+                // the whole group's sums here, not the first query's alone;
+                // a lone query leaves it to the hardware (see above).
                 let next = match run.end < whole.end {
+                    _ if group.len() == 1 => run.end..run.end,
                     true => run.end..(run.end + run_rows).min(whole.end),
                     false if group.end < queries.len() => whole.start..(whole.start + run_rows).min(whole.end),
                     false => run.end..run.end,
                 };
-                // A lone query leaves them to the hardware (see above).
-                let next = if group.len() > 1 { next } else { next.end..next.end };
                 let mut shares = codes.shares(next, group.len() * (run.len() / LANES));
                 for q in group.clone() {
                     let query = ready[q - first].as_ref().expect("made ready");
