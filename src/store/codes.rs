@@ -1685,8 +1685,8 @@ pub(super) mod x86 {
     unsafe fn sum8_lanes(v: [__m256i; 8]) -> __m256i {
         // SAFETY: the CPU has AVX2, as the caller promises.
         unsafe {
-            // Of vectors `i` and `i + 1`, in each half: lanes 0 and 1 of
-            // `i`, of `i + 1`, summed with lanes 2 and 3.
+            // Of vectors `i` and `i + 1`, in each half: `i`'s lanes 0 + 2,
+            // `i + 1`'s 0 + 2, `i`'s 1 + 3, `i + 1`'s 1 + 3.
             let pairs = |i: usize| {
                 let (x, y) = (v[i], v[i + 1]);
                 _mm256_add_epi32(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y))
