@@ -168,10 +168,10 @@ impl Batches {
     /// `GATHER_WINDOW_MAX` (`window_after`). Searches that missed the last
     /// run and waited through it do not count as returned: they would
     /// otherwise stand in for clients still on their way, and every batch
-    /// after one that some missed would be as short. A lone client never waits (it was alone
-    /// last run too). Only searches still to run count: a change runs those
-    /// parked before it, and the searches after it wait for its sync, so a
-    /// turn with a change waits for nothing.
+    /// after one that some missed would be as short. A lone client never
+    /// waits (it was alone last run too). Only searches still to run count:
+    /// a change runs those parked before it, and the searches after it wait
+    /// for its sync, so a turn with a change waits for nothing.
     pub fn gather_window(&self, store: &Store) -> Option<Duration> {
         if !self.gathering() {
             return None;
