@@ -24,8 +24,9 @@ the Python client, k = 10) is asked every held-out query from one client, and re
 - the rate of its ingest: the whole base upserted through the client, durability on, in
   MB of f32 values a second.
 
-On GloVe with cosine it also measures throughput: 8 concurrent clients, and search-batch
-of 32; and FAISS in the same run: `IndexFlatIP` one query at a time on one thread, all
+On GloVe with cosine it also measures throughput: 8 concurrent clients (and where the
+two processes' CPU time went: the server's and this one's, which runs the clients, in ms of
+CPU a search), and search-batch of 32; and FAISS in the same run: `IndexFlatIP` one query at a time on one thread, all
 queries in one call (BLAS, every thread), and `IndexHNSWFlat` (M = 32, efSearch = 256,
 every thread) with its recall. Prints one table a dataset.
 """
@@ -166,7 +167,9 @@ def quiver_runs(binary: str, base: np.ndarray, queries: np.ndarray, throughput: 
                         "ingest_mb_s": base.nbytes / ingest_s / 1e6,
                     }
                     if throughput and metric == "cosine":
-                        row["clients_qps"] = concurrent_qps(server, name, queries)
+                        row["clients_qps"], row["server_cpu_ms"], row["client_cpu_ms"] = concurrent_qps(
+                            server, name, queries
+                        )
                         row["batch_qps"] = batch_qps(client, name, queries)
                     results[metric] = row
                     client.delete_index(name)
@@ -175,8 +178,16 @@ def quiver_runs(binary: str, base: np.ndarray, queries: np.ndarray, throughput: 
     return results
 
 
-def concurrent_qps(server: Server, name: str, queries: np.ndarray) -> float:
-    """Searches a second from CLIENTS clients, each asking every query once."""
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process `pid` has used, user and system (Linux's /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def concurrent_qps(server: Server, name: str, queries: np.ndarray) -> Tuple[float, float, float]:
+    """Searches a second from CLIENTS clients, each asking every query once, and the ms of
+    CPU a search took in the server and in this process (the clients)."""
     clients = [server.client(timeout_s=120.0) for _ in range(CLIENTS)]
     start = threading.Barrier(CLIENTS + 1)
 
@@ -189,13 +200,15 @@ def concurrent_qps(server: Server, name: str, queries: np.ndarray) -> float:
     for thread in threads:
         thread.start()
     start.wait()
-    started = time.perf_counter()
+    started, server_cpu, client_cpu = time.perf_counter(), cpu_seconds(server.process.pid), time.process_time()
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - started
+    server_cpu, client_cpu = cpu_seconds(server.process.pid) - server_cpu, time.process_time() - client_cpu
     for client in clients:
         client.close()
-    return CLIENTS * len(queries) / elapsed
+    searches = CLIENTS * len(queries)
+    return searches / elapsed, 1e3 * server_cpu / searches, 1e3 * client_cpu / searches
 
 
 def batch_qps(client: Client, name: str, queries: np.ndarray) -> float:
@@ -290,7 +303,8 @@ def main() -> None:
             cosine = runs["cosine"]
             out(f"{'cosine':<18}{'one client ms':>14}{'q/s':>10}{'recall@10':>11}")
             out(f"{'quiver, 1 client':<18}{cosine['latency_ms']:>14.3f}{1e3 / cosine['latency_ms']:>10.0f}{cosine['recall']:>11.4f}")
-            out(f"{f'quiver, {CLIENTS} clients':<18}{'':>14}{cosine['clients_qps']:>10.0f}{cosine['recall']:>11.4f}")
+            out(f"{f'quiver, {CLIENTS} clients':<18}{'':>14}{cosine['clients_qps']:>10.0f}{cosine['recall']:>11.4f}"
+                f"   CPU a search: server {cosine['server_cpu_ms']:.3f} ms, clients {cosine['client_cpu_ms']:.3f} ms")
             out(f"{f'quiver, batch {BATCH}':<18}{'':>14}{cosine['batch_qps']:>10.0f}{cosine['recall']:>11.4f}")
             out(f"{'FAISS flat, 1 thr':<18}{f['flat_latency_ms']:>14.3f}{1e3 / f['flat_latency_ms']:>10.0f}{1.0:>11.4f}")
             out(f"{'FAISS flat, 1 call':<18}{'':>14}{f['flat_batch_qps']:>10.0f}{1.0:>11.4f}")
