@@ -24,9 +24,9 @@ the Python client, k = 10) is asked every held-out query from one client, and re
 - the rate of its ingest: the whole base upserted through the client, durability on, in
   MB of f32 values a second.
 
-On GloVe with cosine it also measures throughput: 8 concurrent clients (and where the
-two processes' CPU time went: the server's and this one's, which runs the clients, in ms of
-CPU a search), and search-batch of 32; and FAISS in the same run: `IndexFlatIP` one query at a time on one thread, all
+On GloVe with cosine it also measures throughput: 8 concurrent clients (and the ms of CPU
+a search took in the server and in this process, which runs the clients), and search-batch
+of 32; and FAISS in the same run: `IndexFlatIP` one query at a time on one thread, all
 queries in one call (BLAS, every thread), and `IndexHNSWFlat` (M = 32, efSearch = 256,
 every thread) with its recall. Prints one table a dataset.
 """
