@@ -134,6 +134,33 @@
 //! For random data of 768 dimensions `E` is about 0.008 of `|q||x|`, against
 //! cosines spread over about 0.036: only rows near the k-th nearest are
 //! scored twice.
+//!
+//! # A second look
+//! Most of what `E` cannot tell is the query's rounding: `r_q n_x`, where
+//! AVX2 codes the query on 63 levels against a row's 127. So before a row
+//! the first pass could not rule out is scored exactly, its products are
+//! taken once more, with the query's code and with a code of its residual
+//! (`Bounds::rules_out_finely`, a byte a value against the exact score's
+//! four). `f = (q - λμ) - b d` is computed in f64 from `y = q - λμ` as
+//! computed above, in one more rounding, and coded as a vector is, on the
+//! same levels: scale `b'`, codes `d'`. `f_i - b' d'_i` is computed in
+//! one rounding more, and `r'_q` is its norm, rounded up, plus `2^-50
+//! n_q`: each of the three roundings is within `2^-53` of a magnitude at
+//! most `|y_i|` (a value rounded to its nearest step is no farther from
+//! the step than from 0). With `f'' = f - b' d'`, `|f''| <= r'_q`, and `C'
+//! = sum c_i d'_i` (in integers, as `C`):
+//!
+//! `s = κ q . μ + λ μ . (x - κμ) + a b C + a b' C' + (b d + b' d') . e + f'' . (x - κμ)`,
+//!
+//! and `|b d + b' d'| = |(q - λμ) - f''| <= n_q + r'_q`. So the bound above
+//! holds with `abC + ab'C'` in place of `abC` and `r'_q` in place of `r_q`
+//! (in `P` and `R`). `r'_q` is about a sixtieth of `r_q`: `E` keeps the
+//! rows' part. In f32, `p' = (a C') b'` is within `3.01 u |ab'C'|` as `p`
+//! is, and `p + p'` one rounding more: within `4.02 u (|p| + |p'|)` of the
+//! exact sum, where `p` alone was within `3.01 u |p|`. The margin takes
+//! `|p| + |p'|` (rounded) where it took `|p|`: of its `32 u` of the
+//! magnitudes, the sum still keeps more than `22 u`, which pays for the
+//! last rounding as before.
 
 use std::ops::Range;
 
@@ -1244,6 +1271,11 @@ pub struct QueryCode {
     offset_scale: f32,
     /// `t_q`, `q . μ` rounded, and `ε_q` (`Codes::offset_product`).
     offset_product: (f32, f32),
+    /// The code `d'` of this code's residual `f = (q - λμ) - b d`, on the
+    /// same levels, with its scale `b'` and residual bound `r'_q` (the
+    /// module doc, "A second look"); its own `fine` is `None`. Kept, with
+    /// its buffers, from search to search.
+    fine: Option<Box<QueryCode>>,
 }
 
 impl QueryCode {
@@ -1269,6 +1301,69 @@ impl QueryCode {
         let Encoded { scale, sum, residual } = centred.code;
         (self.dims, self.levels, self.sum, self.scale, self.residual) = (query.len(), levels, sum, scale, residual);
         self.centred_norm = centred.norm;
+        let fine = self.fine.get_or_insert_with(Box::default);
+        fine.encode_residual(query, offset, (scale, &self.signs[..query.len()], centred.norm), levels);
+    }
+
+    /// Makes this the code of the residual `f = (q - λμ) - b d` of a
+    /// query's code (`encode`), `offset` being `(μ, λ)`, `b` `scale`, `d`
+    /// `signs` and `|q - λμ|` at most `norm`: each `f_i` computed in f64 as
+    /// `encode_centred` computes it (two roundings, each within 2^-53 of
+    /// what it rounds), then coded as a vector would be, on `levels`.
+    fn encode_residual(
+        &mut self,
+        query: &[f32],
+        (offset, multiple): (&[f32], f32),
+        code: (f32, &[i8], f32),
+        levels: i8,
+    ) {
+        let (scale, signs, norm) = code;
+        let (kappa, step) = (f64::from(multiple), f64::from(scale));
+        let residual_of = |i: usize| {
+            let y = f64::from(query[i]) - kappa * f64::from(offset[i]);
+            y - step * f64::from(signs[i])
+        };
+        let largest = (0..query.len()).fold(0.0f64, |m, i| m.max(residual_of(i).abs()));
+        self.dims = query.len();
+        self.levels = levels;
+        self.signs.clear();
+        self.signs.resize(query.len().next_multiple_of(SLACK), 0);
+        (self.centred_norm, self.offset_scale, self.offset_product) = (0.0, 0.0, (0.0, 0.0));
+        // `f_i` is off `(q_i - λ μ_i) - b d_i` by at most 2^-53 of `|y_i|`
+        // and of `|f_i|`, and `f_i - b' d'_i` off `f_i` less the exact
+        // product by 2^-53 of itself: all three are at most `|y_i|`, so
+        // 2^-50 of `|y|` covers them.
+        let slack = f64::from(norm) * 2f64.powi(-50);
+        if largest == 0.0 {
+            (self.sum, self.scale, self.residual) = (0, 0.0, f32_at_least(slack));
+            return;
+        }
+        let top = f64::from(levels);
+        let fine = f32_at_least(largest / top).max(f32::from_bits(1));
+        let (step, top) = (f64x4::splat(f64::from(fine)), f64x4::splat(top));
+        let (mut squares, mut sum, mut values) = ([f64x4::ZERO; 2], 0, [0.0f64; 8]);
+        for (at, group) in (0..query.len()).step_by(8).zip(self.signs.chunks_mut(8)) {
+            // A short last group is padded with zeros: code 0, nothing
+            // added to the sums.
+            values.fill(0.0);
+            for (v, i) in values.iter_mut().zip(at..query.len()) {
+                *v = residual_of(i);
+            }
+            let f = [
+                f64x4::from([values[0], values[1], values[2], values[3]]),
+                f64x4::from([values[4], values[5], values[6], values[7]]),
+            ];
+            let e = code_eight(f, step, top, group);
+            for half in 0..2 {
+                squares[half] += e[half] * e[half];
+            }
+            sum += group.iter().map(|&d| i32::from(d)).sum::<i32>();
+        }
+        let squares: f64 = squares.iter().flat_map(|s| s.to_array()).sum();
+        // As `encode_centred`'s: 2^-30 covers the sum's and the root's
+        // roundings.
+        let residual = squares.sqrt() * (1.0 + 2f64.powi(-30));
+        (self.sum, self.scale, self.residual) = (sum, fine, f32_at_least(residual + slack));
     }
 
     /// The query's codes.
@@ -1341,6 +1436,12 @@ pub struct Bounds {
     /// `A_q = 2 A + 2^-140 + K (2 ε_q + 2^-21 |q . μ|) + 2^-148 |λ|`, rounded
     /// up.
     absolute: [f32; QUERIES_MAX],
+    /// The second look's (the module doc): `b'`, `P' = |q - λμ| + r'_q`
+    /// and `R' = r'_q + |λ| (n + 4) 2^-52 |μ|`, rounded up; where a query
+    /// has no code of its residual, `0`, `P` and `R`.
+    fine_scale: [f32; QUERIES_MAX],
+    fine_per_residual: [f32; QUERIES_MAX],
+    fine_per_centred: [f32; QUERIES_MAX],
 }
 
 /// One query's side of `Bounds`, as `Lanes::rules_out` takes it.
@@ -1401,6 +1502,9 @@ impl Bounds {
             query_scale: [0.0; QUERIES_MAX],
             shrink: f32_at_most(1.0 - relative - 2f64.powi(-17)),
             absolute: [f32_at_least(absolute); QUERIES_MAX],
+            fine_scale: [0.0; QUERIES_MAX],
+            fine_per_residual: [0.0; QUERIES_MAX],
+            fine_per_centred: [0.0; QUERIES_MAX],
         };
         for (q, ((code, &squared_norm), &query_scale)) in
             queries.iter().zip(squared_norms).zip(query_scales).enumerate()
@@ -1418,6 +1522,11 @@ impl Bounds {
             let rows_offset = lambda * (dims + 4) as f64 * 2f64.powi(-52) * f64::from(offset_norm);
             bounds.offset_scale[q] = code.offset_scale;
             bounds.per_centred[q] = up(residual + rows_offset);
+            let (fine_scale, fine_residual) =
+                code.fine.as_deref().map_or((0.0, residual), |fine| (fine.scale, f64::from(fine.residual)));
+            bounds.fine_scale[q] = fine_scale;
+            bounds.fine_per_residual[q] = up(f64::from(code.centred_norm) + fine_residual);
+            bounds.fine_per_centred[q] = up(fine_residual + rows_offset);
             bounds.per_norm[q] = match shape {
                 Shape::Cosine | Shape::Ip => up(relative * norm),
                 Shape::L2 => 0.0,
@@ -1489,6 +1598,58 @@ impl Bounds {
         }
     }
 
+    /// Whether a second look rules row `row` of `codes` out for query `q`
+    /// (whose code is `code`): its bound (`nearest_finely`) is strictly
+    /// farther than `threshold`. For a row the first pass could not rule
+    /// out, just before it would be scored exactly.
+    #[inline]
+    pub fn rules_out_finely(
+        &self,
+        query: (Kernel, &QueryCode, usize),
+        codes: &Codes,
+        row: (usize, f32, f32),
+        threshold: f32,
+    ) -> bool {
+        self.nearest_finely_of(query, codes, row) > threshold
+    }
+
+    /// The nearest query `q` (whose code is `code`) can be to row `row` of
+    /// `codes` (norm bound `norm`, scale `row_scale`) by a second look:
+    /// the bound of its products with the query's code and with the code
+    /// of its residual (`QueryCode::fine`), `kernel`'s; NaN where the
+    /// arithmetic overflowed. A query without a code of its residual gets
+    /// the first pass's bound.
+    #[inline]
+    pub fn nearest_finely_of(
+        &self,
+        (kernel, code, q): (Kernel, &QueryCode, usize),
+        codes: &Codes,
+        (row, norm, row_scale): (usize, f32, f32),
+    ) -> f32 {
+        let (scale, residual) = (codes.scales[row], codes.residuals[row]);
+        let terms = [
+            scale,
+            residual,
+            codes.centred_norms[row],
+            codes.offset_products[row],
+            codes.multiple(row),
+            norm,
+            row_scale,
+        ];
+        let dots = match code.fine.as_deref() {
+            Some(fine) => {
+                let [[dot], [fine]] = kernel.dots_tile([code, fine], codes, [row]);
+                [dot, fine]
+            }
+            None => [kernel.dots_of(code, codes, [row])[0], 0],
+        };
+        match self.shape {
+            Shape::Cosine => self.nearest_finely(Shape::Cosine, q, terms, dots),
+            Shape::Ip => self.nearest_finely(Shape::Ip, q, terms, dots),
+            Shape::L2 => self.nearest_finely(Shape::L2, q, terms, dots),
+        }
+    }
+
     /// `rules_out_of` for `shape`: a query at a time, its `R` rows in
     /// lanes, without a branch.
     #[inline(always)]
@@ -1520,13 +1681,39 @@ impl Bounds {
     /// overflowed, which rules nothing out.
     #[inline(always)]
     fn nearest(&self, shape: Shape, q: usize, row: [f32; ROW_TERMS], dot: i32) -> f32 {
-        let [row_code_scale, residual, centred, offset, multiple, norm, row_scale] = row;
+        let product = (row[0] * dot as f32) * self.scale[q];
+        self.nearest_of(shape, q, row, (product, product.abs()), [self.per_residual[q], self.per_centred[q]])
+    }
+
+    /// `nearest` of a second look (the module doc): from the row's
+    /// products with the query's code and with its residual's, `abC +
+    /// ab'C'`, and the terms of `r'_q` in place of `r_q`'s.
+    #[inline(always)]
+    fn nearest_finely(&self, shape: Shape, q: usize, row: [f32; ROW_TERMS], [dot, fine]: [i32; 2]) -> f32 {
+        let coarse = (row[0] * dot as f32) * self.scale[q];
+        let fine = (row[0] * fine as f32) * self.fine_scale[q];
+        let per = [self.fine_per_residual[q], self.fine_per_centred[q]];
+        self.nearest_of(shape, q, row, (coarse + fine, coarse.abs() + fine.abs()), per)
+    }
+
+    /// `nearest` given `p` (`product`) and what its margin takes of its
+    /// magnitude (`|p|`, or `|p| + |p'|` for a second look), and the terms
+    /// that multiply the row's residual bound and `|x - κμ|`.
+    #[inline(always)]
+    fn nearest_of(
+        &self,
+        shape: Shape,
+        q: usize,
+        row: [f32; ROW_TERMS],
+        (product, magnitude): (f32, f32),
+        [per_residual, per_centred]: [f32; 2],
+    ) -> f32 {
+        let [_, residual, centred, offset, multiple, norm, row_scale] = row;
         let offset = offset * self.offset_scale[q];
         let centre = self.offset_product[q] * multiple;
-        let product = (row_code_scale * dot as f32) * self.scale[q];
         let estimate = (product + centre) + offset;
-        let off = (self.per_residual[q] * residual + self.per_centred[q] * centred) + self.per_norm[q] * norm;
-        let margin = ((product.abs() + offset.abs()) + off) * MARGIN;
+        let off = (per_residual * residual + per_centred * centred) + self.per_norm[q] * norm;
+        let margin = ((magnitude + offset.abs()) + off) * MARGIN;
         let ceiling = ((estimate + off) + margin) + self.absolute[q];
         match shape {
             Shape::Cosine => screen::distance(ceiling, row_scale, self.query_scale[q]),
@@ -2083,8 +2270,8 @@ mod tests {
     use wide::f64x4;
 
     use super::{
-        code_eight, encode, encode_centred, offset_multiple, offset_of, stored, Codes, Grid, NormAbove, CHUNK,
-        OFFSET_MULTIPLE_MAX, OFFSET_SAMPLE_ROWS, OFFSET_TILE,
+        code_eight, encode, encode_centred, offset_multiple, offset_of, stored, Codes, Grid, NormAbove, QueryCode,
+        CHUNK, OFFSET_MULTIPLE_MAX, OFFSET_SAMPLE_ROWS, OFFSET_TILE,
     };
 
     /// The next of Marsaglia's xorshift numbers, in `seed`.
@@ -2207,15 +2394,81 @@ mod tests {
         assert_eq!(offset_multiple(&[1.0, 2.0], &[0.0, 0.0], 0.0), 0.0);
     }
 
+    /// `a - b` as the rounded difference and what the rounding lost.
+    fn two_difference(a: f64, b: f64) -> (f64, f64) {
+        let d = a - b;
+        let bv = a - d;
+        (d, (a - (d + bv)) + (bv - b))
+    }
+
+    /// The code of a query's residual (`QueryCode::encode_residual`): each
+    /// code is the residual over its scale rounded, the codes' sum is
+    /// theirs, and `r'_q` is not below `|(q - λμ) - b d - b' d'|` worked
+    /// out without rounding (each difference and its error kept apart), on
+    /// both kernels' levels, for offsets and multiples of any magnitude,
+    /// residuals of zero among them.
+    #[test]
+    fn the_code_of_a_query_s_residual_bounds_what_is_left() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            xorshift(&mut seed);
+            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        let cases = [(1.0f32, 0.0f32, 0.0f32), (1.0, 3.0, 0.0), (1e-30, 1.0, 0.0), (1e30, 1e-30, 0.0), (0.1, 1.0, 2.5)];
+        for n in [1usize, 7, 8, 9, 50, 64, 65, 768] {
+            for (value, offset, times) in cases {
+                let mu: Vec<f32> = (0..n).map(|_| offset * next()).collect();
+                let mut v: Vec<f32> = mu.iter().map(|&m| value * next() + times * m).collect();
+                if offset == 0.0 && value == 1.0 {
+                    // Integers up to 63, 63 among them: on AVX2's levels
+                    // the first code leaves nothing.
+                    v.iter_mut().enumerate().for_each(|(i, x)| *x = (i % 127) as f32 - 63.0);
+                    v[0] = 63.0;
+                }
+                let squared = mu.iter().map(|&m| f64::from(m) * f64::from(m)).sum();
+                for multiple in [offset_multiple(&v, &mu, squared), 0.0, -2.5] {
+                    for levels in [63i8, 127] {
+                        let what = format!(
+                            "{n} values of {value} + {times} x {offset}, from {multiple} x it, {levels} levels"
+                        );
+                        let mut d = vec![0i8; n];
+                        let centred =
+                            encode_centred(&v, (&mu, multiple), levels, |at, c| d[at..at + c.len()].copy_from_slice(c));
+                        let mut fine = QueryCode::default();
+                        fine.encode_residual(&v, (&mu, multiple), (centred.code.scale, &d, centred.norm), levels);
+                        let (b, b2) = (f64::from(centred.code.scale), f64::from(fine.scale));
+                        let mut squares = 0.0f64;
+                        for (i, (&x, &m)) in v.iter().zip(&mu).enumerate() {
+                            let (y, lost) = two_difference(f64::from(x), f64::from(multiple) * f64::from(m));
+                            let (f, lost_f) = two_difference(y, b * f64::from(d[i]));
+                            let code = if b2 == 0.0 {
+                                0.0
+                            } else {
+                                (f / b2).round().clamp(-f64::from(levels), f64::from(levels))
+                            };
+                            assert_eq!(fine.signs[i], code as i8, "{what}: {f} on {b2}");
+                            let (e, lost_e) = two_difference(f, b2 * code);
+                            squares += (e + (lost + lost_f + lost_e)).powi(2);
+                        }
+                        assert!(fine.signs[n..].iter().all(|&d| d == 0), "{what}: zeros past the last");
+                        assert_eq!(fine.sum, fine.signs.iter().map(|&d| i32::from(d)).sum::<i32>(), "{what}");
+                        assert!(f64::from(fine.residual) >= squares.sqrt(), "{what}");
+                        // What is left is at most what the first code left
+                        // (each rounded up once).
+                        let first = f64::from(centred.code.residual) * (1.0 + 2f64.powi(-20));
+                        assert!(f64::from(fine.residual) <= first, "{what}");
+                        if levels == 63 && offset == 0.0 && value == 1.0 && multiple == 0.0 {
+                            assert_eq!((fine.scale, fine.sum), (0.0, 0), "{what}: nothing left to code");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// `centred_residual_bounds_hold_for_offsets_of_any_magnitude` for one
     /// vector `v`, its offset `mu` and multiple of it.
     fn centred_code_holds(v: &[f32], (mu, multiple): (&[f32], f32), what: String) {
-        // `a - b` as the rounded difference and what the rounding lost.
-        let two_difference = |a: f64, b: f64| {
-            let d = a - b;
-            let bv = a - d;
-            (d, (a - (d + bv)) + (bv - b))
-        };
         let n = v.len();
         // `κ μ_i`, exact in f64.
         let centre: Vec<f64> = mu.iter().map(|&m| f64::from(multiple) * f64::from(m)).collect();

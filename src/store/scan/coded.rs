@@ -583,19 +583,18 @@ impl View<'_> {
         later: &mut Later,
     ) {
         let mut left = !ruled & ((1 << R) - 1);
-        later.rescored += u64::from(left.count_ones());
         while left != 0 {
             let row = rows[left.trailing_zeros() as usize];
             left &= left - 1;
             self.prefetch_row(row);
             if let Some((q, row)) = later.queue((q, row)) {
-                self.rescore((queries, scales), (q, row), tops, coded);
+                later.rescored += u64::from(self.rescore((queries, scales), (q, row), tops, coded));
             }
         }
     }
 
     /// Scores every pair still queued in `later`; returns how many pairs it
-    /// queued in all.
+    /// scored exactly in all.
     pub(super) fn rescore_all(
         &self,
         queries: (&[&[f32]], &[f32]),
@@ -603,14 +602,17 @@ impl View<'_> {
         coded: &Coded,
         mut later: Later,
     ) -> u64 {
+        let mut rescored = later.rescored;
         for pair in later.drain() {
-            self.rescore(queries, pair, tops, coded);
+            rescored += u64::from(self.rescore(queries, pair, tops, coded));
         }
-        later.rescored
+        rescored
     }
 
     /// Scores query `q` exactly against row `row`, offering it to its top,
-    /// and shares the top's farthest kept (`Coded::share`).
+    /// and shares the top's farthest kept (`Coded::share`), unless a second
+    /// look rules the row out (`finely_beyond`); returns whether it scored
+    /// it.
     #[inline(always)]
     pub(super) fn rescore(
         &self,
@@ -618,9 +620,42 @@ impl View<'_> {
         (q, row): (usize, usize),
         tops: &mut [TopK],
         coded: &Coded,
-    ) {
+    ) -> bool {
+        if let CodedQueries::Products { codes, bounds } = coded.queries {
+            let tile = coded.kernel.query_tile();
+            let query = (coded.kernel, &codes[q], &bounds[q / tile], q % tile);
+            if self.finely_beyond(query, row, coded.threshold(q, &tops[q])) {
+                return false;
+            }
+        }
         let top = std::slice::from_mut(&mut tops[q]);
         self.scan_tile::<1, 1>(&queries[q..=q], &scales[q..=q], row..row + 1, top, &[]);
         coded.share(q, &tops[q]);
+        true
+    }
+
+    /// Whether a second look (`codes::Bounds::rules_out_finely`) puts row
+    /// `row` strictly farther than `threshold` from query `q` of `bounds`,
+    /// whose code is `code`. Its products cost a fraction of the row's
+    /// exact score (a byte a value, from codes just read), and where the
+    /// first pass is loose (rows alike, image patches) it rules out most of
+    /// the rows that pass could not.
+    #[inline(always)]
+    pub(super) fn finely_beyond(
+        &self,
+        (kernel, code, bounds, q): (cpu::Kernel, &QueryCode, &codes::Bounds, usize),
+        row: usize,
+        threshold: f32,
+    ) -> bool {
+        let codes = self.codes.expect("a coded pass has codes");
+        bounds.rules_out_finely((kernel, code, q), codes, self.row_terms(row), threshold)
+    }
+
+    /// Row `row` as a second look takes it: the row, its norm bound and
+    /// (cosine) scale.
+    #[inline(always)]
+    pub(super) fn row_terms(&self, row: usize) -> (usize, f32, f32) {
+        let row_scale = if self.metric.is_scaled() { self.inverse_norms[row] } else { 1.0 };
+        (row, self.norms[row], row_scale)
     }
 }

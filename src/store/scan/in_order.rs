@@ -9,7 +9,7 @@ use super::coded::{CODES_PREFETCH_ROWS, RESCORE_LAG};
 use super::exact::offer;
 use super::threads::{in_parts, merge_partials, share_in, threshold_of};
 use super::{FirstPass, View};
-use crate::store::codes::{self, floors::Grids, Codes, LaneQuery, Lanes, LANES};
+use crate::store::codes::{self, floors::Grids, Bounds, Codes, LaneQuery, Lanes, QueryCode, LANES};
 use crate::store::cpu;
 use crate::store::topk::TopK;
 
@@ -41,8 +41,10 @@ pub(super) enum Keyed<'a> {
     /// A floors' (`Grids::keys_of`).
     Floors(cpu::Kernel, &'a Grids),
     /// The products' bound, in lanes (`Lanes::keys_run`), on an index of
-    /// at least `LANES` rows.
-    Products(&'a Lanes<'a>, &'a LaneQuery<'a>),
+    /// at least `LANES` rows; with the query's code and bounds, whose
+    /// second look (`codes::Bounds::nearest_finely_of`) keys the rows left
+    /// after step 2 of `View::search_in_order`.
+    Products(&'a Lanes<'a>, &'a LaneQuery<'a>, (cpu::Kernel, &'a QueryCode, &'a Bounds)),
 }
 
 impl Keyed<'_> {
@@ -65,7 +67,7 @@ impl Keyed<'_> {
                     note(row, key);
                 }
             }
-            Keyed::Products(lanes, query) => {
+            Keyed::Products(lanes, query, _) => {
                 let whole = rows.start + rows.len() / LANES * LANES;
                 // The codes ahead are left to the hardware, as a lone scan
                 // in the rows' order leaves them (`scan_coded_lanes`). Asked
@@ -153,7 +155,9 @@ impl View<'_> {
     ///    of them is at least as near as the answer's k-th;
     /// 3. the other rows not beyond it (`Keyed::beyond`) are scored in the
     ///    order of their keys, each unless it is beyond the k-th nearest
-    ///    kept by then.
+    ///    kept by then. Through the products' bound, each of these rows'
+    ///    keys is first its second look's (`codes`' module doc), which is
+    ///    nearly always tighter: they are sorted and ruled out by that.
     ///
     /// A row is ruled out only when its bound is strictly above a distance
     /// that k scored rows are within, so the answer is the one-step scan's,
@@ -197,6 +201,13 @@ impl View<'_> {
             // these one at a time in the order of their keys.
             self.scan_every_row((query, scales), top, (partials, chunk))
         } else {
+            if let Keyed::Products(_, _, (kernel, code, bounds)) = keyed {
+                // A second look at each row left: its key from then on.
+                for (key, row) in &mut order.left {
+                    let nearest = bounds.nearest_finely_of((kernel, code, 0), codes, self.row_terms(*row as usize));
+                    *key = if nearest.is_nan() { f32::NEG_INFINITY } else { nearest };
+                }
+            }
             order.left.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
             let left = (&order.left[..], within);
             let rescored = self.score_left((query, scales), (keyed, codes), left, top, partials);

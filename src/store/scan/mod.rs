@@ -408,7 +408,8 @@ impl View<'_> {
                     if let Some(lanes) = self.lanes(coded.kernel) {
                         let lane_query = lanes.query(code, bounds, 0);
                         let lone = ((*query, side.scales), top, (partials, chunk), order);
-                        return self.search_in_order(Keyed::Products(&lanes, &lane_query), lone);
+                        let second = (coded.kernel, code, bounds);
+                        return self.search_in_order(Keyed::Products(&lanes, &lane_query, second), lone);
                     }
                 }
                 _ => {}
