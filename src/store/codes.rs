@@ -1978,7 +1978,7 @@ pub(super) mod x86 {
     /// the ordered search (`View::search_in_order`) that calls it is
     /// compiled for any x86-64, and there, inlined, every intrinsic was a
     /// call of its own: a lone search of scikit-learn's digits (1,597 x
-    /// 64) took 0.22 to 0.31 ms over HTTP, where it takes 0.08 to 0.13.
+    /// 64) took 0.22 to 0.31 ms over HTTP, where it takes 0.08 to 0.19.
     #[target_feature(enable = "avx2")]
     #[inline]
     pub(super) unsafe fn keys_run_avx2(
