@@ -482,6 +482,17 @@ fn int8_kernels(what: &str) -> Vec<cpu::Kernel> {
     here.into_iter().map(|isa| cpu::Kernel::on_this_cpu(isa).expect("a kernel this CPU has")).collect()
 }
 
+/// The int8 kernels with lanes this CPU has (`int8_kernels`); where it has
+/// none, `what` is recorded as skipped.
+#[cfg(target_arch = "x86_64")]
+fn kernels_with_lanes(what: &str) -> Vec<cpu::Kernel> {
+    let kernels: Vec<cpu::Kernel> = int8_kernels(what).into_iter().filter(|k| k.has_lanes()).collect();
+    if kernels.is_empty() {
+        crate::testing::skip(what, "this CPU has no int8 kernel with lanes");
+    }
+    kernels
+}
+
 /// Every kernel's integer products against the scalar reference, and the
 /// bound against each pair's own exact distance: with the threshold at
 /// that distance, no row may be ruled out.
@@ -545,9 +556,8 @@ fn the_int8_pass_never_rules_out_a_row_at_its_own_distance() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn the_bound_in_lanes_is_the_bound_pair_by_pair() {
-    let kernels: Vec<cpu::Kernel> = int8_kernels("the bound in lanes").into_iter().filter(|k| k.has_lanes()).collect();
+    let kernels = kernels_with_lanes("the bound in lanes");
     if kernels.is_empty() {
-        crate::testing::skip("the bound in lanes", "this CPU has no int8 kernel with lanes");
         return;
     }
     for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
@@ -1391,9 +1401,8 @@ fn a_second_look_rules_out_many_rows_the_first_pass_leaves() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn the_ordered_search_on_each_kernel_with_lanes_finds_what_the_f32_scan_finds() {
-    let kernels: Vec<cpu::Kernel> = int8_kernels("the ordered search").into_iter().filter(|k| k.has_lanes()).collect();
+    let kernels = kernels_with_lanes("the ordered search");
     if kernels.is_empty() {
-        crate::testing::skip("the ordered search", "this CPU has no int8 kernel with lanes");
         return;
     }
     for (dims, rows) in [(64, 1600), (ORDERED_PRODUCTS_DIMS_MIN, ORDERED_PRODUCTS_ROWS_MAX + 100)] {
