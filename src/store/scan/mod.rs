@@ -12,8 +12,8 @@
 //! | search | index keeps codes (`coded_pass`) | pass |
 //! |---|---|---|
 //! | lone, no mask, a floors' bound (l1, linf, lp, bc, canberra, js) | yes | `in_order`: keys of every row, then rows in the order of their keys |
-//! | lone, no mask, a products' bound, at most `ORDERED_PRODUCTS_ROWS_MAX` rows or at least `ORDERED_PRODUCTS_DIMS_MIN` dimensions, a kernel with lanes | yes | `in_order`, the keys from `codes::Lanes` |
-//! | lone or batch, a products' bound (cosine, ip, l2), or a mask | yes | `coded`: int8 bounds per tile, undecided pairs rescored |
+//! | lone, no mask, a products' bound, at most `ORDERED_PRODUCTS_ROWS_MAX` rows or at least `ORDERED_PRODUCTS_DIMS_MIN` dimensions, a kernel with lanes | yes | `in_order`, the keys from `codes::Lanes`, the rows left keyed by a second look |
+//! | lone or batch, a products' bound (cosine, ip, l2), or a mask | yes | `coded`: int8 bounds per tile, undecided pairs rescored unless a second look rules them out |
 //! | batch of cosine or ip, no mask, at least `SCREEN_QUERIES_MIN` queries (`SCREEN_OVER_CODES_QUERIES_MIN` and under `SCREEN_OVER_CODES_DIMS_MAX` dimensions where codes are kept), CPU with AVX-512 BF16 | either | `screened`: bfloat16 bounds, undecided pairs rescored |
 //! | anything else | no | `exact`: every pair in f32 |
 //!
