@@ -405,6 +405,33 @@ fn along_an_offset(seed: u64, dims: usize, metric: Metric) -> Vec<Vec<f32>> {
     rows.filter(|v| index.check_vector(v).is_ok()).collect()
 }
 
+/// Rows about a common part that vary mostly along a few directions (as
+/// image patches do), at magnitudes across the numeric domain, some with
+/// a little noise besides: the first 32 of moderate magnitudes, so that
+/// the index (each row twice, `twins_of`) is centred from them at 64 rows
+/// and keeps their main directions (`codes::DIRECTIONS`); the rest come
+/// after. The common part and the directions are `shape`'s, the rest
+/// `seed`'s.
+fn in_few_directions((shape, seed): (u64, u64), dims: usize, metric: Metric) -> Vec<Vec<f32>> {
+    let common: Vec<f32> = random_vectors(shape, dims, 1)[0].iter().map(|x| 3.0 + x).collect();
+    let directions = random_vectors(shape + 1, dims, 3);
+    let weights = random_vectors(seed + 2, 3, 72);
+    let noise = random_vectors(seed + 3, dims, 72);
+    let moderate = [0.25, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 0.9];
+    let extreme = [0.0, 1e-30, 7.9, 20.0, -3.0, 1e20, 1e-40, 1e30, 1.0];
+    let times = moderate.iter().cycle().take(32).chain(extreme.iter().cycle().take(40));
+    let by = [0.0, 1e-3, 0.05];
+    let rows = noise.iter().zip(weights).zip(times).enumerate().map(|(n, ((noise, weights), &t))| {
+        let mut row: Vec<f32> = common.iter().zip(noise).map(|(&c, &e)| t * c + by[n % 3] * e).collect();
+        for (direction, w) in directions.iter().zip(weights) {
+            row.iter_mut().zip(direction).for_each(|(x, &u)| *x += t * w * u);
+        }
+        row
+    });
+    let index = Index::new(dims, metric);
+    rows.filter(|v| index.check_vector(v).is_ok()).collect()
+}
+
 /// `rows` as `metric` takes them: their magnitudes for js, which
 /// refuses values below zero.
 fn fit_for(metric: Metric, mut rows: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
@@ -502,21 +529,28 @@ fn the_int8_pass_never_rules_out_a_row_at_its_own_distance() {
     let kernels = int8_kernels("the int8 bound");
     for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
         let dims = (1..=64).chain([65, 127, 768, 1536]);
+        // Hard rows; rows along an offset; rows in a few directions.
         let sets = dims
-            .flat_map(|dims| [(dims, false), (dims, true)])
-            .filter(|&(dims, along)| !along || dims % 7 == 1 || dims == 768);
-        for (dims, along) in sets {
-            let rows_for =
-                |seed| if along { along_an_offset(seed, dims, metric) } else { hard_for_codes(seed, dims, metric) };
+            .flat_map(|dims| [(dims, 0), (dims, 1), (dims, 2)])
+            .filter(|&(dims, set)| set == 0 || (dims % 7 == 1 || dims == 768) && (set == 1 || dims >= 16));
+        for (dims, set) in sets {
+            let rows_for = |seed| match set {
+                0 => hard_for_codes(seed, dims, metric),
+                1 => along_an_offset(seed, dims, metric),
+                _ => in_few_directions((dims as u64, seed), dims, metric),
+            };
             let index = twins_of(&rows_for(dims as u64), metric);
             let Some(codes) = codes_or_skip(&index, "the int8 bound") else { return };
-            assert!(!along || codes.has_multiples(), "{metric:?}, {dims} dims: rows along an offset have multiples");
+            assert!(set != 1 || codes.has_multiples(), "{metric:?}, {dims} dims: rows along an offset have multiples");
+            assert!(set != 2 || codes.has_directions(), "{metric:?}, {dims} dims: rows in a few directions keep them");
+            let mut along = 0;
             for (q, mut query) in rows_for(1000 + dims as u64).into_iter().step_by(3).enumerate() {
                 index.prepare_query(&mut query).unwrap();
                 for &kernel in &kernels {
                     let pass = Pass::new(&index, &[&query], kernel);
                     let code = &pass.codes[0];
                     let scale = pass.scales[0];
+                    along += usize::from(code.looks_along());
                     for row in 0..index.len() {
                         let mut top = TopK::new();
                         top.reset(1);
@@ -545,6 +579,9 @@ fn the_int8_pass_never_rules_out_a_row_at_its_own_distance() {
                     }
                 }
             }
+            // Most queries of moderate magnitudes look along the rows' main
+            // directions.
+            assert!(set != 2 || along >= kernels.len() * 4, "{metric:?}, {dims} dims: {along} looked along them");
         }
     }
 }
@@ -1331,25 +1368,35 @@ fn the_scanner_keeps_a_batch_s_buffers_until_let_go() {
 /// patches, dark and bright), the second look rules out many of the rows
 /// the first pass could not rule out against each query's k-th nearest
 /// distance (leaving aside the rows within it, which neither may rule
-/// out: `the_int8_pass_never_rules_out_a_row_at_its_own_distance`).
+/// out: `the_int8_pass_never_rules_out_a_row_at_its_own_distance`); where
+/// the rows also vary mostly along a few directions (as image patches
+/// do), looking along them, it rules out nearly all.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn a_second_look_rules_out_many_rows_the_first_pass_leaves() {
     let kernels = int8_kernels("a second look");
     let dims = 192;
-    let alike = |seed, count| -> Vec<Vec<f32>> {
+    let directions = random_vectors(9000, dims, 3);
+    let alike = |seed, count, few: bool| -> Vec<Vec<f32>> {
         let vectors = random_vectors(seed, dims, count);
-        let times = random_vectors(seed + 1, 1, count).concat();
-        let row = |(n, v): (usize, Vec<f32>)| v.iter().map(|x| (1.125 + 0.875 * times[n]) * (3.0 + 0.5 * x)).collect();
+        let (times, weights) = (random_vectors(seed + 1, 1, count).concat(), random_vectors(seed + 2, 3, count));
+        let row = |(n, v): (usize, Vec<f32>)| -> Vec<f32> {
+            let part = |(i, x): (usize, &f32)| match few {
+                false => 0.5 * x,
+                true => 0.01 * x + (0..3).map(|j| 0.5 * weights[n][j] * directions[j][i]).sum::<f32>(),
+            };
+            v.iter().enumerate().map(|(i, x)| (1.125 + 0.875 * times[n]) * (3.0 + part((i, x)))).collect()
+        };
         vectors.into_iter().enumerate().map(row).collect()
     };
-    for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
-        let index = twins_of(&alike(dims as u64, 1500), metric);
+    for (metric, few) in [Metric::Cosine, Metric::Ip, Metric::L2].into_iter().flat_map(|m| [(m, false), (m, true)]) {
+        let index = twins_of(&alike(dims as u64, 1500, few), metric);
         let Some(codes) = codes_or_skip(&index, "a second look") else { return };
+        assert_eq!(codes.has_directions(), few, "{metric:?}: main directions kept where they pay");
         let view = index.view();
         for &kernel in &kernels {
             let (mut left, mut looked) = (0, 0);
-            for mut query in alike(7000, 10) {
+            for mut query in alike(7000, 10, few) {
                 index.prepare_query(&mut query).unwrap();
                 let scale = index.metric().query_scale(|| kernels::squared_norm(&query));
                 let mut top = TopK::new();
@@ -1375,7 +1422,8 @@ fn a_second_look_rules_out_many_rows_the_first_pass_leaves() {
                 }
             }
             let what = format!(
-                "{metric:?}, {}: {looked} of {left} rows beyond the 10th the first pass left ruled out",
+                "{metric:?}{}, {}: {looked} of {left} rows beyond the 10th the first pass left ruled out",
+                if few { " in a few directions" } else { "" },
                 kernel.name()
             );
             // Cosine divides by each row's norm: there the first pass leaves
@@ -1383,9 +1431,15 @@ fn a_second_look_rules_out_many_rows_the_first_pass_leaves() {
             // queries on half a row's levels (AVX2), the query's rounding
             // is most of what it cannot tell, and the second look takes
             // it away (on these rows, a third to three quarters of them);
-            // on 127 levels, less of it.
-            let share = if kernel.query_levels() < 127 { 3 } else { 4 };
-            assert!(looked * share >= left && (left > 0 || metric != Metric::Cosine), "{what}");
+            // on 127 levels, less of it. Along the main directions, the
+            // rows' own rounding goes too: three in four or more.
+            assert!(left > 0 || metric != Metric::Cosine, "{what}");
+            if few {
+                assert!(looked * 4 >= left * 3, "{what}");
+            } else {
+                let share = if kernel.query_levels() < 127 { 3 } else { 4 };
+                assert!(looked * share >= left, "{what}");
+            }
             println!("{what}");
         }
     }
