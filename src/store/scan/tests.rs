@@ -1370,7 +1370,7 @@ fn the_scanner_keeps_a_batch_s_buffers_until_let_go() {
 /// distance (leaving aside the rows within it, which neither may rule
 /// out: `the_int8_pass_never_rules_out_a_row_at_its_own_distance`); where
 /// the rows also vary mostly along a few directions (as image patches
-/// do), looking along them, it rules out nearly all.
+/// do), looking along them, it rules out three in four or more.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn a_second_look_rules_out_many_rows_the_first_pass_leaves() {
