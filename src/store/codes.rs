@@ -2623,7 +2623,7 @@ mod tests {
 
     use super::{
         code_eight, encode, encode_centred, offset_multiple, offset_of, stored, Codes, Grid, NormAbove, QueryCode,
-        CHUNK, DIRECTIONS, OFFSET_MULTIPLE_MAX, OFFSET_SAMPLE_ROWS, OFFSET_TILE,
+        CHUNK, DIRECTIONS, DIRECTIONS_DIMS_MIN, OFFSET_MULTIPLE_MAX, OFFSET_SAMPLE_ROWS, OFFSET_TILE,
     };
 
     /// The next of Marsaglia's xorshift numbers, in `seed`.
@@ -2860,6 +2860,12 @@ mod tests {
                 }
             }
             assert!(!Codes::of(dims, Grid::Fitted, &random).expect("codes").has_directions(), "{dims} dims: random");
+            if dims == DIRECTIONS_DIMS_MIN {
+                // One dimension fewer keeps none, however the rows lie.
+                let fewer: Vec<f32> = rows.chunks_exact(dims).flat_map(|row| row[1..].to_vec()).collect();
+                let codes = Codes::of(dims - 1, Grid::Fitted, &fewer).expect("codes");
+                assert!(!codes.has_directions(), "{} dims: fewer than the least", dims - 1);
+            }
             let mut looked = 0;
             for (q, t) in [1.0f32, 0.3, 1e-30, 1e30, 2.0, 1e-40].into_iter().enumerate() {
                 let query = drawn(t, 1e-3);
