@@ -2476,7 +2476,14 @@ pub(super) mod x86 {
                             *sum = _mm256_add_epi32(halves[0], halves[1]);
                         }
                     } else {
-                        for at in (0..dims).step_by(32) {
+                        // The first block's products start the sums: an
+                        // addition to zero a row fewer (rows have at least
+                        // one value).
+                        let q = query_at(0);
+                        for (r, sum) in sums.iter_mut().enumerate() {
+                            *sum = product(0, r, q);
+                        }
+                        for at in (32..dims).step_by(32) {
                             let q = query_at(at);
                             for (r, sum) in sums.iter_mut().enumerate() {
                                 *sum = _mm256_add_epi32(*sum, product(at, r, q));
