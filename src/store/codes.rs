@@ -2249,8 +2249,9 @@ pub(super) mod x86 {
     /// `terms` are the rows' terms (`Lanes::terms`).
     ///
     /// # Safety
-    /// The CPU must have AVX2; the query must hold `dims` rounded up to 32
-    /// values and `bytes` as many from each of the rows' starts; every term
+    /// The CPU must have AVX2; rows must have at least one value (`dims`),
+    /// the query must hold `dims` rounded up to 32 values and `bytes` as
+    /// many from each of the rows' starts; every term
     /// must have a value for each of the rows (the multiples, `terms[4]`,
     /// where `multiples` is set: they are read only then).
     ///
