@@ -511,7 +511,8 @@ fn a_node_behind_the_cut_log_is_sent_the_state() {
     cluster.wait_for_leader(Duration::from_secs(20));
     crate::harness::create_index(cluster.node(survivor), "after", 2, "l2");
     cluster.wait_until_converged(Duration::from_secs(60));
-    assert!(cluster.count_in_logs("sent by the leader is in place") >= 1, "the node was not sent the state");
+    let sent = "the node was not sent the state";
+    cluster.wait_for_in_logs("sent by the leader is in place", 1, Duration::from_secs(10), sent);
     let expected: BTreeMap<i64, Vec<f32>> =
         (0..3100).filter(|id| ![3, 4, 600].contains(id)).map(|id| (id as i64, vector_of(id, DIMS))).collect();
     for i in 0..3 {
@@ -541,7 +542,7 @@ fn a_node_behind_the_cut_log_is_sent_the_state() {
     for i in 0..3 {
         assert!(all_rows(cluster.node(i), "kvs") == expected, "node {} after a restart", i + 1);
     }
-    assert!(cluster.count_in_logs("from state snapshot generation") >= 3);
+    cluster.wait_for_in_logs("from state snapshot generation", 3, Duration::from_secs(10), "restarts from snapshots");
 }
 
 /// A node waiting on an empty data directory is added (a learner sent the
@@ -601,7 +602,8 @@ fn members_are_added_and_removed_while_serving() {
     assert!(members(&cluster, fourth).contains(&(4, true)), "{:?}", members(&cluster, fourth));
     let r = probe(&cluster, fourth, "/readyz");
     assert_eq!((r.status, &r.body["message"]), (200, &Value::from("ready")), "{r:?}");
-    assert!(cluster.count_in_logs("sent by the leader is in place") >= 1, "node 4 was not sent the state");
+    let sent = "node 4 was not sent the state";
+    cluster.wait_for_in_logs("sent by the leader is in place", 1, Duration::from_secs(10), sent);
 
     // Bad requests, each with its code; a single node has no members.
     let bad: &[(&str, &str, Option<&str>, u16, &str)] = &[
@@ -729,15 +731,7 @@ fn a_proven_peer_is_still_held_to_the_frame_rules() {
         let r = cluster.node(0).call("GET", "/api/v1/cluster", None);
         assert_eq!(r.status, 200, "{what}: {r:?}");
     }
-    // The node logs each closing before it closes the link, but its log
-    // reaches the harness through a pipe that a thread drains: on a busy
-    // machine the lines may trail the closings seen here. Waited for,
-    // bounded.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while cluster.count_in_logs("closing") < cases.len() {
-        assert!(Instant::now() < deadline, "{}", cluster.node(0).log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    cluster.wait_for_in_logs("closing", cases.len(), Duration::from_secs(10), "the links closed");
     crate::harness::create_index(cluster.node(0), "still", 2, "l2");
 }
 

@@ -125,6 +125,22 @@ impl Cluster {
         self.past_logs.lines().chain(now.lines()).filter(|line| line.contains(text)).count()
     }
 
+    /// Waits until the nodes have logged at least `count` lines that
+    /// contain `text`, within `timeout` (else fails, saying `what`, with the
+    /// logs). A node writes a line before the reply or the closing that
+    /// follows it, but the harness drains its log through a pipe a thread
+    /// reads: on a busy machine the lines may trail what a test has seen.
+    pub fn wait_for_in_logs(&self, text: &str, count: usize, timeout: Duration, what: &str) {
+        let deadline = Instant::now() + timeout;
+        while self.count_in_logs(text) < count {
+            if Instant::now() >= deadline {
+                let logs: String = self.nodes.iter().flatten().map(Server::log).collect();
+                panic!("{what}: fewer than {count} lines with {text:?} within {timeout:?}:\n{logs}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn pid(&self, i: usize) -> i32 {
         self.node(i).child.id() as i32
     }

@@ -148,8 +148,8 @@ fn every_scan_path_answers_as_the_oracle_with_the_int8_pass_and_without() {
 
 /// Rows like image patches: all positive, a common part at brightnesses
 /// from a quarter to twice, varying (brightness apart) along two
-/// directions of their kind, with a little noise; the first half of one kind, the second of
-/// another (patches of one image, then of the next).
+/// directions of their kind, with a little noise; the first half of one
+/// kind, the second of another (patches of one image, then of the next).
 fn patch_rows(rng: &mut Rng, dims: usize, count: usize) -> Vec<Vec<f32>> {
     let base: Vec<f32> = (0..dims).map(|_| 1.0 + 0.1 * rng.float()).collect();
     let kinds: Vec<Vec<Vec<f32>>> =
