@@ -119,10 +119,16 @@ impl Cluster {
         }
     }
 
+    /// Every line any node has logged, those killed since the start first.
+    fn logs(&self) -> String {
+        let now: String = self.nodes.iter().flatten().map(Server::log).collect();
+        // A line apart, so that a log cut short joins no line of the next.
+        format!("{}\n{now}", self.past_logs)
+    }
+
     /// Every line any node has logged that contains `text`.
     pub fn count_in_logs(&self, text: &str) -> usize {
-        let now: String = self.nodes.iter().flatten().map(Server::log).collect();
-        self.past_logs.lines().chain(now.lines()).filter(|line| line.contains(text)).count()
+        self.logs().lines().filter(|line| line.contains(text)).count()
     }
 
     /// Waits until the nodes have logged at least `count` lines that
@@ -134,8 +140,7 @@ impl Cluster {
         let deadline = Instant::now() + timeout;
         while self.count_in_logs(text) < count {
             if Instant::now() >= deadline {
-                let logs: String = self.nodes.iter().flatten().map(Server::log).collect();
-                panic!("{what}: fewer than {count} lines with {text:?} within {timeout:?}:\n{logs}");
+                panic!("{what}: fewer than {count} lines with {text:?} within {timeout:?}:\n{}", self.logs());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
