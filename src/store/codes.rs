@@ -211,6 +211,7 @@ use super::kernels::{f32_at_least, relative_error, BOUND_SURPLUS};
 use super::screen;
 
 pub mod floors;
+pub mod query_lanes;
 pub mod ratios;
 pub mod shannon;
 

@@ -643,6 +643,93 @@ fn the_bound_in_lanes_is_the_bound_pair_by_pair() {
     }
 }
 
+/// With queries in lanes (`codes::query_lanes`), each pair's bound is the
+/// bound of `Lanes`, bit for bit, and so the bound pair by pair; each pair
+/// is ruled out exactly where its bound is above its query's threshold,
+/// and never at its own distance: for groups of 1 to 8 queries, rows of 1
+/// to 255 dimensions (every step's remainder), across the numeric domain.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_bound_with_queries_in_lanes_is_the_bound_in_lanes() {
+    use crate::store::codes::query_lanes::{QueryGroup, QUERY_LANES};
+    let kernels = kernels_with_lanes("the bound with queries in lanes");
+    for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
+        for dims in [1, 2, 3, 4, 5, 7, 31, 32, 33, 50, 64, 65, 127, 200, 255] {
+            let index = twins_of(&hard_for_codes(dims as u64, dims, metric), metric);
+            let Some(codes) = codes_or_skip(&index, "the bound with queries in lanes") else { return };
+            let view = index.view();
+            let row_scales = if metric == Metric::Cosine { view.inverse_norms } else { view.norms };
+            let mut queries = hard_for_codes(3000 + dims as u64, dims, metric);
+            queries.truncate(3 * QUERY_LANES);
+            for query in &mut queries {
+                index.prepare_query(query).unwrap();
+            }
+            let exact = |query: &[f32], row: usize| {
+                let scale = index.metric().query_scale(|| kernels::squared_norm(query));
+                let mut top = TopK::new();
+                top.reset(1);
+                view.scan_exact(&[query], &[scale], None, row..row + 1, std::slice::from_mut(&mut top));
+                top.sorted()[0].distance
+            };
+            for &kernel in &kernels {
+                let lanes = kernel.lanes(codes, (view.norms, row_scales)).expect("a kernel with lanes");
+                assert!(lanes.takes_query_groups(), "{dims} dimensions");
+                let tile = kernel.query_tile();
+                for size in [1, 2, 5, 8] {
+                    let chosen: Vec<&[f32]> = queries.iter().step_by(3).take(size).map(Vec::as_slice).collect();
+                    let pass = Pass::new(&index, &chosen, kernel);
+                    let of = |q: usize| (&pass.codes[q], &pass.bounds[q / tile], q % tile);
+                    let mut group = QueryGroup::default();
+                    lanes.ready_group((0..size).map(of), &mut group);
+                    assert_eq!(group.len(), size);
+                    let whole = index.len() / LANES * LANES;
+                    // Each row's own distance from each query, row by row.
+                    let own: Vec<Vec<f32>> =
+                        (0..whole).map(|row| chosen.iter().map(|q| exact(q, row)).collect()).collect();
+                    // Whether a bound rules a pair out at a threshold.
+                    let above = |key: f32, threshold: f32| key > threshold;
+                    for (row, own) in own.iter().enumerate() {
+                        let keys = lanes.group_keys(&group, row);
+                        for (q, key) in keys.iter().enumerate().take(size) {
+                            let (first, r) = (row / LANES * LANES, row % LANES);
+                            let single = lanes.query(&pass.codes[q], &pass.bounds[q / tile], q % tile);
+                            let want = lanes.keys(&single, first)[r];
+                            let what = format!("{metric:?}, {dims} dims, {size} queries, query {q}, row {row}");
+                            assert_eq!(key.to_bits(), want.to_bits(), "{what}: {key} against {want}");
+                            assert!(!above(*key, own[q]), "{what}: ruled out at its own distance {}", own[q]);
+                        }
+                    }
+                    // A run decides as the keys say: at each query's own
+                    // distance to the run's first row, and beside it.
+                    for shift in [0i32, 1, -1] {
+                        let nudge = |t: f32| match shift {
+                            1 => t.next_up(),
+                            -1 => t.next_down(),
+                            _ => t,
+                        };
+                        let thresholds: [f32; QUERY_LANES] =
+                            std::array::from_fn(|q| if q < size { nudge(own[0][q]) } else { f32::NAN });
+                        let mut heard = vec![Vec::new(); size];
+                        let undecided = |q: usize, row: usize| {
+                            heard[q].push(row);
+                            thresholds[q]
+                        };
+                        lanes.rules_out_group_run(&group, 0..whole, thresholds, (|_| {}, undecided));
+                        for (q, heard) in heard.iter().enumerate() {
+                            let want: Vec<usize> = (0..whole)
+                                .filter(|&row| !above(lanes.group_keys(&group, row)[q], thresholds[q]))
+                                .collect();
+                            let what = format!("{metric:?}, {dims} dims, {size} queries, query {q}, shift {shift}");
+                            assert_eq!(heard, &want, "{what}");
+                            assert!(shift == -1 || heard.first() == Some(&0), "{what}: row 0 at its own distance");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Rows that share a large common part (every value near 3, as image
 /// patches lie near their mean) are told apart by their centred codes: the
 /// first pass rules most pairs out, as it does random rows, and finds
@@ -775,11 +862,12 @@ fn the_int8_pass_finds_exactly_what_the_f32_scan_finds() {
                     }
                 }
             }
-            // The same queries as one batch, their ks mixed, the first ten
+            // The same queries as one batch, their ks mixed, the first 13
             // again at its end (so that a scan taking queries in groups
-            // has more than one group): each answer as the f32 batch scan
-            // gives it.
-            let batch: Vec<&[f32]> = queries.iter().chain(&queries[..10]).map(Vec::as_slice).collect();
+            // has more than one group, and in the second, under 256
+            // dimensions, queries in lanes and queries alone): each answer
+            // as the f32 batch scan gives it.
+            let batch: Vec<&[f32]> = queries.iter().chain(&queries[..13]).map(Vec::as_slice).collect();
             for mask in [None, Some(&mask)] {
                 let scan = |coded: Option<&Coded>, scales: &[f32]| {
                     let mut tops: Vec<TopK> = (0..batch.len()).map(|_| TopK::new()).collect();

@@ -1,0 +1,429 @@
+//! A group of queries decided together, a query in each lane: `Lanes`
+//! with the roles of rows and queries swapped, for batches of rows under
+//! `DIMS_MAX` dimensions on AVX2.
+//!
+//! `Lanes` puts 8 rows in a register: each row's products are summed across
+//! the lanes of its own register (`x86::sum8`), and the rows are read as
+//! whole 32-byte blocks, so that 50 dimensions take the products of 64.
+//! Here each row's codes are broadcast 4 at a time (one `vpbroadcastd`
+//! from the row as it lies in memory) and multiplied by the same 4
+//! dimensions of 8 queries, which lie side by side in one register (their
+//! codes interleaved once for the scan): each lane sums one query's
+//! products, nothing is summed across lanes, and 50 dimensions take the
+//! products of 52. The rows' terms are broadcast, a row at a time; the
+//! queries' stay in lanes for the whole scan.
+//!
+//! The bound is `Bounds::nearest`, operation for operation in the same
+//! order, a query in each lane, so a pair is ruled out here exactly when it
+//! is pair by pair: what the tests check, with `Lanes`'s own. The products
+//! are exact for the same reason as in `x86::dots_avx2`: a stored byte is
+//! at most 255 and a query's code at most 63 in magnitude
+//! (`Kernel::query_levels`), so `vpmaddubsw`'s two products to an i16 sum
+//! to at most 32,130.
+
+use std::ops::Range;
+
+use super::{Bounds, Lanes, QueryCode, Shape, LANES, QUERIES_MAX, SLACK};
+
+/// Queries a group decides at once: one f32 register's lanes.
+pub const QUERY_LANES: usize = LANES;
+
+/// Rows of at least this many dimensions are not taken with queries in
+/// lanes: a group's codes are 32 bytes for each 4 dimensions, and longer
+/// rows go through `Lanes` a row at a time, where the sums across lanes
+/// are a small part of a row's work.
+pub const DIMS_MAX: usize = 256;
+
+/// Dimensions a broadcast takes: one i32 of a row's bytes.
+const STEP: usize = 4;
+
+/// Bytes of a group's interleaved codes: `STEP` codes of each of
+/// `QUERY_LANES` queries for each step of the longest row.
+const CODES_BYTES: usize = DIMS_MAX / STEP * STEP * QUERY_LANES;
+
+/// Up to `QUERY_LANES` queries of one scan, made ready once to decide runs
+/// of rows together (`Lanes::ready_group`).
+#[repr(C, align(32))]
+pub struct QueryGroup {
+    /// Step `s` holds the codes of dimensions `4s` to `4s + 3` of each
+    /// query, query `j`'s at `32s + 4j`; zero past the last dimension and
+    /// in lanes past the last query.
+    codes: [i8; CODES_BYTES],
+    /// The steps of the rows the group was made ready for.
+    steps: usize,
+    /// The number of queries, from lane 0.
+    queries: usize,
+    /// Each query's `128 sum(d)` (the rows' bytes are their codes plus 128).
+    offsets: [i32; QUERY_LANES],
+    terms: Terms,
+}
+
+/// The queries' side of the bound (`super::QueryTerms`), each field's lanes
+/// side by side.
+#[derive(Clone, Copy)]
+struct Terms {
+    shape: Shape,
+    scale: [f32; QUERY_LANES],
+    per_residual: [f32; QUERY_LANES],
+    per_centred: [f32; QUERY_LANES],
+    per_norm: [f32; QUERY_LANES],
+    offset_product: [f32; QUERY_LANES],
+    offset_scale: [f32; QUERY_LANES],
+    query_squared: [f32; QUERY_LANES],
+    query_scale: [f32; QUERY_LANES],
+    absolute: [f32; QUERY_LANES],
+    shrink: f32,
+}
+
+impl Default for QueryGroup {
+    fn default() -> QueryGroup {
+        let lanes = [0.0; QUERY_LANES];
+        QueryGroup {
+            codes: [0; CODES_BYTES],
+            steps: 0,
+            queries: 0,
+            offsets: [0; QUERY_LANES],
+            terms: Terms {
+                shape: Shape::Ip,
+                scale: lanes,
+                per_residual: lanes,
+                per_centred: lanes,
+                per_norm: lanes,
+                offset_product: lanes,
+                offset_scale: lanes,
+                query_squared: lanes,
+                query_scale: lanes,
+                absolute: lanes,
+                shrink: 0.0,
+            },
+        }
+    }
+}
+
+impl QueryGroup {
+    /// The number of queries in the group.
+    pub fn len(&self) -> usize {
+        self.queries
+    }
+
+    /// Whether the group has no query.
+    pub fn is_empty(&self) -> bool {
+        self.queries == 0
+    }
+}
+
+impl Lanes<'_> {
+    /// Whether these rows can be taken with queries in lanes
+    /// (`Lanes::ready_group`): under `DIMS_MAX` dimensions.
+    pub fn takes_query_groups(&self) -> bool {
+        self.dims < DIMS_MAX
+    }
+
+    /// Makes `group` ready to decide rows for `queries`, each given as its
+    /// code, its tile of `Bounds` and its place in the tile: query `j` in
+    /// lane `j`.
+    pub fn ready_group<'q>(
+        &self,
+        queries: impl ExactSizeIterator<Item = (&'q QueryCode, &'q Bounds, usize)>,
+        group: &mut QueryGroup,
+    ) {
+        assert!(self.takes_query_groups(), "rows under {DIMS_MAX} dimensions");
+        assert!(queries.len() <= QUERY_LANES, "at most a register's lanes of queries");
+        let steps = self.dims.div_ceil(STEP);
+        group.codes[..steps * STEP * QUERY_LANES].fill(0);
+        (group.steps, group.queries, group.offsets) = (steps, queries.len(), [0; QUERY_LANES]);
+        let mut shape = None;
+        for (j, (code, bounds, q)) in queries.enumerate() {
+            assert!(q < QUERIES_MAX, "a query of the tile");
+            assert!(code.dims == self.dims && code.signs.len() == self.dims.next_multiple_of(SLACK));
+            assert!(code.levels <= self.kernel.query_levels(), "a query code this kernel multiplies");
+            assert!(shape.is_none_or(|s| s == bounds.shape), "one index's queries");
+            shape = Some(bounds.shape);
+            for (d, &c) in code.signs[..self.dims].iter().enumerate() {
+                group.codes[(d / STEP) * STEP * QUERY_LANES + j * STEP + d % STEP] = c;
+            }
+            group.offsets[j] = 128 * code.sum;
+            let (t, terms) = (bounds.of_query(q), &mut group.terms);
+            (terms.scale[j], terms.per_residual[j], terms.per_centred[j]) = (t.scale, t.per_residual, t.per_centred);
+            (terms.per_norm[j], terms.offset_product[j], terms.offset_scale[j]) =
+                (t.per_norm, t.offset_product, t.offset_scale);
+            (terms.query_squared[j], terms.query_scale[j], terms.absolute[j]) =
+                (t.query_squared, t.query_scale, t.absolute);
+            (terms.shape, terms.shrink) = (t.shape, t.shrink);
+        }
+    }
+
+    /// Decides each row of `rows` for each query of `group`: a pair is
+    /// ruled out where its bound (`Bounds::nearest`) is above the query's
+    /// threshold, `thresholds[j]` for query `j` at first; `undecided(j,
+    /// row)` hears of each pair that is not, and answers query `j`'s
+    /// threshold from then on (a row scored since may have brought it
+    /// nearer). `ahead(row)` is called before the `LANES` rows from `row`
+    /// are read, as in `Lanes::rules_out_run`.
+    #[inline(always)]
+    pub fn rules_out_group_run(
+        &self,
+        group: &QueryGroup,
+        rows: Range<usize>,
+        thresholds: [f32; QUERY_LANES],
+        (ahead, undecided): (impl FnMut(usize), impl FnMut(usize, usize) -> f32),
+    ) {
+        self.check_group_run(group, &rows);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: only `Int8::Avx2` has lanes, and a `Kernel` exists only
+        // where the CPU has its instructions (`Kernel::on_this_cpu`); the
+        // group was made ready for rows of these dimensions (its steps end
+        // within its codes) and every row of `rows` is a row of these
+        // codes, with `SLACK` bytes after the last and a value of each
+        // term (`check_group_run`, `Kernel::lanes`).
+        unsafe {
+            let live = (1u32 << group.queries) - 1;
+            let rule = x86::Rule { thresholds, live, undecided };
+            x86::run_avx2((self.bytes, rows, self.dims, self.multiples), group, self.terms, (ahead, rule))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("no kernel is available off x86-64")
+    }
+
+    /// The bound of `row` for each query of `group`, as
+    /// `rules_out_group_run` finds it: query `j`'s in lane `j`.
+    #[cfg(test)]
+    pub fn group_keys(&self, group: &QueryGroup, row: usize) -> [f32; QUERY_LANES] {
+        let first = row / LANES * LANES;
+        self.check_group_run(group, &(first..first + LANES));
+        let mut found = [f32::NAN; QUERY_LANES];
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `rules_out_group_run`.
+        unsafe {
+            let keys = |r, keys| {
+                if r == row {
+                    found = keys
+                }
+            };
+            x86::keys_avx2((self.bytes, first..first + LANES, self.dims, self.multiples), group, self.terms, keys)
+        }
+        found
+    }
+
+    /// What `x86::run_avx2` relies on beyond `Kernel::lanes`'s checks.
+    fn check_group_run(&self, group: &QueryGroup, rows: &Range<usize>) {
+        assert!(rows.end <= self.rows && rows.len().is_multiple_of(LANES), "whole lanes of rows");
+        assert!(self.takes_query_groups() && group.steps == self.dims.div_ceil(STEP), "a group ready for these rows");
+        assert!(group.steps * STEP * QUERY_LANES <= CODES_BYTES && group.queries <= QUERY_LANES);
+        // A row's last step reads at most 3 bytes past it: within the slack.
+        assert!(group.steps * STEP < self.dims + SLACK);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    use super::super::{Shape, L2_MARGIN, LANES, MARGIN, ROW_TERMS};
+    use super::{QueryGroup, QUERY_LANES, STEP};
+
+    /// What `run_avx2` does with each row's bounds, a query in each lane.
+    pub(super) trait Decide {
+        /// `nearest` holds the bounds of `row`, query `j`'s in lane `j`.
+        ///
+        /// # Safety
+        /// The CPU must have AVX2.
+        unsafe fn decide(&mut self, row: usize, nearest: __m256);
+    }
+
+    /// `rules_out_group_run`'s: the pairs whose bound is above their
+    /// query's threshold are ruled out, and `undecided` hears of the rest
+    /// of the `live` lanes.
+    pub(super) struct Rule<U> {
+        pub thresholds: [f32; QUERY_LANES],
+        pub live: u32,
+        pub undecided: U,
+    }
+
+    impl<U: FnMut(usize, usize) -> f32> Decide for Rule<U> {
+        #[inline(always)]
+        unsafe fn decide(&mut self, row: usize, nearest: __m256) {
+            // SAFETY: the CPU has AVX2, as the caller promises; 8 f32s from 8.
+            unsafe {
+                let thresholds = _mm256_loadu_ps(self.thresholds.as_ptr());
+                let ruled = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(nearest, thresholds)) as u32;
+                let mut left = !ruled & self.live;
+                while left != 0 {
+                    let j = left.trailing_zeros() as usize;
+                    left &= left - 1;
+                    self.thresholds[j] = (self.undecided)(j, row);
+                }
+            }
+        }
+    }
+
+    /// `group_keys`'s: each row's bounds handed to the closure.
+    #[cfg(test)]
+    struct Keys<K>(K);
+
+    #[cfg(test)]
+    impl<K: FnMut(usize, [f32; QUERY_LANES])> Decide for Keys<K> {
+        #[inline(always)]
+        unsafe fn decide(&mut self, row: usize, nearest: __m256) {
+            let mut lanes = [0f32; QUERY_LANES];
+            // SAFETY: 8 f32s into 8; the CPU has AVX2, as the caller promises.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), nearest) };
+            (self.0)(row, lanes);
+        }
+    }
+
+    /// `run_avx2` handing each row's bounds to `keys(row, bounds)`,
+    /// compiled for AVX2 so that the kernel's intrinsics are inlined into
+    /// it (the tests' caller is compiled for any x86-64).
+    ///
+    /// # Safety
+    /// As `run_avx2`.
+    #[cfg(test)]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn keys_avx2(
+        rows: Rows<'_>,
+        group: &QueryGroup,
+        terms: [&[f32]; ROW_TERMS],
+        keys: impl FnMut(usize, [f32; QUERY_LANES]),
+    ) {
+        // SAFETY: as the caller promises.
+        unsafe { run_avx2(rows, group, terms, (|_| {}, Keys(keys))) }
+    }
+
+    /// What `run_avx2` takes besides the group: the rows' codes, the rows
+    /// to decide, their dimensions and whether they have multiples of the
+    /// offset; the rows' terms; and what to call ahead of each `LANES`
+    /// rows and with each row's bounds.
+    type Rows<'a> = (&'a [u8], Range<usize>, usize, bool);
+
+    /// The bound of each row of `rows` for each query of `group`, handed
+    /// to `decide(row, bounds)`, for the queries' shape and whether the
+    /// rows have multiples: a loop compiled for each.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `group` must be ready for rows of `dims`
+    /// dimensions (its steps within its codes), every row of `rows` must
+    /// lie in `bytes` with 3 bytes after it, and every term must have a
+    /// value for each row (the multiples, `terms[4]`, where the rows have
+    /// them).
+    #[inline(always)]
+    pub(super) unsafe fn run_avx2(
+        rows: Rows<'_>,
+        group: &QueryGroup,
+        terms: [&[f32]; ROW_TERMS],
+        run: (impl FnMut(usize), impl Decide),
+    ) {
+        let multiples = rows.3;
+        // SAFETY: as the caller promises.
+        unsafe {
+            match (group.terms.shape, multiples) {
+                (Shape::Cosine, false) => shaped::<COSINE, false>(rows, group, terms, run),
+                (Shape::Cosine, true) => shaped::<COSINE, true>(rows, group, terms, run),
+                (Shape::Ip, false) => shaped::<IP, false>(rows, group, terms, run),
+                (Shape::Ip, true) => shaped::<IP, true>(rows, group, terms, run),
+                (Shape::L2, false) => shaped::<L2, false>(rows, group, terms, run),
+                (Shape::L2, true) => shaped::<L2, true>(rows, group, terms, run),
+            }
+        }
+    }
+
+    const COSINE: u8 = 0;
+    const IP: u8 = 1;
+    const L2: u8 = 2;
+
+    /// `run_avx2` of one shape: the products of `LANES` rows first, each
+    /// row's in two sums (the even and the odd steps: two chains of
+    /// additions half as long), then their bounds in order, so that the
+    /// products of the next rows fill the wait of each bound on its sums.
+    ///
+    /// # Safety
+    /// As `run_avx2`.
+    #[inline(always)]
+    unsafe fn shaped<const SHAPE: u8, const MULTIPLES: bool>(
+        (bytes, rows, dims, _): Rows<'_>,
+        group: &QueryGroup,
+        terms: [&[f32]; ROW_TERMS],
+        (mut ahead, mut decide): (impl FnMut(usize), impl Decide),
+    ) {
+        // SAFETY: the CPU has AVX2, as the caller promises; the loads stay
+        // within the group's codes, the rows' bytes and the terms, as the
+        // caller promises.
+        unsafe {
+            let all = _mm256_set1_ps;
+            let lanes = |field: &[f32; QUERY_LANES]| _mm256_loadu_ps(field.as_ptr());
+            let ones = _mm256_set1_epi16(1);
+            let offsets = _mm256_loadu_si256(group.offsets.as_ptr().cast());
+            let magnitude = |x| _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
+            let negated = |x| _mm256_xor_ps(x, all(-0.0));
+            let q = &group.terms;
+            let (scale, offset_scale, offset_product) =
+                (lanes(&q.scale), lanes(&q.offset_scale), lanes(&q.offset_product));
+            let (per_residual, per_centred, per_norm) =
+                (lanes(&q.per_residual), lanes(&q.per_centred), lanes(&q.per_norm));
+            let (absolute, query_scale, query_squared, shrink) =
+                (lanes(&q.absolute), lanes(&q.query_scale), lanes(&q.query_squared), all(q.shrink));
+            let codes = group.codes.as_ptr();
+            let steps = group.steps;
+            for first in rows.step_by(LANES) {
+                ahead(first);
+                let mut dots = [_mm256_setzero_si256(); LANES];
+                for (r, dots) in dots.iter_mut().enumerate() {
+                    let row = bytes.as_ptr().add((first + r) * dims);
+                    let product = |s: usize| {
+                        let x = _mm256_set1_epi32(row.add(s * STEP).cast::<i32>().read_unaligned());
+                        let q = _mm256_load_si256(codes.add(s * STEP * QUERY_LANES).cast());
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(x, q), ones)
+                    };
+                    // Named, not an array indexed by the step: so indexed,
+                    // the sums were kept in memory, each addition waiting on
+                    // the store of the one before.
+                    let (mut even, mut odd) = (product(0), _mm256_setzero_si256());
+                    let mut s = 1;
+                    while s + 1 < steps {
+                        odd = _mm256_add_epi32(odd, product(s));
+                        even = _mm256_add_epi32(even, product(s + 1));
+                        s += 2;
+                    }
+                    if s < steps {
+                        odd = _mm256_add_epi32(odd, product(s));
+                    }
+                    *dots = _mm256_sub_epi32(_mm256_add_epi32(even, odd), offsets);
+                }
+                for (r, &dots) in dots.iter().enumerate() {
+                    let row = first + r;
+                    // One value each, as the caller promises.
+                    let load = |terms: &[f32]| all(*terms.get_unchecked(row));
+                    let [scales, residuals, centred, row_offsets, multiples, norms, row_scales] = terms;
+                    let [scales, residuals, centred, row_offsets, norms, row_scales] =
+                        [scales, residuals, centred, row_offsets, norms, row_scales].map(load);
+                    // `Bounds::nearest_of`, operation for operation.
+                    let row_offsets = _mm256_mul_ps(row_offsets, offset_scale);
+                    let centre =
+                        if MULTIPLES { _mm256_mul_ps(offset_product, load(multiples)) } else { offset_product };
+                    let product = _mm256_mul_ps(_mm256_mul_ps(scales, _mm256_cvtepi32_ps(dots)), scale);
+                    let estimate = _mm256_add_ps(_mm256_add_ps(product, centre), row_offsets);
+                    let off = _mm256_add_ps(
+                        _mm256_add_ps(_mm256_mul_ps(per_residual, residuals), _mm256_mul_ps(per_centred, centred)),
+                        _mm256_mul_ps(per_norm, norms),
+                    );
+                    let spread = _mm256_add_ps(_mm256_add_ps(magnitude(product), magnitude(row_offsets)), off);
+                    let margin = _mm256_mul_ps(spread, all(MARGIN));
+                    let ceiling = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(estimate, off), margin), absolute);
+                    let nearest = match SHAPE {
+                        COSINE => negated(_mm256_mul_ps(_mm256_mul_ps(ceiling, row_scales), query_scale)),
+                        IP => negated(ceiling),
+                        _ => {
+                            let squares = _mm256_add_ps(query_squared, _mm256_mul_ps(norms, norms));
+                            let sum = _mm256_sub_ps(squares, _mm256_mul_ps(all(2.0), ceiling));
+                            let spread = _mm256_add_ps(squares, _mm256_mul_ps(all(2.0), magnitude(ceiling)));
+                            let floor = _mm256_sub_ps(sum, _mm256_mul_ps(spread, all(L2_MARGIN)));
+                            _mm256_sub_ps(_mm256_mul_ps(floor, shrink), absolute)
+                        }
+                    };
+                    decide.decide(row, nearest);
+                }
+            }
+        }
+    }
+}
