@@ -2406,9 +2406,9 @@ pub(super) mod x86 {
     const GROUPS_AHEAD: usize = 16;
 
     /// `Shape`s as `run_avx2`'s parameter: one loop compiled for each.
-    const COSINE: u8 = 0;
-    const IP: u8 = 1;
-    const L2: u8 = 2;
+    pub(super) const COSINE: u8 = 0;
+    pub(super) const IP: u8 = 1;
+    pub(super) const L2: u8 = 2;
 
     /// What `run_avx2` takes: `rules_out_run_avx2`'s arguments but the
     /// threshold, and what to do with each `LANES` rows' bounds.
@@ -2443,14 +2443,18 @@ pub(super) mod x86 {
             let ones = _mm256_set1_epi16(1);
             // The rows' offset of 128 added 128 sum(d).
             let offset = _mm256_set1_epi32(128 * sum);
-            let magnitude = |x| _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
-            let negated = |x| _mm256_xor_ps(x, all(-0.0));
-            let (scale, offset_scale, offset_product) =
-                (all(query.scale), all(query.offset_scale), all(query.offset_product));
-            let (per_residual, per_centred, per_norm) =
-                (all(query.per_residual), all(query.per_centred), all(query.per_norm));
-            let (absolute, query_scale, query_squared, shrink) =
-                (all(query.absolute), all(query.query_scale), all(query.query_squared), all(query.shrink));
+            let query_lanes = QueryLanes {
+                scale: all(query.scale),
+                offset_scale: all(query.offset_scale),
+                offset_product: all(query.offset_product),
+                per_residual: all(query.per_residual),
+                per_centred: all(query.per_centred),
+                per_norm: all(query.per_norm),
+                absolute: all(query.absolute),
+                query_scale: all(query.query_scale),
+                query_squared: all(query.query_squared),
+                shrink: all(query.shrink),
+            };
             for first in rows.clone().step_by(super::LANES * GROUPS_AHEAD) {
                 let groups = (first..(first + super::LANES * GROUPS_AHEAD).min(rows.end)).step_by(super::LANES);
                 let mut dots = [_mm256_setzero_si256(); GROUPS_AHEAD];
@@ -2498,32 +2502,72 @@ pub(super) mod x86 {
                     // 8 f32s each, as the caller promises.
                     let load = |terms: &[f32]| _mm256_loadu_ps(terms.as_ptr().add(row));
                     let [scales, residuals, centred, offsets, multiples, norms, row_scales] = terms;
-                    let [scales, residuals, centred, offsets, norms, row_scales] =
-                        [scales, residuals, centred, offsets, norms, row_scales].map(load);
-                    let offsets = _mm256_mul_ps(offsets, offset_scale);
-                    let centre =
-                        if MULTIPLES { _mm256_mul_ps(offset_product, load(multiples)) } else { offset_product };
-                    let product = _mm256_mul_ps(_mm256_mul_ps(scales, _mm256_cvtepi32_ps(dots)), scale);
-                    let estimate = _mm256_add_ps(_mm256_add_ps(product, centre), offsets);
-                    let off = _mm256_add_ps(
-                        _mm256_add_ps(_mm256_mul_ps(per_residual, residuals), _mm256_mul_ps(per_centred, centred)),
-                        _mm256_mul_ps(per_norm, norms),
-                    );
-                    let spread = _mm256_add_ps(_mm256_add_ps(magnitude(product), magnitude(offsets)), off);
-                    let margin = _mm256_mul_ps(spread, all(super::MARGIN));
-                    let ceiling = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(estimate, off), margin), absolute);
-                    let nearest = match SHAPE {
-                        COSINE => negated(_mm256_mul_ps(_mm256_mul_ps(ceiling, row_scales), query_scale)),
-                        IP => negated(ceiling),
-                        _ => {
-                            let squares = _mm256_add_ps(query_squared, _mm256_mul_ps(norms, norms));
-                            let sum = _mm256_sub_ps(squares, _mm256_mul_ps(all(2.0), ceiling));
-                            let spread = _mm256_add_ps(squares, _mm256_mul_ps(all(2.0), magnitude(ceiling)));
-                            let floor = _mm256_sub_ps(sum, _mm256_mul_ps(spread, all(super::L2_MARGIN)));
-                            _mm256_sub_ps(_mm256_mul_ps(floor, shrink), absolute)
-                        }
-                    };
-                    decide.decide(row, nearest);
+                    let rows = [scales, residuals, centred, offsets, norms, row_scales].map(load);
+                    let multiples = MULTIPLES.then(|| load(multiples));
+                    decide.decide(row, nearest_in_lanes::<SHAPE>(dots, (rows, multiples), &query_lanes));
+                }
+            }
+        }
+    }
+
+    /// The queries' side of the bound in lanes (`nearest_in_lanes`): one
+    /// query's terms in every lane (`run_avx2`), or a query in each lane
+    /// (`query_lanes`).
+    pub(super) struct QueryLanes {
+        pub scale: __m256,
+        pub offset_scale: __m256,
+        pub offset_product: __m256,
+        pub per_residual: __m256,
+        pub per_centred: __m256,
+        pub per_norm: __m256,
+        pub absolute: __m256,
+        pub query_scale: __m256,
+        pub query_squared: __m256,
+        pub shrink: __m256,
+    }
+
+    /// `Bounds::nearest_of` of `SHAPE` in lanes, operation for operation in
+    /// the same order, so each lane's is the pair's bound bit for bit:
+    /// from the products `dots`, the rows' scales, residual bounds, `|x -
+    /// κμ|`, `μ . (x - κμ)`, norm bounds and (cosine) scales, their
+    /// multiples of the offset where they have them (1 otherwise: the
+    /// query's `q . μ` as it is), and the queries' terms. Both kernels with
+    /// lanes take it: a row in each lane (`run_avx2`) and a query in each
+    /// (`query_lanes`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[inline(always)]
+    pub(super) unsafe fn nearest_in_lanes<const SHAPE: u8>(
+        dots: __m256i,
+        ([scales, residuals, centred, offsets, norms, row_scales], multiples): ([__m256; 6], Option<__m256>),
+        q: &QueryLanes,
+    ) -> __m256 {
+        // SAFETY: the CPU has AVX2, as the caller promises.
+        unsafe {
+            let all = _mm256_set1_ps;
+            let magnitude = |x| _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
+            let negated = |x| _mm256_xor_ps(x, all(-0.0));
+            let offsets = _mm256_mul_ps(offsets, q.offset_scale);
+            let centre = multiples.map_or(q.offset_product, |multiples| _mm256_mul_ps(q.offset_product, multiples));
+            let product = _mm256_mul_ps(_mm256_mul_ps(scales, _mm256_cvtepi32_ps(dots)), q.scale);
+            let estimate = _mm256_add_ps(_mm256_add_ps(product, centre), offsets);
+            let off = _mm256_add_ps(
+                _mm256_add_ps(_mm256_mul_ps(q.per_residual, residuals), _mm256_mul_ps(q.per_centred, centred)),
+                _mm256_mul_ps(q.per_norm, norms),
+            );
+            let spread = _mm256_add_ps(_mm256_add_ps(magnitude(product), magnitude(offsets)), off);
+            let margin = _mm256_mul_ps(spread, all(super::MARGIN));
+            let ceiling = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(estimate, off), margin), q.absolute);
+            match SHAPE {
+                COSINE => negated(_mm256_mul_ps(_mm256_mul_ps(ceiling, row_scales), q.query_scale)),
+                IP => negated(ceiling),
+                _ => {
+                    let squares = _mm256_add_ps(q.query_squared, _mm256_mul_ps(norms, norms));
+                    let sum = _mm256_sub_ps(squares, _mm256_mul_ps(all(2.0), ceiling));
+                    let spread = _mm256_add_ps(squares, _mm256_mul_ps(all(2.0), magnitude(ceiling)));
+                    let floor = _mm256_sub_ps(sum, _mm256_mul_ps(spread, all(super::L2_MARGIN)));
+                    _mm256_sub_ps(_mm256_mul_ps(floor, q.shrink), q.absolute)
                 }
             }
         }

@@ -220,7 +220,8 @@ mod x86 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::super::{Shape, L2_MARGIN, LANES, MARGIN, ROW_TERMS};
+    use super::super::x86::{nearest_in_lanes, QueryLanes, COSINE, IP, L2};
+    use super::super::{Shape, LANES, ROW_TERMS};
     use super::{QueryGroup, QUERY_LANES, STEP};
 
     /// What `run_avx2` does with each row's bounds, a query in each lane.
@@ -328,10 +329,6 @@ mod x86 {
         }
     }
 
-    const COSINE: u8 = 0;
-    const IP: u8 = 1;
-    const L2: u8 = 2;
-
     /// `run_avx2` of one shape: the products of `LANES` rows first, each
     /// row's in two sums (the even and the odd steps: two chains of
     /// additions half as long), then their bounds in order, so that the
@@ -354,15 +351,19 @@ mod x86 {
             let lanes = |field: &[f32; QUERY_LANES]| _mm256_loadu_ps(field.as_ptr());
             let ones = _mm256_set1_epi16(1);
             let offsets = _mm256_loadu_si256(group.offsets.as_ptr().cast());
-            let magnitude = |x| _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
-            let negated = |x| _mm256_xor_ps(x, all(-0.0));
             let q = &group.terms;
-            let (scale, offset_scale, offset_product) =
-                (lanes(&q.scale), lanes(&q.offset_scale), lanes(&q.offset_product));
-            let (per_residual, per_centred, per_norm) =
-                (lanes(&q.per_residual), lanes(&q.per_centred), lanes(&q.per_norm));
-            let (absolute, query_scale, query_squared, shrink) =
-                (lanes(&q.absolute), lanes(&q.query_scale), lanes(&q.query_squared), all(q.shrink));
+            let query_lanes = QueryLanes {
+                scale: lanes(&q.scale),
+                offset_scale: lanes(&q.offset_scale),
+                offset_product: lanes(&q.offset_product),
+                per_residual: lanes(&q.per_residual),
+                per_centred: lanes(&q.per_centred),
+                per_norm: lanes(&q.per_norm),
+                absolute: lanes(&q.absolute),
+                query_scale: lanes(&q.query_scale),
+                query_squared: lanes(&q.query_squared),
+                shrink: all(q.shrink),
+            };
             let codes = group.codes.as_ptr();
             let steps = group.steps;
             for first in rows.step_by(LANES) {
@@ -395,33 +396,9 @@ mod x86 {
                     // One value each, as the caller promises.
                     let load = |terms: &[f32]| all(*terms.get_unchecked(row));
                     let [scales, residuals, centred, row_offsets, multiples, norms, row_scales] = terms;
-                    let [scales, residuals, centred, row_offsets, norms, row_scales] =
-                        [scales, residuals, centred, row_offsets, norms, row_scales].map(load);
-                    // `Bounds::nearest_of`, operation for operation.
-                    let row_offsets = _mm256_mul_ps(row_offsets, offset_scale);
-                    let centre =
-                        if MULTIPLES { _mm256_mul_ps(offset_product, load(multiples)) } else { offset_product };
-                    let product = _mm256_mul_ps(_mm256_mul_ps(scales, _mm256_cvtepi32_ps(dots)), scale);
-                    let estimate = _mm256_add_ps(_mm256_add_ps(product, centre), row_offsets);
-                    let off = _mm256_add_ps(
-                        _mm256_add_ps(_mm256_mul_ps(per_residual, residuals), _mm256_mul_ps(per_centred, centred)),
-                        _mm256_mul_ps(per_norm, norms),
-                    );
-                    let spread = _mm256_add_ps(_mm256_add_ps(magnitude(product), magnitude(row_offsets)), off);
-                    let margin = _mm256_mul_ps(spread, all(MARGIN));
-                    let ceiling = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(estimate, off), margin), absolute);
-                    let nearest = match SHAPE {
-                        COSINE => negated(_mm256_mul_ps(_mm256_mul_ps(ceiling, row_scales), query_scale)),
-                        IP => negated(ceiling),
-                        _ => {
-                            let squares = _mm256_add_ps(query_squared, _mm256_mul_ps(norms, norms));
-                            let sum = _mm256_sub_ps(squares, _mm256_mul_ps(all(2.0), ceiling));
-                            let spread = _mm256_add_ps(squares, _mm256_mul_ps(all(2.0), magnitude(ceiling)));
-                            let floor = _mm256_sub_ps(sum, _mm256_mul_ps(spread, all(L2_MARGIN)));
-                            _mm256_sub_ps(_mm256_mul_ps(floor, shrink), absolute)
-                        }
-                    };
-                    decide.decide(row, nearest);
+                    let rows = [scales, residuals, centred, row_offsets, norms, row_scales].map(load);
+                    let multiples = MULTIPLES.then(|| load(multiples));
+                    decide.decide(row, nearest_in_lanes::<SHAPE>(dots, (rows, multiples), &query_lanes));
                 }
             }
         }
