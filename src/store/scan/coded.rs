@@ -350,6 +350,11 @@ impl View<'_> {
     /// A query's threshold is read at the start of each run and again after
     /// each `LANES` rows it could not all rule out.
     ///
+    /// Under `query_lanes::DIMS_MAX` dimensions, the group's first queries
+    /// (`in_query_groups`) decide each run 8 at a time instead, a query in
+    /// each lane (`codes::query_lanes`), each query's threshold read at
+    /// the run's start and after each row it could not rule out.
+    ///
     /// The codes of the run after each are asked for while a group of
     /// queries decides this one, a share before each `LANES` rows of each
     /// query. Asked for by the group's first query alone, 16 rows ahead, a
