@@ -2547,7 +2547,6 @@ pub(super) mod x86 {
         unsafe {
             let all = _mm256_set1_ps;
             let magnitude = |x| _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
-            let negated = |x| _mm256_xor_ps(x, all(-0.0));
             let offsets = _mm256_mul_ps(offsets, q.offset_scale);
             let centre = multiples.map_or(q.offset_product, |multiples| _mm256_mul_ps(q.offset_product, multiples));
             let product = _mm256_mul_ps(_mm256_mul_ps(scales, _mm256_cvtepi32_ps(dots)), q.scale);
@@ -2559,6 +2558,27 @@ pub(super) mod x86 {
             let spread = _mm256_add_ps(_mm256_add_ps(magnitude(product), magnitude(offsets)), off);
             let margin = _mm256_mul_ps(spread, all(super::MARGIN));
             let ceiling = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(estimate, off), margin), q.absolute);
+            nearest_of_ceiling::<SHAPE>(ceiling, (norms, row_scales), q)
+        }
+    }
+
+    /// The end of `Bounds::nearest_of` in lanes: the nearest distance a
+    /// `ceiling` on the product allows, for `SHAPE`, the rows' norm bounds
+    /// (l2) and scales (cosine), and the queries' terms.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[inline(always)]
+    pub(super) unsafe fn nearest_of_ceiling<const SHAPE: u8>(
+        ceiling: __m256,
+        (norms, row_scales): (__m256, __m256),
+        q: &QueryLanes,
+    ) -> __m256 {
+        // SAFETY: the CPU has AVX2, as the caller promises.
+        unsafe {
+            let all = _mm256_set1_ps;
+            let magnitude = |x| _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
+            let negated = |x| _mm256_xor_ps(x, all(-0.0));
             match SHAPE {
                 COSINE => negated(_mm256_mul_ps(_mm256_mul_ps(ceiling, row_scales), q.query_scale)),
                 IP => negated(ceiling),

@@ -20,6 +20,43 @@
 //! at most 255 and a query's code at most 63 in magnitude
 //! (`Kernel::query_levels`), so `vpmaddubsw`'s two products to an i16 sum
 //! to at most 32,130.
+//!
+//! # A first look for the group
+//! Of the bound's operations on a pair (the module doc of `codes`), about
+//! half go to its error terms and its margin, `o = (P r_x + R n_x) + G |x|`
+//! and `m = (|p| + |o_x| + o) 2^-19`, where only `P`, `R` and `G` are the
+//! query's. So each row first takes a looser bound, its first look, whose
+//! error terms are the row's alone for the whole group: with `P*`, `R*`,
+//! `G*` and `Λ*` the greatest of the group's `P`, `R`, `G` and `|λ|`,
+//! - `o* = (P* r_x + R* n_x) + G* |x|`, at least each query's `o`;
+//! - `m* = ((P* (n_x + r_x) + Λ* |t_x|) + o*) 2^-19`. Here `P* (n_x +
+//!   r_x)` stands for `|p|`: `|abC| = |ac . bd| <= |ac| |bd|`, with `|ac| =
+//!   |(x - κμ) - e| <= n_x + r_x` and `|bd| <= n_q + r_q <= P`, and `p` is
+//!   within `3.01 u` of `abC`; `Λ* |t_x|` is at least `|o_x| = |λ t_x|`. So
+//!   `m*`, its four roundings and `p`'s `3.01 u` taken off, is still at
+//!   least `31.9 u (|p| + |o_x| + o)`.
+//!
+//! Both are worked out for 8 rows at once, rows in lanes, as the side `o* +
+//! m*` of each. A pair then takes `ceiling = (((p + c) + o_x) + side) +
+//! A_q`, `p`, `c` and `o_x` as the bound takes them, and the bound's own
+//! last step from `ceiling` to a distance (`x86::nearest_of_ceiling`).
+//! Each of `p`, `c`, `o_x` and `o*` passes through as many roundings as it
+//! does in the bound, give or take one (`o*` three within it, one into the
+//! side, two more; `p` its own three and four more): at most `7.1 u` of
+//! `|p| + |o_x| + o` in all, and `5 u |c|`, which `A_q` pays for as it does
+//! in the bound. `m*` leaves more than `24 u` of those magnitudes over,
+//! as `m` does. So the first look's ceiling, as computed, is at least `S`
+//! for every query of the group (for l2, at least `T`), as the bound's is,
+//! with the terms of the query itself no greater than the group's; and a
+//! pair its first look rules out could not have entered the answer. NaN
+//! anywhere, or an infinite term, rules nothing out.
+//!
+//! Where a row's first look rules out every pair of the group, as it does
+//! for nearly every row once each query keeps k, that is the row's
+//! decision. Where it leaves any, the row's bound decides all its pairs,
+//! as it would without the first look. The group's queries are alike in `P`, `R`, `G` and `|λ|` when they are
+//! alike in norm (cosine's, all 1), so the first look leaves few rows the
+//! bound would rule out.
 
 use std::ops::Range;
 
@@ -56,6 +93,17 @@ pub struct QueryGroup {
     /// Each query's `128 sum(d)` (the rows' bytes are their codes plus 128).
     offsets: [i32; QUERY_LANES],
     terms: Terms,
+    first_look: FirstLook,
+}
+
+/// The queries' side of a group's first look (the module doc): the
+/// greatest of the group's `P`, `R`, `G` and `|λ|`.
+#[derive(Clone, Copy, Default)]
+struct FirstLook {
+    per_residual: f32,
+    per_centred: f32,
+    per_norm: f32,
+    offset_scale: f32,
 }
 
 /// The queries' side of the bound (`super::QueryTerms`), each field's lanes
@@ -96,6 +144,7 @@ impl Default for QueryGroup {
                 absolute: lanes,
                 shrink: 0.0,
             },
+            first_look: FirstLook::default(),
         }
     }
 }
@@ -151,12 +200,25 @@ impl Lanes<'_> {
                 (t.query_squared, t.query_scale, t.absolute);
             (terms.shape, terms.shrink) = (t.shape, t.shrink);
         }
+        let (terms, live) = (&group.terms, ..group.queries);
+        // NaN where any is: it rules nothing out.
+        let greatest = |lanes: &[f32; QUERY_LANES]| {
+            lanes[live].iter().map(|x| x.abs()).fold(0f32, |m, x| if x > m || x.is_nan() { x } else { m })
+        };
+        group.first_look = FirstLook {
+            per_residual: greatest(&terms.per_residual),
+            per_centred: greatest(&terms.per_centred),
+            per_norm: greatest(&terms.per_norm),
+            offset_scale: greatest(&terms.offset_scale),
+        };
     }
 
-    /// Decides each row of `rows` for each query of `group`: a pair is
-    /// ruled out where its bound (`Bounds::nearest`) is above the query's
-    /// threshold, `thresholds[j]` for query `j` at first; `undecided(j,
-    /// row)` hears of each pair that is not, and answers query `j`'s
+    /// Decides each row of `rows` for each query of `group`. A row's first
+    /// look (the module doc) rules out the pairs where it is above their
+    /// query's threshold, `thresholds[j]` for query `j` at first; where it
+    /// leaves any, the row's bound (`Bounds::nearest`) decides all its
+    /// pairs the same way. `undecided(j, row)` hears of each pair that is
+    /// not ruled out, and answers query `j`'s
     /// threshold from then on (a row scored since may have brought it
     /// nearer). `ahead(row)` is called before the `LANES` rows from `row`
     /// are read, as in `Lanes::rules_out_run`.
@@ -186,12 +248,13 @@ impl Lanes<'_> {
     }
 
     /// The bound of `row` for each query of `group`, as
-    /// `rules_out_group_run` finds it: query `j`'s in lane `j`.
+    /// `rules_out_group_run` finds it, and its first look's: query `j`'s
+    /// in lane `j`.
     #[cfg(test)]
-    pub fn group_keys(&self, group: &QueryGroup, row: usize) -> [f32; QUERY_LANES] {
+    pub fn group_keys(&self, group: &QueryGroup, row: usize) -> [[f32; QUERY_LANES]; 2] {
         let first = row / LANES * LANES;
         self.check_group_run(group, &(first..first + LANES));
-        let mut found = [f32::NAN; QUERY_LANES];
+        let mut found = [[f32::NAN; QUERY_LANES]; 2];
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `rules_out_group_run`.
         unsafe {
@@ -220,12 +283,19 @@ mod x86 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::super::x86::{nearest_in_lanes, QueryLanes, COSINE, IP, L2};
-    use super::super::{Shape, LANES, ROW_TERMS};
+    use super::super::x86::{nearest_in_lanes, nearest_of_ceiling, QueryLanes, COSINE, IP, L2};
+    use super::super::{Shape, LANES, MARGIN, ROW_TERMS};
     use super::{QueryGroup, QUERY_LANES, STEP};
 
     /// What `run_avx2` does with each row's bounds, a query in each lane.
     pub(super) trait Decide {
+        /// Whether the first look's bounds of `row` (the module doc), query
+        /// `j`'s in lane `j`, settle it: then `decide` is not called.
+        ///
+        /// # Safety
+        /// The CPU must have AVX2.
+        unsafe fn settled(&mut self, row: usize, first: __m256) -> bool;
+
         /// `nearest` holds the bounds of `row`, query `j`'s in lane `j`.
         ///
         /// # Safety
@@ -242,14 +312,34 @@ mod x86 {
         pub undecided: U,
     }
 
-    impl<U: FnMut(usize, usize) -> f32> Decide for Rule<U> {
+    impl<U> Rule<U> {
+        /// The lanes whose bound in `keys` is above their threshold.
+        ///
+        /// # Safety
+        /// The CPU must have AVX2.
         #[inline(always)]
-        unsafe fn decide(&mut self, row: usize, nearest: __m256) {
+        unsafe fn above(&self, keys: __m256) -> u32 {
             // SAFETY: the CPU has AVX2, as the caller promises; 8 f32s from 8.
             unsafe {
                 let thresholds = _mm256_loadu_ps(self.thresholds.as_ptr());
-                let ruled = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(nearest, thresholds)) as u32;
-                let mut left = !ruled & self.live;
+                _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(keys, thresholds)) as u32
+            }
+        }
+    }
+
+    impl<U: FnMut(usize, usize) -> f32> Decide for Rule<U> {
+        /// Where the first look rules out every live pair.
+        #[inline(always)]
+        unsafe fn settled(&mut self, _: usize, first: __m256) -> bool {
+            // SAFETY: as the caller promises.
+            !unsafe { self.above(first) } & self.live == 0
+        }
+
+        #[inline(always)]
+        unsafe fn decide(&mut self, row: usize, nearest: __m256) {
+            // SAFETY: as the caller promises.
+            unsafe {
+                let mut left = !self.above(nearest) & self.live;
                 while left != 0 {
                     let j = left.trailing_zeros() as usize;
                     left &= left - 1;
@@ -259,18 +349,30 @@ mod x86 {
         }
     }
 
-    /// `group_keys`'s: each row's bounds handed to the closure.
+    /// `group_keys`'s: each row's bounds and its first look's handed to
+    /// the closure.
     #[cfg(test)]
-    struct Keys<K>(K);
+    struct Keys<K> {
+        keys: K,
+        first: [f32; QUERY_LANES],
+    }
 
     #[cfg(test)]
-    impl<K: FnMut(usize, [f32; QUERY_LANES])> Decide for Keys<K> {
+    impl<K: FnMut(usize, [[f32; QUERY_LANES]; 2])> Decide for Keys<K> {
+        /// Never: so every row's bounds are worked out too.
+        #[inline(always)]
+        unsafe fn settled(&mut self, _: usize, first: __m256) -> bool {
+            // SAFETY: 8 f32s into 8; the CPU has AVX2, as the caller promises.
+            unsafe { _mm256_storeu_ps(self.first.as_mut_ptr(), first) };
+            false
+        }
+
         #[inline(always)]
         unsafe fn decide(&mut self, row: usize, nearest: __m256) {
-            let mut lanes = [0f32; QUERY_LANES];
+            let mut bounds = [0f32; QUERY_LANES];
             // SAFETY: 8 f32s into 8; the CPU has AVX2, as the caller promises.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), nearest) };
-            (self.0)(row, lanes);
+            unsafe { _mm256_storeu_ps(bounds.as_mut_ptr(), nearest) };
+            (self.keys)(row, [bounds, self.first]);
         }
     }
 
@@ -286,10 +388,10 @@ mod x86 {
         rows: Rows<'_>,
         group: &QueryGroup,
         terms: [&[f32]; ROW_TERMS],
-        keys: impl FnMut(usize, [f32; QUERY_LANES]),
+        keys: impl FnMut(usize, [[f32; QUERY_LANES]; 2]),
     ) {
         // SAFETY: as the caller promises.
-        unsafe { run_avx2(rows, group, terms, (|_| {}, Keys(keys))) }
+        unsafe { run_avx2(rows, group, terms, (|_| {}, Keys { keys, first: [0.0; QUERY_LANES] })) }
     }
 
     /// What `run_avx2` takes besides the group: the rows' codes, the rows
@@ -364,10 +466,35 @@ mod x86 {
                 query_squared: lanes(&q.query_squared),
                 shrink: all(q.shrink),
             };
+            let magnitude = |x| _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
+            let f = &group.first_look;
+            let greatest = [f.per_residual, f.per_centred, f.per_norm, f.offset_scale].map(|x| all(x));
             let codes = group.codes.as_ptr();
             let steps = group.steps;
+            let [scales, residuals, centred, row_offsets, multiples, norms, row_scales] = terms;
             for first in rows.step_by(LANES) {
                 ahead(first);
+                // The rows' side of the first look for `LANES` rows at once
+                // (8 values of each term, as the caller promises): `o* + m*`.
+                let sides = {
+                    let load = |terms: &[f32]| _mm256_loadu_ps(terms.as_ptr().add(first));
+                    let [per_residual, per_centred, per_norm, offset_scale] = greatest;
+                    let (residual, centred) = (load(residuals), load(centred));
+                    let off = _mm256_add_ps(
+                        _mm256_add_ps(_mm256_mul_ps(per_residual, residual), _mm256_mul_ps(per_centred, centred)),
+                        _mm256_mul_ps(per_norm, load(norms)),
+                    );
+                    let spread = _mm256_add_ps(
+                        _mm256_add_ps(
+                            _mm256_mul_ps(per_residual, _mm256_add_ps(centred, residual)),
+                            _mm256_mul_ps(offset_scale, magnitude(load(row_offsets))),
+                        ),
+                        off,
+                    );
+                    let mut sides = [0f32; LANES];
+                    _mm256_storeu_ps(sides.as_mut_ptr(), _mm256_add_ps(off, _mm256_mul_ps(spread, all(MARGIN))));
+                    sides
+                };
                 let mut dots = [_mm256_setzero_si256(); LANES];
                 for (r, dots) in dots.iter_mut().enumerate() {
                     let row = bytes.as_ptr().add((first + r) * dims);
@@ -395,10 +522,24 @@ mod x86 {
                     let row = first + r;
                     // One value each, as the caller promises.
                     let load = |terms: &[f32]| all(*terms.get_unchecked(row));
-                    let [scales, residuals, centred, row_offsets, multiples, norms, row_scales] = terms;
-                    let rows = [scales, residuals, centred, row_offsets, norms, row_scales].map(load);
-                    let multiples = MULTIPLES.then(|| load(multiples));
-                    decide.decide(row, nearest_in_lanes::<SHAPE>(dots, (rows, multiples), &query_lanes));
+                    let multiple = MULTIPLES.then(|| load(multiples));
+                    let (scale, row_scale, row_offset) = (load(scales), load(row_scales), load(row_offsets));
+                    let norm = if SHAPE == L2 { load(norms) } else { _mm256_setzero_ps() };
+                    // The first look: `Bounds::nearest_of` with the rows'
+                    // side in place of `o_x` and `o`, summed in the order
+                    // the module doc takes.
+                    let product = _mm256_mul_ps(_mm256_mul_ps(scale, _mm256_cvtepi32_ps(dots)), query_lanes.scale);
+                    let centre = multiple.map_or(query_lanes.offset_product, |multiple| {
+                        _mm256_mul_ps(query_lanes.offset_product, multiple)
+                    });
+                    let offset = _mm256_mul_ps(row_offset, query_lanes.offset_scale);
+                    let estimate = _mm256_add_ps(_mm256_add_ps(product, centre), offset);
+                    let ceiling = _mm256_add_ps(_mm256_add_ps(estimate, all(sides[r])), query_lanes.absolute);
+                    let first_look = nearest_of_ceiling::<SHAPE>(ceiling, (norm, row_scale), &query_lanes);
+                    if !decide.settled(row, first_look) {
+                        let rows = [scales, residuals, centred, row_offsets, norms, row_scales].map(load);
+                        decide.decide(row, nearest_in_lanes::<SHAPE>(dots, (rows, multiple), &query_lanes));
+                    }
                 }
             }
         }

@@ -644,22 +644,36 @@ fn the_bound_in_lanes_is_the_bound_pair_by_pair() {
 }
 
 /// With queries in lanes (`codes::query_lanes`), each pair's bound is the
-/// bound of `Lanes`, bit for bit, and so the bound pair by pair; each pair
-/// is ruled out exactly where its bound is above its query's threshold,
-/// and never at its own distance: for groups of 1 to 8 queries, rows of 1
-/// to 255 dimensions (every step's remainder), across the numeric domain.
+/// bound of `Lanes`, bit for bit, and so the bound pair by pair; neither it
+/// nor the group's first look is ever above the pair's own distance; and a
+/// run rules out exactly the pairs of the rows whose first look rules out
+/// every query, and elsewhere those whose bound is above their query's
+/// threshold: for groups of 1 to 8 queries, rows of 1 to 255 dimensions
+/// (every step's remainder), across the numeric domain and along an
+/// offset.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn the_bound_with_queries_in_lanes_is_the_bound_in_lanes() {
     use crate::store::codes::query_lanes::{QueryGroup, QUERY_LANES};
     let kernels = kernels_with_lanes("the bound with queries in lanes");
     for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
-        for dims in [1, 2, 3, 4, 5, 7, 31, 32, 33, 50, 64, 65, 127, 200, 255] {
-            let index = twins_of(&hard_for_codes(dims as u64, dims, metric), metric);
+        for (dims, along) in [1, 2, 3, 4, 5, 7, 31, 32, 33, 50, 64, 65, 127, 200, 255]
+            .map(|d| (d, false))
+            .into_iter()
+            .chain([(7, true), (50, true), (200, true)])
+        {
+            let rows = match along {
+                false => hard_for_codes(dims as u64, dims, metric),
+                true => along_an_offset(dims as u64, dims, metric),
+            };
+            let index = twins_of(&rows, metric);
             let Some(codes) = codes_or_skip(&index, "the bound with queries in lanes") else { return };
             let view = index.view();
             let row_scales = if metric == Metric::Cosine { view.inverse_norms } else { view.norms };
-            let mut queries = hard_for_codes(3000 + dims as u64, dims, metric);
+            let mut queries = match along {
+                false => hard_for_codes(3000 + dims as u64, dims, metric),
+                true => along_an_offset(3000 + dims as u64, dims, metric),
+            };
             queries.truncate(3 * QUERY_LANES);
             for query in &mut queries {
                 index.prepare_query(query).unwrap();
@@ -689,14 +703,16 @@ fn the_bound_with_queries_in_lanes_is_the_bound_in_lanes() {
                     // Whether a bound rules a pair out at a threshold.
                     let above = |key: f32, threshold: f32| key > threshold;
                     for (row, own) in own.iter().enumerate() {
-                        let keys = lanes.group_keys(&group, row);
-                        for (q, key) in keys.iter().enumerate().take(size) {
+                        let [keys, looks] = lanes.group_keys(&group, row);
+                        for (q, (key, look)) in keys.iter().zip(looks).enumerate().take(size) {
                             let (first, r) = (row / LANES * LANES, row % LANES);
                             let single = lanes.query(&pass.codes[q], &pass.bounds[q / tile], q % tile);
                             let want = lanes.keys(&single, first)[r];
-                            let what = format!("{metric:?}, {dims} dims, {size} queries, query {q}, row {row}");
+                            let what =
+                                format!("{metric:?}, {dims} dims, {along}, {size} queries, query {q}, row {row}");
                             assert_eq!(key.to_bits(), want.to_bits(), "{what}: {key} against {want}");
                             assert!(!above(*key, own[q]), "{what}: ruled out at its own distance {}", own[q]);
+                            assert!(!above(look, own[q]), "{what}: a first look of {look} above {}", own[q]);
                         }
                     }
                     // A run decides as the keys say: at each query's own
@@ -715,17 +731,71 @@ fn the_bound_with_queries_in_lanes_is_the_bound_in_lanes() {
                             thresholds[q]
                         };
                         lanes.rules_out_group_run(&group, 0..whole, thresholds, (|_| {}, undecided));
+                        // Whether a row's first look rules out every query.
+                        let settled = |looks: [f32; QUERY_LANES]| (0..size).all(|q| above(looks[q], thresholds[q]));
                         for (q, heard) in heard.iter().enumerate() {
                             let want: Vec<usize> = (0..whole)
-                                .filter(|&row| !above(lanes.group_keys(&group, row)[q], thresholds[q]))
+                                .filter(|&row| {
+                                    let [keys, looks] = lanes.group_keys(&group, row);
+                                    !settled(looks) && !above(keys[q], thresholds[q])
+                                })
                                 .collect();
-                            let what = format!("{metric:?}, {dims} dims, {size} queries, query {q}, shift {shift}");
+                            let what =
+                                format!("{metric:?}, {dims} dims, {along}, {size} queries, query {q}, shift {shift}");
                             assert_eq!(heard, &want, "{what}");
                             assert!(shift == -1 || heard.first() == Some(&0), "{what}: row 0 at its own distance");
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+/// On rows and queries drawn alike, a group's first look settles nearly
+/// every row its bounds rule out for all its queries, at each query's
+/// tenth nearest: the first look is what decides a scan, and not only a
+/// bound that is never above a pair's distance.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_group_s_first_look_settles_nearly_every_row_its_bounds_rule_out() {
+    use crate::store::codes::query_lanes::{QueryGroup, QUERY_LANES};
+    let kernels = kernels_with_lanes("a group's first look");
+    for metric in [Metric::Cosine, Metric::Ip, Metric::L2] {
+        let dims = 50;
+        let index = twins_of(&random_vectors(7, dims, 2000), metric);
+        let Some(codes) = codes_or_skip(&index, "a group's first look") else { return };
+        let view = index.view();
+        let row_scales = if metric == Metric::Cosine { view.inverse_norms } else { view.norms };
+        let mut queries = random_vectors(8, dims, QUERY_LANES);
+        for query in &mut queries {
+            index.prepare_query(query).unwrap();
+        }
+        let tenth: Vec<f32> = queries
+            .iter()
+            .map(|query| {
+                let mut top = TopK::new();
+                index.search(query, 10, &mut top);
+                top.sorted()[9].distance
+            })
+            .collect();
+        let chosen: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+        for &kernel in &kernels {
+            let lanes = kernel.lanes(codes, (view.norms, row_scales)).expect("a kernel with lanes");
+            let tile = kernel.query_tile();
+            let pass = Pass::new(&index, &chosen, kernel);
+            let mut group = QueryGroup::default();
+            lanes.ready_group((0..QUERY_LANES).map(|q| (&pass.codes[q], &pass.bounds[q / tile], q % tile)), &mut group);
+            let (mut ruled, mut settled) = (0, 0);
+            for row in 0..index.len() / LANES * LANES {
+                let [keys, looks] = lanes.group_keys(&group, row);
+                let all_above = |keys: [f32; QUERY_LANES]| (0..QUERY_LANES).all(|q| keys[q] > tenth[q]);
+                ruled += usize::from(all_above(keys));
+                settled += usize::from(all_above(looks));
+            }
+            let what = format!("{metric:?}, {}: {settled} rows settled, {ruled} ruled out", kernel.name());
+            assert!(ruled * 10 >= index.len() * 9, "{what}");
+            assert!(settled * 100 >= ruled * 98, "{what}");
         }
     }
 }
