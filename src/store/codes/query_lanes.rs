@@ -54,9 +54,9 @@
 //! Where a row's first look rules out every pair of the group, as it does
 //! for nearly every row once each query keeps k, that is the row's
 //! decision. Where it leaves any, the row's bound decides all its pairs,
-//! as it would without the first look. The group's queries are alike in `P`, `R`, `G` and `|λ|` when they are
-//! alike in norm (cosine's, all 1), so the first look leaves few rows the
-//! bound would rule out.
+//! as it would without the first look. Queries alike in norm (cosine's,
+//! all 1) are alike in `P`, `R`, `G` and `|λ|`, so the first look leaves
+//! few rows the bound would rule out.
 
 use std::ops::Range;
 
@@ -218,10 +218,10 @@ impl Lanes<'_> {
     /// query's threshold, `thresholds[j]` for query `j` at first; where it
     /// leaves any, the row's bound (`Bounds::nearest`) decides all its
     /// pairs the same way. `undecided(j, row)` hears of each pair that is
-    /// not ruled out, and answers query `j`'s
-    /// threshold from then on (a row scored since may have brought it
-    /// nearer). `ahead(row)` is called before the `LANES` rows from `row`
-    /// are read, as in `Lanes::rules_out_run`.
+    /// not ruled out, and answers query `j`'s threshold from then on (a
+    /// row scored since may have brought it nearer). `ahead(row)` is called
+    /// before the `LANES` rows from `row` are read, as in
+    /// `Lanes::rules_out_run`.
     #[inline(always)]
     pub fn rules_out_group_run(
         &self,
@@ -431,10 +431,12 @@ mod x86 {
         }
     }
 
-    /// `run_avx2` of one shape: the products of `LANES` rows first, each
-    /// row's in two sums (the even and the odd steps: two chains of
-    /// additions half as long), then their bounds in order, so that the
-    /// products of the next rows fill the wait of each bound on its sums.
+    /// `run_avx2` of one shape: the rows' side of the first look for
+    /// `LANES` rows and their products first, each row's in two sums (the
+    /// even and the odd steps: two chains of additions half as long), then
+    /// their first looks in order, and a row's bound where its first look
+    /// leaves a pair, so that the products of the next rows fill the wait
+    /// of each first look on its sums.
     ///
     /// # Safety
     /// As `run_avx2`.
@@ -525,9 +527,9 @@ mod x86 {
                     let multiple = MULTIPLES.then(|| load(multiples));
                     let (scale, row_scale, row_offset) = (load(scales), load(row_scales), load(row_offsets));
                     let norm = if SHAPE == L2 { load(norms) } else { _mm256_setzero_ps() };
-                    // The first look: `Bounds::nearest_of` with the rows'
-                    // side in place of `o_x` and `o`, summed in the order
-                    // the module doc takes.
+                    // The first look: `Bounds::nearest_of` with the row's
+                    // side, `o* + m*`, in place of `o` and `m`, summed in
+                    // the order the module doc takes.
                     let product = _mm256_mul_ps(_mm256_mul_ps(scale, _mm256_cvtepi32_ps(dots)), query_lanes.scale);
                     let centre = multiple.map_or(query_lanes.offset_product, |multiple| {
                         _mm256_mul_ps(query_lanes.offset_product, multiple)
