@@ -1773,7 +1773,8 @@ pub struct Bounds {
     fine_absolute: [f32; QUERIES_MAX],
 }
 
-/// One query's side of `Bounds`, as `Lanes::rules_out` takes it.
+/// One query's side of `Bounds`, as `Lanes::rules_out` takes it; zeros by
+/// default (a lane no query takes).
 #[derive(Clone, Copy, Debug)]
 struct QueryTerms {
     shape: Shape,
@@ -1787,6 +1788,25 @@ struct QueryTerms {
     query_scale: f32,
     shrink: f32,
     absolute: f32,
+}
+
+impl Default for QueryTerms {
+    fn default() -> QueryTerms {
+        let zero = 0.0;
+        QueryTerms {
+            shape: Shape::Ip,
+            scale: zero,
+            per_residual: zero,
+            per_centred: zero,
+            per_norm: zero,
+            offset_product: zero,
+            offset_scale: zero,
+            query_squared: zero,
+            query_scale: zero,
+            shrink: zero,
+            absolute: zero,
+        }
+    }
 }
 
 /// The terms the bound reads of each row (`Bounds::rules_out_of`), and
@@ -2439,22 +2459,10 @@ pub(super) mod x86 {
     ) {
         // SAFETY: the CPU has AVX2, as the caller promises.
         unsafe {
-            let all = _mm256_set1_ps;
             let ones = _mm256_set1_epi16(1);
             // The rows' offset of 128 added 128 sum(d).
             let offset = _mm256_set1_epi32(128 * sum);
-            let query_lanes = QueryLanes {
-                scale: all(query.scale),
-                offset_scale: all(query.offset_scale),
-                offset_product: all(query.offset_product),
-                per_residual: all(query.per_residual),
-                per_centred: all(query.per_centred),
-                per_norm: all(query.per_norm),
-                absolute: all(query.absolute),
-                query_scale: all(query.query_scale),
-                query_squared: all(query.query_squared),
-                shrink: all(query.shrink),
-            };
+            let query_lanes = QueryLanes::of(&[query; super::LANES]);
             for first in rows.clone().step_by(super::LANES * GROUPS_AHEAD) {
                 let groups = (first..(first + super::LANES * GROUPS_AHEAD).min(rows.end)).step_by(super::LANES);
                 let mut dots = [_mm256_setzero_si256(); GROUPS_AHEAD];
@@ -2524,6 +2532,35 @@ pub(super) mod x86 {
         pub query_scale: __m256,
         pub query_squared: __m256,
         pub shrink: __m256,
+    }
+
+    impl QueryLanes {
+        /// The terms of query `j` of `terms` in lane `j` of each field.
+        ///
+        /// # Safety
+        /// The CPU must have AVX.
+        #[inline(always)]
+        pub(super) unsafe fn of(terms: &[super::QueryTerms; super::LANES]) -> QueryLanes {
+            let lanes = |term: fn(&super::QueryTerms) -> f32| -> [f32; super::LANES] {
+                std::array::from_fn(|j| term(&terms[j]))
+            };
+            // SAFETY: 8 f32s from 8 each; the CPU has AVX, as the caller
+            // promises.
+            unsafe {
+                QueryLanes {
+                    scale: _mm256_loadu_ps(lanes(|t| t.scale).as_ptr()),
+                    offset_scale: _mm256_loadu_ps(lanes(|t| t.offset_scale).as_ptr()),
+                    offset_product: _mm256_loadu_ps(lanes(|t| t.offset_product).as_ptr()),
+                    per_residual: _mm256_loadu_ps(lanes(|t| t.per_residual).as_ptr()),
+                    per_centred: _mm256_loadu_ps(lanes(|t| t.per_centred).as_ptr()),
+                    per_norm: _mm256_loadu_ps(lanes(|t| t.per_norm).as_ptr()),
+                    absolute: _mm256_loadu_ps(lanes(|t| t.absolute).as_ptr()),
+                    query_scale: _mm256_loadu_ps(lanes(|t| t.query_scale).as_ptr()),
+                    query_squared: _mm256_loadu_ps(lanes(|t| t.query_squared).as_ptr()),
+                    shrink: _mm256_loadu_ps(lanes(|t| t.shrink).as_ptr()),
+                }
+            }
+        }
     }
 
     /// `Bounds::nearest_of` of `SHAPE` in lanes, operation for operation in

@@ -60,7 +60,7 @@
 
 use std::ops::Range;
 
-use super::{Bounds, Lanes, QueryCode, Shape, LANES, QUERIES_MAX, SLACK};
+use super::{Bounds, Lanes, QueryCode, QueryTerms, LANES, QUERIES_MAX, SLACK};
 
 /// Queries a group decides at once: one f32 register's lanes.
 pub const QUERY_LANES: usize = LANES;
@@ -92,7 +92,8 @@ pub struct QueryGroup {
     queries: usize,
     /// Each query's `128 sum(d)` (the rows' bytes are their codes plus 128).
     offsets: [i32; QUERY_LANES],
-    terms: Terms,
+    /// Each query's side of the bound, query `j`'s in lane `j`.
+    terms: [QueryTerms; QUERY_LANES],
     first_look: FirstLook,
 }
 
@@ -106,44 +107,14 @@ struct FirstLook {
     offset_scale: f32,
 }
 
-/// The queries' side of the bound (`super::QueryTerms`), each field's lanes
-/// side by side.
-#[derive(Clone, Copy)]
-struct Terms {
-    shape: Shape,
-    scale: [f32; QUERY_LANES],
-    per_residual: [f32; QUERY_LANES],
-    per_centred: [f32; QUERY_LANES],
-    per_norm: [f32; QUERY_LANES],
-    offset_product: [f32; QUERY_LANES],
-    offset_scale: [f32; QUERY_LANES],
-    query_squared: [f32; QUERY_LANES],
-    query_scale: [f32; QUERY_LANES],
-    absolute: [f32; QUERY_LANES],
-    shrink: f32,
-}
-
 impl Default for QueryGroup {
     fn default() -> QueryGroup {
-        let lanes = [0.0; QUERY_LANES];
         QueryGroup {
             codes: [0; CODES_BYTES],
             steps: 0,
             queries: 0,
             offsets: [0; QUERY_LANES],
-            terms: Terms {
-                shape: Shape::Ip,
-                scale: lanes,
-                per_residual: lanes,
-                per_centred: lanes,
-                per_norm: lanes,
-                offset_product: lanes,
-                offset_scale: lanes,
-                query_squared: lanes,
-                query_scale: lanes,
-                absolute: lanes,
-                shrink: 0.0,
-            },
+            terms: [QueryTerms::default(); QUERY_LANES],
             first_look: FirstLook::default(),
         }
     }
@@ -192,24 +163,18 @@ impl Lanes<'_> {
                 group.codes[(d / STEP) * STEP * QUERY_LANES + j * STEP + d % STEP] = c;
             }
             group.offsets[j] = 128 * code.sum;
-            let (t, terms) = (bounds.of_query(q), &mut group.terms);
-            (terms.scale[j], terms.per_residual[j], terms.per_centred[j]) = (t.scale, t.per_residual, t.per_centred);
-            (terms.per_norm[j], terms.offset_product[j], terms.offset_scale[j]) =
-                (t.per_norm, t.offset_product, t.offset_scale);
-            (terms.query_squared[j], terms.query_scale[j], terms.absolute[j]) =
-                (t.query_squared, t.query_scale, t.absolute);
-            (terms.shape, terms.shrink) = (t.shape, t.shrink);
+            group.terms[j] = bounds.of_query(q);
         }
-        let (terms, live) = (&group.terms, ..group.queries);
+        let live = &group.terms[..group.queries];
         // NaN where any is: it rules nothing out.
-        let greatest = |lanes: &[f32; QUERY_LANES]| {
-            lanes[live].iter().map(|x| x.abs()).fold(0f32, |m, x| if x > m || x.is_nan() { x } else { m })
+        let greatest = |term: fn(&QueryTerms) -> f32| {
+            live.iter().map(|t| term(t).abs()).fold(0f32, |m, x| if x > m || x.is_nan() { x } else { m })
         };
         group.first_look = FirstLook {
-            per_residual: greatest(&terms.per_residual),
-            per_centred: greatest(&terms.per_centred),
-            per_norm: greatest(&terms.per_norm),
-            offset_scale: greatest(&terms.offset_scale),
+            per_residual: greatest(|t| t.per_residual),
+            per_centred: greatest(|t| t.per_centred),
+            per_norm: greatest(|t| t.per_norm),
+            offset_scale: greatest(|t| t.offset_scale),
         };
     }
 
@@ -420,7 +385,7 @@ mod x86 {
         let multiples = rows.3;
         // SAFETY: as the caller promises.
         unsafe {
-            match (group.terms.shape, multiples) {
+            match (group.terms[0].shape, multiples) {
                 (Shape::Cosine, false) => shaped::<COSINE, false>(rows, group, terms, run),
                 (Shape::Cosine, true) => shaped::<COSINE, true>(rows, group, terms, run),
                 (Shape::Ip, false) => shaped::<IP, false>(rows, group, terms, run),
@@ -452,22 +417,9 @@ mod x86 {
         // caller promises.
         unsafe {
             let all = _mm256_set1_ps;
-            let lanes = |field: &[f32; QUERY_LANES]| _mm256_loadu_ps(field.as_ptr());
             let ones = _mm256_set1_epi16(1);
             let offsets = _mm256_loadu_si256(group.offsets.as_ptr().cast());
-            let q = &group.terms;
-            let query_lanes = QueryLanes {
-                scale: lanes(&q.scale),
-                offset_scale: lanes(&q.offset_scale),
-                offset_product: lanes(&q.offset_product),
-                per_residual: lanes(&q.per_residual),
-                per_centred: lanes(&q.per_centred),
-                per_norm: lanes(&q.per_norm),
-                absolute: lanes(&q.absolute),
-                query_scale: lanes(&q.query_scale),
-                query_squared: lanes(&q.query_squared),
-                shrink: all(q.shrink),
-            };
+            let query_lanes = QueryLanes::of(&group.terms);
             let magnitude = |x| _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
             let f = &group.first_look;
             let greatest = [f.per_residual, f.per_centred, f.per_norm, f.offset_scale].map(|x| all(x));
