@@ -50,6 +50,8 @@ pub struct Connection {
     transport: Transport,
     peer: SocketAddr,
     read: ReadBuf,
+    /// When to give back what large bodies grew `read` to.
+    read_grown: crate::memory::Linger,
     parser: Parser,
     /// Replies not yet sent. Invariant: `written <= sync_mark's reply_at (if any) <= write.len()`.
     write: Vec<u8>,
@@ -96,6 +98,7 @@ impl Connection {
             transport,
             peer,
             read: ReadBuf::with_capacity(READ_BUF_INITIAL_BYTES),
+            read_grown: crate::memory::Linger::default(),
             parser: Parser::new(limits),
             requests_per_tick_max,
             write: Vec::new(),
@@ -307,7 +310,9 @@ impl Connection {
             }
         }
         self.parser.finish(&mut self.read);
-        self.read.shrink_when_idle(BUF_KEEP_BYTES_MAX, READ_BUF_INITIAL_BYTES);
+        if self.read.capacity() > BUF_KEEP_BYTES_MAX {
+            self.read_grown.used();
+        }
         self.request_started = None;
         if !keep_alive {
             self.closing = true;
@@ -538,6 +543,15 @@ impl Connection {
 
     pub fn is_closing(&self) -> bool {
         self.closing
+    }
+
+    /// At the periodic sweep: gives back the read buffer large bodies grew,
+    /// once they have stopped coming (a client loading in batches reuses
+    /// it meanwhile, instead of faulting in each body's pages afresh).
+    pub fn sweep_buffers(&mut self) {
+        if self.read_grown.quiet() {
+            self.read.shrink_when_idle(BUF_KEEP_BYTES_MAX, READ_BUF_INITIAL_BYTES);
+        }
     }
 
     /// What the periodic sweep decides for this connection.

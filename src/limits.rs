@@ -143,11 +143,13 @@ pub const TLS_PENDING_BYTES_MAX: usize = 128 * 1024;
 /// a full 16 KiB record about 6% more than its plaintext.
 pub const TLS_FRAMING_BYTE_WEIGHT: usize = 48;
 
-/// A reused buffer grown past this by one large request is given back once
-/// that request is done, instead of being kept at its largest for the life
-/// of its owner: a connection's read buffer (when it goes idle) and write
-/// buffer (once flushed), a chunked body's de-chunked copy, and the log's
-/// buffer of records awaiting their sync.
+/// A reused buffer grown past this by large requests is given back instead
+/// of being kept at its largest for the life of its owner. A connection's
+/// write buffer (once flushed) and a chunked body's de-chunked copy go once
+/// their request is done. A connection's read buffer, the decoder's
+/// buffers and the log's buffer of records go at the first sweep with no
+/// large request since the one before (`memory::Linger`), so that a client
+/// loading in batches reuses them.
 pub const BUF_KEEP_BYTES_MAX: usize = 1024 * 1024;
 
 /// Initial read buffer: enough for a head and a small body.

@@ -15,6 +15,34 @@
 //! allocates much, and the scans allocate next to nothing, so they contend
 //! for little.
 
+/// When to give back a reused buffer that large requests grew: not while
+/// they keep coming, for the next would fault the same tens of megabytes
+/// in afresh, but at the first sweep after one with none.
+#[derive(Debug, Default)]
+pub struct Linger {
+    /// Whether a large request used the buffer since the last sweep.
+    used: bool,
+    /// Whether the buffer may still be grown.
+    kept: bool,
+}
+
+impl Linger {
+    /// A large request used the buffer.
+    pub fn used(&mut self) {
+        self.used = true;
+    }
+
+    /// At a sweep: whether to give the buffer back now.
+    pub fn quiet(&mut self) -> bool {
+        if std::mem::take(&mut self.used) {
+            self.kept = true;
+            false
+        } else {
+            std::mem::take(&mut self.kept)
+        }
+    }
+}
+
 /// Returns the allocator's free pages to the system, where the allocator
 /// is glibc's.
 pub fn give_back() {
@@ -54,5 +82,25 @@ pub fn keep_freed() {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, HEAP_ALLOCATION_BYTES_MAX);
         libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Linger;
+
+    #[test]
+    fn a_buffer_lingers_while_large_requests_keep_coming() {
+        let mut linger = Linger::default();
+        // Never used: nothing to give back.
+        assert!(!linger.quiet());
+        linger.used();
+        // Used since the last sweep: kept.
+        assert!(!linger.quiet());
+        linger.used();
+        assert!(!linger.quiet());
+        // A whole interval without one: given back, once.
+        assert!(linger.quiet());
+        assert!(!linger.quiet());
     }
 }

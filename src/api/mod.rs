@@ -110,9 +110,9 @@ pub struct App {
     scratch: Scratch,
     health: health::Health,
     metrics: Metrics,
-    /// Whether a request since the last `release_memory` had a body larger
-    /// than the buffers keep.
-    large_request: bool,
+    /// When to give back what requests with bodies larger than the
+    /// buffers keep grew.
+    large_requests: crate::memory::Linger,
     /// This node's part in a cluster; none for a single node.
     cluster: Option<replicated::Replicated>,
     /// The index of the download `handle` answered `Handled::Stream`.
@@ -132,7 +132,7 @@ impl App {
             scratch: Scratch::default(),
             health: health::Health::new(),
             metrics: Metrics::default(),
-            large_request: false,
+            large_requests: crate::memory::Linger::default(),
             cluster: None,
             download: None,
             download_rate: crate::limits::SNAPSHOT_DOWNLOAD_BYTES_PER_S_DEFAULT,
@@ -218,16 +218,21 @@ impl App {
         self.cluster.as_ref().map(replicated::Replicated::next_deadline)
     }
 
-    /// After large requests, gives back what decoding them grew: the
-    /// scratch buffers and the scanner's query buffers are dropped (the
-    /// next request grows what it needs)
-    /// and the allocator returns its free pages to the system. Without
-    /// this, an ingest leaves its largest body's worth of buffers, and
-    /// the heap's free space, resident for good. Cheap to call often.
+    /// Once large requests stop coming, gives back what decoding them
+    /// grew: the scratch buffers, the scanner's query buffers and the
+    /// log's buffer of records are dropped (the next request grows what it
+    /// needs) and the allocator
+    /// returns its free pages to the system. Without this, an ingest leaves
+    /// its largest body's worth of buffers, and the heap's free space,
+    /// resident for good. Called at each sweep, it gives back at the first
+    /// sweep with no large request since the one before: while an ingest
+    /// goes on, its next body reuses the buffers instead of faulting in
+    /// tens of megabytes of fresh pages again.
     pub fn release_memory(&mut self) {
-        if std::mem::take(&mut self.large_request) {
+        if self.large_requests.quiet() {
             self.scratch = Scratch::default();
             self.batches.scanner().let_go();
+            self.db.let_go();
             crate::memory::give_back();
         }
     }
@@ -386,7 +391,9 @@ impl App {
         let Caller { conn, gate, seat, now } = caller;
         let name = &head.path[target.name.clone()];
         let keep_alive = head.keep_alive;
-        self.large_request |= body.len() > crate::limits::BUF_KEEP_BYTES_MAX;
+        if body.len() > crate::limits::BUF_KEEP_BYTES_MAX {
+            self.large_requests.used();
+        }
         if let Some(cluster) = &mut self.cluster {
             let gate = std::mem::take(gate);
             if target.endpoint.reads_data() {

@@ -269,6 +269,8 @@ impl Database {
         let mut log_file =
             Log::create(&wal_dir, next).map_err(io_error("start", &wal::segment_path(&wal_dir, next)))?;
         log_file.set_sync(options.sync);
+        // Kept while large writes keep coming; `let_go` gives it back.
+        log_file.set_keep_bytes(usize::MAX);
         let mut database = Database {
             store,
             log: Some(log_file),
@@ -365,6 +367,14 @@ impl Database {
     pub fn index_keys(&mut self, name: &str, filter: &Filter) {
         if let Some(index) = self.store.index_mut(name) {
             index.index_keys(filter);
+        }
+    }
+
+    /// Gives back the log's buffer of records, if writes grew it, once
+    /// they have stopped coming (the caller's judgement).
+    pub fn let_go(&mut self) {
+        if let Some(log) = &mut self.log {
+            log.let_go();
         }
     }
 

@@ -87,6 +87,11 @@ impl ReadBuf {
         self.check();
     }
 
+    /// The bytes it holds room for.
+    pub fn capacity(&self) -> usize {
+        self.data.len()
+    }
+
     /// Gives back memory a large body made us take, once nothing is pending.
     pub fn shrink_when_idle(&mut self, keep_bytes_max: usize, initial_bytes: usize) {
         if self.is_empty() && self.data.len() > keep_bytes_max {

@@ -275,6 +275,7 @@ impl Clients {
     pub fn sweep(&mut self, now: Instant, idle: Duration, request: Duration) {
         let mut expired = Vec::new();
         for (key, connection) in self.connections.iter_mut() {
+            connection.sweep_buffers();
             match connection.check_timeouts(&mut self.app, now, idle, request) {
                 Timeout::None => {}
                 Timeout::Answered => self.to_flush.push(key),

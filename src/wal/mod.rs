@@ -183,6 +183,15 @@ impl Log {
         self.keep_bytes_max = bytes;
     }
 
+    /// Gives back the buffer of records awaiting their sync if it is empty
+    /// and grew past `limits::BUF_KEEP_BYTES_MAX`: for an owner that keeps
+    /// it between commits (`set_keep_bytes`) while large writes come.
+    pub fn let_go(&mut self) {
+        if self.pending.is_empty() && self.pending.capacity() > crate::limits::BUF_KEEP_BYTES_MAX {
+            self.pending = Vec::new();
+        }
+    }
+
     /// Whether `commit` calls fdatasync (off only to measure its cost).
     pub fn set_sync(&mut self, sync: bool) {
         self.sync = sync;

@@ -403,9 +403,10 @@ fn large_requests_leave_no_buffers_resident() {
     // What it stores: 20,000 x (1,024 bytes of vector + 264 of code + about
     // 60 of id, map slot, norms): about 26 MiB.
     let stored_kib = rows as u64 * (1024 + 264 + 60) / 1024;
-    // The loop gives memory back at its sweep, every 250 ms: on a machine
-    // busy with other tests a sweep may come late, so wait for it (at
-    // most 3 s) rather than a fixed while.
+    // The loop gives memory back at the first of its sweeps (every 250
+    // ms) with no large request since the one before: on a machine busy
+    // with other tests a sweep may come late, so wait for it (at most
+    // 3 s) rather than a fixed while.
     let deadline = std::time::Instant::now() + Duration::from_secs(3);
     std::thread::sleep(Duration::from_millis(700));
     let mut grown_kib = server.status_kib("VmRSS").saturating_sub(rss_before);
