@@ -22,7 +22,7 @@
 pub struct Linger {
     /// Whether a large request used the buffer since the last sweep.
     used: bool,
-    /// Whether the buffer may still be grown.
+    /// Whether the buffer may still be as large requests grew it.
     kept: bool,
 }
 

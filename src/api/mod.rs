@@ -218,16 +218,15 @@ impl App {
         self.cluster.as_ref().map(replicated::Replicated::next_deadline)
     }
 
-    /// Once large requests stop coming, gives back what decoding them
-    /// grew: the scratch buffers, the scanner's query buffers and the
-    /// log's buffer of records are dropped (the next request grows what it
-    /// needs) and the allocator
-    /// returns its free pages to the system. Without this, an ingest leaves
-    /// its largest body's worth of buffers, and the heap's free space,
-    /// resident for good. Called at each sweep, it gives back at the first
-    /// sweep with no large request since the one before: while an ingest
-    /// goes on, its next body reuses the buffers instead of faulting in
-    /// tens of megabytes of fresh pages again.
+    /// Once large requests stop coming, gives back what they grew: the
+    /// scratch buffers, the scanner's query buffers and the log's buffer
+    /// of records are dropped (the next request grows what it needs), and
+    /// the allocator returns its free pages to the system. Without this,
+    /// an ingest leaves its largest body's worth of buffers, and the
+    /// heap's free space, resident for good. Called at each sweep, it gives
+    /// back at the first sweep with no large request since the one before:
+    /// while an ingest goes on, its next body reuses the buffers instead of
+    /// faulting in tens of megabytes of fresh pages again.
     pub fn release_memory(&mut self) {
         if self.large_requests.quiet() {
             self.scratch = Scratch::default();
