@@ -254,12 +254,12 @@ mod x86 {
 
     /// What `run_avx2` does with each row's bounds, a query in each lane.
     pub(super) trait Decide {
-        /// Whether the first look's bounds of `row` (the module doc), query
-        /// `j`'s in lane `j`, settle it: then `decide` is not called.
+        /// Whether a row's first look's bounds (the module doc), query `j`'s
+        /// in lane `j`, settle it: then `decide` is not called.
         ///
         /// # Safety
         /// The CPU must have AVX2.
-        unsafe fn settled(&mut self, row: usize, first: __m256) -> bool;
+        unsafe fn settled(&mut self, first: __m256) -> bool;
 
         /// `nearest` holds the bounds of `row`, query `j`'s in lane `j`.
         ///
@@ -295,7 +295,7 @@ mod x86 {
     impl<U: FnMut(usize, usize) -> f32> Decide for Rule<U> {
         /// Where the first look rules out every live pair.
         #[inline(always)]
-        unsafe fn settled(&mut self, _: usize, first: __m256) -> bool {
+        unsafe fn settled(&mut self, first: __m256) -> bool {
             // SAFETY: as the caller promises.
             !unsafe { self.above(first) } & self.live == 0
         }
@@ -326,7 +326,7 @@ mod x86 {
     impl<K: FnMut(usize, [[f32; QUERY_LANES]; 2])> Decide for Keys<K> {
         /// Never: so every row's bounds are worked out too.
         #[inline(always)]
-        unsafe fn settled(&mut self, _: usize, first: __m256) -> bool {
+        unsafe fn settled(&mut self, first: __m256) -> bool {
             // SAFETY: 8 f32s into 8; the CPU has AVX2, as the caller promises.
             unsafe { _mm256_storeu_ps(self.first.as_mut_ptr(), first) };
             false
@@ -490,7 +490,7 @@ mod x86 {
                     let estimate = _mm256_add_ps(_mm256_add_ps(product, centre), offset);
                     let ceiling = _mm256_add_ps(_mm256_add_ps(estimate, all(sides[r])), query_lanes.absolute);
                     let first_look = nearest_of_ceiling::<SHAPE>(ceiling, (norm, row_scale), &query_lanes);
-                    if !decide.settled(row, first_look) {
+                    if !decide.settled(first_look) {
                         let rows = [scales, residuals, centred, row_offsets, norms, row_scales].map(load);
                         decide.decide(row, nearest_in_lanes::<SHAPE>(dots, (rows, multiple), &query_lanes));
                     }
